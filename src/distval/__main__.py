@@ -1,0 +1,3 @@
+from distval.cli import main
+
+main()

@@ -1,0 +1,270 @@
+"""`distval comm bench`: an nccl-tests-compatible bandwidth sweep through torch.distributed.
+
+Per (op, size, in-place form): `warmup` untimed ops, then `iters` timed ones, each blocking
+(issue, wait for completion, barrier before the next: nccl-tests `-z 1` style), timed on every
+rank with the host's monotonic clock. An iteration's time is the slowest rank's (max over ranks:
+the collective is done when the last rank is done); rows report p50/p95/min/max over iterations.
+algbw = S / t_p50 and busbw = algbw x factor with nccl-tests' S and factors (`ops.py`). After
+timing, `-c N` passes re-fill the same buffers with exact inputs, issue one op and count wrong
+elements over all ranks (`#wrong`). On CPU each rank also copies a large buffer concurrently with
+the others to measure this host's memory-copy ceiling, and busbw is reported as a share of it.
+Per op an α–β model is fitted over the sweep (`fit.py`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from distval import device as devices
+from distval.comm.check import expand_all
+from distval.comm.fit import fit_alpha_beta
+from distval.comm.inputs import DTYPES, dtype_name, parse_dtype
+from distval.comm.layer import REDUCE_OPS
+from distval.comm.ops import BENCH_OPS, Collective, count_for_bytes, inplace_variants
+from distval.launch import RankContext
+from distval.results import Check, Status, Table
+from distval.units import format_size
+
+BENCH_COLUMNS = ["op", "dtype", "bytes", "count", "inplace", "redop", "root", "time_us_p50", "time_us_p95",
+                 "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps", "busbw_pct_of_copy", "wrong"]
+FIT_COLUMNS = ["op", "dtype", "alpha_us", "beta_gbps", "r2", "n_half_bytes", "num_points"]
+COPY_BYTES = 64 * 2**20
+
+
+@dataclass
+class BenchConfig:
+    ops: list[str] = field(default_factory=lambda: ["all_reduce"])
+    dtype: str = "float32"
+    min_bytes: int = 8
+    max_bytes: int = 128 * 2**20
+    factor: float = 2.0
+    step_bytes: int | None = None  # -i: additive steps instead of -f
+    iters: int = 20
+    warmup: int = 5
+    check_iters: int = 1
+    redop: str = "sum"
+    root: int = 0
+    inplace: str = "both"  # both | in | out
+    copy_ceiling: bool = True
+
+    def __post_init__(self) -> None:
+        ops = expand_all(self.ops, list(BENCH_OPS))
+        for op in ops:
+            if op not in BENCH_OPS:
+                raise ValueError(f"unknown op {op!r}; choose from {', '.join(BENCH_OPS)} (or 'all')")
+        self.ops = ops
+        self.dtype = dtype_name(parse_dtype(self.dtype))
+        if self.redop not in REDUCE_OPS:
+            raise ValueError(f"unknown reduce op {self.redop!r}; choose from {', '.join(REDUCE_OPS)}")
+        if self.min_bytes < 0 or self.max_bytes < 0:
+            raise ValueError("sizes must not be negative")
+        if self.min_bytes > self.max_bytes:
+            raise ValueError(f"-b {format_size(self.min_bytes)} is larger than -e {format_size(self.max_bytes)}")
+        if self.step_bytes is None and self.factor <= 1:
+            raise ValueError(f"-f must be greater than 1 (got {self.factor:g})")
+        if self.step_bytes is not None and self.step_bytes <= 0:
+            raise ValueError(f"-i must be positive (got {self.step_bytes})")
+        if self.iters < 1:
+            raise ValueError(f"-n must be at least 1 (got {self.iters})")
+        if self.warmup < 0 or self.check_iters < 0:
+            raise ValueError("-w and -c must not be negative")
+        if self.inplace not in ("both", "in", "out"):
+            raise ValueError(f"--inplace must be both, in or out (got {self.inplace!r})")
+        if self.root < 0:
+            raise ValueError(f"-r must not be negative (got {self.root})")
+
+    def sizes(self) -> list[int]:
+        out, size = [], self.min_bytes
+        while size <= self.max_bytes:
+            out.append(size)
+            nxt = size + self.step_bytes if self.step_bytes else int(size * self.factor)
+            size = nxt if nxt > size else size + 1
+        return out
+
+
+# -- per-rank -------------------------------------------------------------------------------------
+
+
+def bench_rank(ctx: RankContext, cfg: BenchConfig) -> dict[str, Any]:
+    if cfg.root >= ctx.world_size:
+        raise ValueError(f"-r {cfg.root} is not a rank of this world of {ctx.world_size}")
+    dtype = DTYPES[cfg.dtype]
+    elt = torch.empty(0, dtype=dtype).element_size()
+    rows = []
+    for op in cfg.ops:
+        forms = [f for f in inplace_variants(op) if cfg.inplace == "both" or f == (cfg.inplace == "in")]
+        seen_counts = set()
+        for size in cfg.sizes():
+            count = count_for_bytes(op, size, elt, ctx.world_size)
+            if count == 0 or count in seen_counts:
+                continue  # nccl-tests rounding can map several sizes onto one count
+            seen_counts.add(count)
+            for inplace in forms:
+                ctx.status(f"comm bench {op} {cfg.dtype} {format_size(size)} {'in' if inplace else 'out-of'}-place")
+                rows.append(_bench_one(ctx, cfg, op, dtype, count, inplace))
+    copy_gbps = measure_copy_gbps(ctx) if cfg.copy_ceiling and ctx.device.type == "cpu" else None
+    return {"rows": rows, "copy_gbps": copy_gbps}
+
+
+def _bench_one(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, count: int, inplace: bool) -> dict[str, Any]:
+    coll = Collective(ctx.comm, op, dtype, count, ctx.device, redop=cfg.redop, root=cfg.root, inplace=inplace)
+    coll.fill(seed=1)
+    for _ in range(cfg.warmup):
+        coll()
+    devices.synchronize(ctx.device)
+    times = torch.empty(cfg.iters, dtype=torch.float64)
+    for i in range(cfg.iters):
+        ctx.comm.barrier()
+        start = time.perf_counter()
+        coll()
+        devices.synchronize(ctx.device)
+        times[i] = time.perf_counter() - start
+    # The iteration ends when the slowest rank ends.
+    ctx.comm.all_reduce(times, "max")
+    wrong = 0
+    for rep in range(cfg.check_iters):
+        bad = coll.check_once(seed=100 + rep)
+        wrong += bad.num_wrong if bad else 0
+    total_wrong = torch.tensor([wrong], dtype=torch.int64)
+    ctx.comm.all_reduce(total_wrong, "sum")
+    # S of the bandwidth formulas; for every op it is also nccl-tests' size column, the larger of
+    # the send and receive buffers.
+    return {"op": op, "count": count, "inplace": inplace, "bytes": coll.size_bytes,
+            "busbw_factor": coll.busbw_factor, "times_s": times.tolist(), "wrong": int(total_wrong)}
+
+
+def measure_copy_gbps(ctx: RankContext, size_bytes: int = COPY_BYTES, reps: int = 5) -> float:
+    """This rank's memory-copy bandwidth while every other rank copies too (they share DRAM):
+    bytes copied / best time. Larger than the last-level cache so it measures memory."""
+    src = torch.ones(size_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault the pages in
+    best = float("inf")
+    for _ in range(reps):
+        ctx.comm.barrier()
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return size_bytes / best / 1e9
+
+
+# -- rank 0: tables and verdicts ------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Table, Table, float | None]:
+    """Rank 0's view: every rank holds the same max-over-ranks times and #wrong after the
+    all-reduces, so rank 0's rows are the job's rows. The copy ceiling is the slowest rank's."""
+    copies = [r["copy_gbps"] for r in per_rank if r["copy_gbps"]]
+    copy_gbps = min(copies) if copies else None
+    bench = Table("bench", BENCH_COLUMNS, title="collective bandwidth (nccl-tests conventions)",
+                  units={"bytes": "B", "time_us_p50": "us", "time_us_p95": "us", "time_us_min": "us", "time_us_max": "us",
+                         "algbw_gbps": "GB/s (1e9)", "busbw_gbps": "GB/s (1e9)", "busbw_pct_of_copy": "%"})
+    for r in per_rank[0]["rows"]:
+        t = r["times_s"]
+        p50 = statistics.median(t)
+        algbw = r["bytes"] / p50 / 1e9 if p50 > 0 else 0.0
+        busbw = algbw * r["busbw_factor"]
+        bench.add(op=r["op"], dtype=cfg.dtype, bytes=r["bytes"], count=r["count"], inplace=r["inplace"],
+                  redop=cfg.redop if r["op"] in ("all_reduce", "reduce", "reduce_scatter") else None,
+                  root=cfg.root if r["op"] in ("broadcast", "reduce", "gather", "scatter") else None,
+                  time_us_p50=p50 * 1e6, time_us_p95=percentile(t, 95) * 1e6, time_us_min=min(t) * 1e6,
+                  time_us_max=max(t) * 1e6, algbw_gbps=algbw, busbw_gbps=busbw,
+                  busbw_pct_of_copy=100 * busbw / copy_gbps if copy_gbps else None, wrong=r["wrong"])
+    fits = Table("alpha_beta", FIT_COLUMNS, title="alpha-beta model t(S) = alpha + S/beta (weighted least squares)",
+                 units={"alpha_us": "us", "beta_gbps": "GB/s (1e9)", "n_half_bytes": "B"})
+    for op in cfg.ops:
+        rows = [r for r in bench.rows if r["op"] == op]
+        # one point per size: out-of-place where the op has it (as nccl-tests' first columns)
+        oop = [r for r in rows if not r["inplace"]] or rows
+        fit = fit_alpha_beta([r["bytes"] for r in oop], [r["time_us_p50"] * 1e-6 for r in oop])
+        if fit:
+            fits.add(op=op, dtype=cfg.dtype, alpha_us=fit.alpha_us, beta_gbps=fit.beta_gbps, r2=fit.r2,
+                     n_half_bytes=fit.n_half_bytes, num_points=fit.num_points)
+    return bench, fits, copy_gbps
+
+
+def bench_checks(bench: Table, fits: Table, cfg: BenchConfig, world_size: int, copy_gbps: float | None) -> list[Check]:
+    checks = []
+    for op in cfg.ops:
+        rows = [r for r in bench.rows if r["op"] == op]
+        name = f"comm.bench {op} {cfg.dtype}"
+        if not rows:
+            checks.append(Check(name, Status.SKIP, f"{op}: no size in the sweep gives a non-empty buffer at {world_size} ranks",
+                                hint="raise -e"))
+            continue
+        bad = [r for r in rows if r["wrong"]]
+        top = sorted(rows, key=lambda r: r["bytes"])[-3:]
+        plateau = statistics.median(r["busbw_gbps"] for r in top)
+        fit = next((f for f in fits.rows if f["op"] == op), None)
+        fit_text = f"; α {fit['alpha_us']:.1f} µs, β {fit['beta_gbps']:.2f} GB/s, R² {fit['r2']:.3f}" if fit else ""
+        share = f" ({100 * plateau / copy_gbps:.0f}% of this host's {copy_gbps:.1f} GB/s copy ceiling)" if copy_gbps else ""
+        details = {"plateau_busbw_gbps": plateau, "largest_bytes": top[-1]["bytes"], "rows": len(rows)}
+        if bad:
+            first = bad[0]
+            checks.append(Check(name, Status.FAIL,
+                                f"{op}: {sum(r['wrong'] for r in bad)} wrong element(s) after timing, first at {format_size(first['bytes'])} "
+                                f"({'in' if first['inplace'] else 'out-of'}-place)", details={**details, "wrong_rows": bad},
+                                hint="run `distval comm check` with -c 20 to localise the rank and index",
+                                where={"op": op, "bytes": first["bytes"], "inplace": first["inplace"]}))
+        else:
+            checks.append(Check(name, Status.OK, f"{op}: busbw {plateau:.2f} GB/s at the largest sizes{share}{fit_text}; #wrong 0",
+                                details=details, where={"op": op}))
+    return checks
+
+
+def nccl_text(bench: Table, cfg: BenchConfig, world_size: int, copy_gbps: float | None) -> str:
+    """The sweep as nccl-tests prints it: out-of-place then in-place columns, one row per size."""
+    lines = [f"# distval comm bench: {world_size} ranks, dtype {cfg.dtype}, {cfg.iters} iterations after {cfg.warmup} warm-up, "
+             "blocking per op, time = p50 over iterations of the max over ranks"]
+    if copy_gbps:
+        lines.append(f"# host memory-copy ceiling (concurrent on every rank): {copy_gbps:.2f} GB/s")
+    head = f"#{'size':>11} {'count':>12} {'type':>9} {'redop':>6} {'root':>5}   " + "  ".join(
+        [f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"] * 2)
+    units = f"#{'(B)':>11} {'(elements)':>12} {'':>9} {'':>6} {'':>5}   " + "  ".join([f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"] * 2)
+    for op in cfg.ops:
+        rows = [r for r in bench.rows if r["op"] == op]
+        lines += [f"#", f"# {op}{'' if cfg.redop == 'sum' or op not in ('all_reduce', 'reduce', 'reduce_scatter') else ' ' + cfg.redop}",
+                  f"#{'out-of-place':>62}{'in-place':>35}", head, units]
+        by_size: dict[int, dict[bool, dict]] = {}
+        for r in rows:
+            by_size.setdefault(r["bytes"], {})[r["inplace"]] = r
+        for size, forms in sorted(by_size.items()):
+            any_row = next(iter(forms.values()))
+            cells = []
+            for inplace in (False, True):
+                r = forms.get(inplace)
+                cells.append(f"{r['time_us_p50']:>9.1f} {r['algbw_gbps']:>7.2f} {r['busbw_gbps']:>7.2f} {r['wrong']:>6}" if r
+                             else f"{'n/a':>9} {'n/a':>7} {'n/a':>7} {'n/a':>6}")
+            lines.append(f"{size:>12} {any_row['count']:>12} {cfg.dtype:>9} {any_row['redop'] or 'none':>6} "
+                         f"{any_row['root'] if any_row['root'] is not None else -1:>5}   " + "  ".join(cells))
+    total_wrong = sum(r["wrong"] for r in bench.rows)
+    lines.append(f"# Out of bounds values : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")
+    return "\n".join(lines)
+
+
+def csv_text(bench: Table) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=bench.columns, lineterminator="\n")
+    writer.writeheader()
+    for row in bench.rows:
+        writer.writerow(row)
+    return buf.getvalue()

@@ -1,0 +1,206 @@
+"""`distval comm check`: exact correctness of every collective, dtype, reduce op and odd size.
+
+Each rank runs every case on inputs from `inputs.values` (exact, rank- and index-dependent),
+computes the expected output locally and compares the raw bits. Rank 0 turns the per-rank
+outcomes into one Check per (op, dtype, size class): OK, FAIL naming the rank(s), the first wrong
+index, expected and got and how many elements are wrong, or SKIP with the backend's own reason
+when it does not implement the combination (probed at run time, never from a table).
+
+Communication: one collective per case, root, in-place form and repetition (`-c N` repeats with
+fresh seeds); broadcast, reduce, gather and scatter run from every root, all_gather and
+reduce_scatter both out-of-place and in-place, send/recv as a shift around the ring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from distval.comm.inputs import DTYPES, Mismatch, dtype_name, parse_dtype
+from distval.comm.ops import Collective, inplace_variants
+from distval.launch import RankContext
+from distval.results import Check, Status
+
+ALL_REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
+OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_list", "reduce_scatter",
+       "all_to_all", "gather", "scatter", "sendrecv", "barrier")
+# Size classes: element counts per rank (for all_gather/reduce_scatter/all_to_all, per chunk).
+SIZES = {"empty": 0, "one": 1, "odd": 7, "non_pow2": 1000, "large_odd": 65537}
+
+
+@dataclass
+class CheckConfig:
+    ops: list[str] = field(default_factory=lambda: list(OPS))
+    dtypes: list[str] = field(default_factory=lambda: list(DTYPES))
+    sizes: dict[str, int] = field(default_factory=lambda: dict(SIZES))
+    iters: int = 1  # -c: repetitions with fresh inputs
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.ops = parse_ops(self.ops)
+        self.dtypes = [dtype_name(parse_dtype(d)) for d in expand_all(self.dtypes, list(DTYPES))]
+        if self.iters < 1:
+            raise ValueError(f"-c/--check-iters must be at least 1 (got {self.iters})")
+        for name, count in self.sizes.items():
+            if count < 0:
+                raise ValueError(f"size {name!r} has a negative element count {count}")
+
+
+def expand_all(items: list[str], universe: list[str]) -> list[str]:
+    out: list[str] = []
+    for item in items:
+        out.extend(universe if item.strip().lower() == "all" else [item.strip()])
+    if not out:
+        raise ValueError("empty list")
+    return list(dict.fromkeys(out))
+
+
+def parse_ops(names: list[str]) -> list[str]:
+    out = []
+    for name in expand_all(names, list(OPS)):
+        if name not in OPS:
+            raise ValueError(f"unknown op {name!r}; choose from {', '.join(OPS)} (or 'all')")
+        out.append(name)
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str  # e.g. "all_reduce/sum", "broadcast"
+    dtype: str
+    size_class: str
+    count: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.op} {self.dtype} {self.size_class}"
+
+
+def cases(cfg: CheckConfig) -> list[Case]:
+    out = []
+    for op in cfg.ops:
+        variants = [f"all_reduce/{r}" for r in ALL_REDUCE_OPS] if op == "all_reduce" else [op]
+        dtypes = ["-"] if op == "barrier" else cfg.dtypes
+        sizes = {"-": 0} if op == "barrier" else cfg.sizes
+        for variant in variants:
+            for dtype in dtypes:
+                for size_class, count in sizes.items():
+                    out.append(Case(variant, dtype, size_class, count))
+    return out
+
+
+class Unsupported(Exception):
+    """This rank decided on its own (identically on every rank) not to run a case."""
+
+
+# -- per-rank ----------------------------------------------------------------------------------
+
+
+def check_rank(ctx: RankContext, cfg: CheckConfig) -> list[dict[str, Any]]:
+    """Run every case on this rank; return one outcome per case."""
+    outcomes = []
+    for case in cases(cfg):
+        ctx.status(f"comm check {case.name}")
+        outcome: dict[str, Any] = {"case": case.name, "status": "ok", "wrong": []}
+        for rep in range(cfg.iters):
+            seed = cfg.seed * 1_000_003 + rep
+            try:
+                for where, bad in _run_case(ctx, case, seed):
+                    if bad is not None:
+                        outcome["status"] = "wrong"
+                        outcome["wrong"].append({"rep": rep, **where, **bad.to_dict()})
+            except (Unsupported, RuntimeError, ValueError, TypeError) as e:
+                # Backends reject unsupported op/dtype combinations synchronously on every rank
+                # before any data moves, so all ranks skip together and the group stays usable.
+                outcome = {"case": case.name, "status": "unsupported", "reason": _one_line(e)}
+                break
+            if outcome["wrong"]:
+                break  # like nccl-tests -c: stop at the first failing repetition
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]
+
+
+_ROOTED = ("broadcast", "reduce", "gather", "scatter")
+
+
+def _run_case(ctx: RankContext, case: Case, seed: int) -> list[tuple[dict[str, Any], Mismatch | None]]:
+    """Issue the case (from every root, in every in-place form the op has) and verify it."""
+    op, _, redop = case.op.partition("/")
+    if op == "barrier":
+        return [({}, _check_barrier(ctx, seed))]
+    dtype = DTYPES[case.dtype]
+    if op == "all_reduce" and redop == "avg" and not dtype.is_floating_point:
+        raise Unsupported("avg is checked for floating-point dtypes only (integer rounding is backend-defined)")
+    if op == "sendrecv" and ctx.world_size < 2:
+        raise Unsupported("send/recv around the ring needs at least 2 ranks")
+    results = []
+    for root in range(ctx.world_size) if op in _ROOTED else [0]:
+        for inplace in inplace_variants(op):
+            coll = Collective(ctx.comm, op, dtype, case.count, ctx.device, redop=redop or "sum", root=root, inplace=inplace)
+            where = {"root": root} if op in _ROOTED else {}
+            if len(inplace_variants(op)) > 1:
+                where["inplace"] = inplace
+            results.append((where, coll.check_once(seed + root)))
+    return results
+
+
+def _check_barrier(ctx: RankContext, seed: int) -> Mismatch | None:
+    """A barrier must not release any rank before every rank has arrived: each rank posts a key
+    to the store before entering; after leaving, every rank's key must be there."""
+    store = dist.distributed_c10d._get_default_store()
+    prefix = f"distval/barrier/{seed}/"
+    store.set(prefix + str(ctx.rank), b"1")
+    ctx.comm.barrier()
+    missing = [r for r in range(ctx.world_size) if not store.check([prefix + str(r)])]
+    if missing:
+        return Mismatch(num_wrong=len(missing), index=missing[0], expected="arrived", got="missing")
+    return None
+
+
+# -- rank 0: verdicts ----------------------------------------------------------------------------
+
+
+def summarize(per_rank: list[list[dict[str, Any]]], cfg: CheckConfig) -> list[Check]:
+    checks = []
+    by_case = list(zip(*per_rank))  # one tuple of per-rank outcomes per case
+    for case, outcomes in zip(cases(cfg), by_case):
+        checks.append(_verdict(case, list(outcomes), cfg))
+    return checks
+
+
+def _verdict(case: Case, outcomes: list[dict[str, Any]], cfg: CheckConfig) -> Check:
+    op, _, redop = case.op.partition("/")
+    where = {"op": case.op, "dtype": case.dtype, "count": case.count, "size_class": case.size_class}
+    unsupported = [o for o in outcomes if o["status"] == "unsupported"]
+    if unsupported:
+        reason = unsupported[0]["reason"]
+        return Check(f"comm.check {case.name}", Status.SKIP, f"{case.name}: not supported here: {reason}",
+                     details={"reason": reason}, where=where)
+    wrong = [{"rank": r, **w} for r, o in enumerate(outcomes) for w in o["wrong"]]
+    size = f"{case.count} element{'s' if case.count != 1 else ''}"
+    if not wrong:
+        reps = f", {cfg.iters} repetitions" if cfg.iters > 1 else ""
+        return Check(f"comm.check {case.name}", Status.OK, f"{case.name} ({size}{reps}): exact on every rank",
+                     where=where)
+    first = wrong[0]
+    ranks = sorted({w["rank"] for w in wrong})
+    root = f" (root {first['root']})" if "root" in first else ""
+    root += " (in-place)" if first.get("inplace") else ""
+    summary = (f"{case.name} ({size}): {first['num_wrong']} element(s) wrong on rank {first['rank']}{root}, "
+               f"first at index {first['index']}: expected {first['expected']!r}, got {first['got']!r}"
+               + (f"; wrong on ranks {ranks}" if len(ranks) > 1 else ""))
+    return Check(
+        f"comm.check {case.name}", Status.FAIL, summary,
+        details={"rank": first["rank"], "index": first["index"], "expected": first["expected"], "got": first["got"],
+                 "num_wrong": first["num_wrong"], "wrong_ranks": ranks, "all": wrong},
+        hint=("a collective returned wrong data: rerun with -c 20 to see whether it is intermittent, and compare "
+              "the ranks named here (and their links) with a known-good node"),
+        where={**where, "rank": first["rank"], "index": first["index"]},
+    )

@@ -1,0 +1,63 @@
+"""The α–β (latency–bandwidth) model of one collective: t(S) = α + S/β.
+
+Fitted by weighted least squares with weights 1/t², i.e. minimising *relative* residuals, so the
+latency-bound small sizes (which pin α) and the bandwidth-bound large sizes (which pin β) count
+alike; an unweighted fit lets the largest size decide everything and leaves α at noise level,
+often negative. α is constrained to be ≥ 0 (a negative latency is unphysical: when the free fit
+gives one, the model is refitted through the origin). R² is the weighted coefficient of
+determination of that same fit. The half-performance size n½ = α·β is where the model reaches
+half of its asymptotic bandwidth β (Hockney).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    alpha_s: float
+    beta_bytes_per_s: float
+    r2: float
+    num_points: int
+
+    @property
+    def alpha_us(self) -> float:
+        return self.alpha_s * 1e6
+
+    @property
+    def beta_gbps(self) -> float:
+        return self.beta_bytes_per_s / 1e9
+
+    @property
+    def n_half_bytes(self) -> float:
+        return self.alpha_s * self.beta_bytes_per_s
+
+    def time_s(self, size_bytes: float) -> float:
+        return self.alpha_s + size_bytes / self.beta_bytes_per_s
+
+
+def fit_alpha_beta(size_bytes: list[float], time_s: list[float]) -> AlphaBeta | None:
+    """Fit over the points with S > 0 and t > 0; None when fewer than two distinct sizes remain
+    or the data show no positive bandwidth."""
+    pts = [(s, t) for s, t in zip(size_bytes, time_s) if s > 0 and t > 0]
+    if len({s for s, _ in pts}) < 2:
+        return None
+    s = np.array([p[0] for p in pts], dtype=np.float64)
+    t = np.array([p[1] for p in pts], dtype=np.float64)
+    w = 1.0 / t  # sqrt of the 1/t² weights: rows scaled by 1/t make residuals relative
+    design = np.stack([np.ones_like(s), s], axis=1) * w[:, None]
+    (alpha, inv_beta), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    if alpha < 0:
+        alpha = 0.0
+        inv_beta = float(np.sum(w * w * s * t) / np.sum(w * w * s * s))
+    if inv_beta <= 0:
+        return None
+    weights = w * w
+    pred = alpha + inv_beta * s
+    t_mean = float(np.sum(weights * t) / np.sum(weights))
+    ss_tot = float(np.sum(weights * (t - t_mean) ** 2))
+    r2 = 1.0 - float(np.sum(weights * (t - pred) ** 2)) / ss_tot if ss_tot > 0 else 1.0
+    return AlphaBeta(float(alpha), 1.0 / float(inv_beta), r2, len(pts))

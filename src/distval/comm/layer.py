@@ -1,0 +1,272 @@
+"""The instrumented collective layer: every collective distval issues goes through `Comm`.
+
+Each call is recorded per rank as an `OpRecord` (sequence number, op, dtype, shape, bytes, group,
+call site, start, end) in a bounded ring buffer, and added to per-op counters (calls, bytes,
+seconds). Traffic accounting (how many bytes a strategy moves per step), hang diagnosis (which
+sequence number each rank reached, what it is waiting in) and collective-mismatch detection all
+read this one source of truth.
+
+`bytes` of a record is the nccl-tests message size S of the op, so algbw = bytes / time:
+  all_reduce, broadcast, reduce, send/recv      the tensor's bytes
+  all_gather, gather                            the gathered output (world_size x input)
+  reduce_scatter, scatter                       the full input (world_size x output)
+  all_to_all                                    the per-rank send buffer
+
+A test-only fault hook (`DISTVAL_FAULT`, see `FaultSpec`) corrupts one element of one op's output
+on one rank after the op completes, so tests can prove the checkers catch a wrong result.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+_REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "prod": dist.ReduceOp.PRODUCT,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+    "avg": dist.ReduceOp.AVG,
+}
+REDUCE_OPS = tuple(_REDUCE_OPS)
+_THIS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def reduce_op(name: str) -> dist.ReduceOp:
+    try:
+        return _REDUCE_OPS[name]
+    except KeyError:
+        raise ValueError(f"unknown reduce op {name!r}; choose from {', '.join(REDUCE_OPS)}") from None
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@dataclass(slots=True)
+class OpRecord:
+    seq: int
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+    bytes: int
+    group: str
+    call_site: str
+    start_s: float
+    end_s: float | None = None
+    peer: int | None = None  # root, src or dst where the op has one
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.end_s is None else self.end_s - self.start_s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        return d
+
+
+@dataclass
+class OpTotals:
+    calls: int = 0
+    bytes: int = 0
+    time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """Corrupt element `index` (flattened over the op's outputs) of op `op` on rank `rank`, on the
+    `nth` matching call (0 = every call). Parsed from DISTVAL_FAULT="op=all_reduce,rank=1,index=3"."""
+
+    op: str
+    rank: int
+    index: int = 0
+    nth: int = 0
+
+    @classmethod
+    def from_env(cls, value: str | None) -> FaultSpec | None:
+        if not value:
+            return None
+        fields: dict[str, Any] = {}
+        for part in value.split(","):
+            key, _, val = part.partition("=")
+            fields[key.strip()] = val.strip() if key.strip() == "op" else int(val)
+        return cls(**fields)
+
+
+class _Handle:
+    """An async collective's work handle that stamps the record's end when waited."""
+
+    def __init__(self, comm: Comm, work: Any, rec: OpRecord, outputs: Sequence[torch.Tensor]):
+        self._comm, self._work, self._rec, self._outputs = comm, work, rec, outputs
+
+    def wait(self) -> None:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            self._comm._finish(self._rec, self._outputs)
+
+    def is_completed(self) -> bool:
+        return self._work is None or self._work.is_completed()
+
+
+@dataclass
+class Comm:
+    """Instrumented collectives over one process group (None = the default group)."""
+
+    group: Any = None
+    name: str = "world"
+    capacity: int = 4096
+    fault: FaultSpec | None = field(default_factory=lambda: FaultSpec.from_env(os.environ.get("DISTVAL_FAULT")))
+
+    def __post_init__(self) -> None:
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        self.records: collections.deque[OpRecord] = collections.deque(maxlen=self.capacity)
+        self.totals: dict[str, OpTotals] = collections.defaultdict(OpTotals)
+        self._seq = 0
+        self._fault_hits = 0
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _call_site(self) -> str:
+        frame = sys._getframe(2)
+        while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _THIS_DIR:
+            frame = frame.f_back
+        if frame is None:
+            return "?"
+        return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
+
+    def _start(self, op: str, t: torch.Tensor, size_bytes: int, peer: int | None = None) -> OpRecord:
+        rec = OpRecord(
+            seq=self._seq,
+            op=op,
+            dtype=str(t.dtype).removeprefix("torch."),
+            shape=tuple(t.shape),
+            bytes=size_bytes,
+            group=self.name,
+            call_site=self._call_site(),
+            start_s=time.perf_counter(),
+            peer=peer,
+        )
+        self._seq += 1
+        self.records.append(rec)
+        return rec
+
+    def _finish(self, rec: OpRecord, outputs: Sequence[torch.Tensor]) -> None:
+        rec.end_s = time.perf_counter()
+        tot = self.totals[rec.op]
+        tot.calls += 1
+        tot.bytes += rec.bytes
+        tot.time_s += rec.end_s - rec.start_s
+        if self.fault is not None and self.fault.op == rec.op and self.fault.rank == self.rank:
+            self._fault_hits += 1
+            if self.fault.nth in (0, self._fault_hits):
+                _corrupt(outputs, self.fault.index)
+
+    def _run(self, rec: OpRecord, work: Any, outputs: Sequence[torch.Tensor], async_op: bool):
+        if async_op:
+            return _Handle(self, work, rec, outputs)
+        self._finish(rec, outputs)
+        return None
+
+    def pending(self) -> list[OpRecord]:
+        """Ops issued but not completed: what this rank is waiting in (hang diagnosis)."""
+        return [r for r in self.records if r.end_s is None]
+
+    def last(self) -> OpRecord | None:
+        return self.records[-1] if self.records else None
+
+    def reset_totals(self) -> None:
+        self.totals.clear()
+
+    # -- collectives ---------------------------------------------------------------------------
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
+        rec = self._start("all_reduce", tensor, nbytes(tensor))
+        work = dist.all_reduce(tensor, op=reduce_op(op), group=self.group, async_op=async_op)
+        return self._run(rec, work, [tensor], async_op)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False):
+        rec = self._start("broadcast", tensor, nbytes(tensor), peer=src)
+        work = dist.broadcast(tensor, src=src, group=self.group, async_op=async_op)
+        return self._run(rec, work, [tensor], async_op)
+
+    def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum", async_op: bool = False):
+        rec = self._start("reduce", tensor, nbytes(tensor), peer=dst)
+        work = dist.reduce(tensor, dst=dst, op=reduce_op(op), group=self.group, async_op=async_op)
+        return self._run(rec, work, [tensor] if self.rank == dst else [], async_op)
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
+        """Tensor form: `output` holds world_size inputs back to back (may alias `input`)."""
+        rec = self._start("all_gather", input, nbytes(output))
+        work = dist.all_gather_into_tensor(output, input, group=self.group, async_op=async_op)
+        return self._run(rec, work, [output], async_op)
+
+    def all_gather_list(self, outputs: list[torch.Tensor], input: torch.Tensor, async_op: bool = False):
+        rec = self._start("all_gather", input, sum(nbytes(o) for o in outputs))
+        work = dist.all_gather(outputs, input, group=self.group, async_op=async_op)
+        return self._run(rec, work, outputs, async_op)
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum", async_op: bool = False):
+        """Tensor form: rank r receives the reduction of chunk r of every rank's `input`."""
+        rec = self._start("reduce_scatter", input, nbytes(input))
+        work = dist.reduce_scatter_tensor(output, input, op=reduce_op(op), group=self.group, async_op=async_op)
+        return self._run(rec, work, [output], async_op)
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
+        """Equal splits: chunk j of this rank's input lands as chunk `rank` of rank j's output."""
+        rec = self._start("all_to_all", input, nbytes(input))
+        work = dist.all_to_all_single(output, input, group=self.group, async_op=async_op)
+        return self._run(rec, work, [output], async_op)
+
+    def gather(self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None, dst: int, async_op: bool = False):
+        rec = self._start("gather", tensor, nbytes(tensor) * self.world_size, peer=dst)
+        work = dist.gather(tensor, gather_list, dst=dst, group=self.group, async_op=async_op)
+        return self._run(rec, work, gather_list or [], async_op)
+
+    def scatter(self, tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int, async_op: bool = False):
+        rec = self._start("scatter", tensor, nbytes(tensor) * self.world_size, peer=src)
+        work = dist.scatter(tensor, scatter_list, src=src, group=self.group, async_op=async_op)
+        return self._run(rec, work, [tensor], async_op)
+
+    def sendrecv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int):
+        """Send `send` to `dst` while receiving `recv` from `src` (a ring shift when dst = rank+1,
+        src = rank-1). Both are posted before either is waited, so no pairing order can deadlock."""
+        rec = self._start("sendrecv", send, nbytes(send), peer=dst)
+        g = self.group
+        ops = [dist.P2POp(dist.isend, send, self._global(dst), g), dist.P2POp(dist.irecv, recv, self._global(src), g)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        return self._run(rec, None, [recv], False)
+
+    def barrier(self) -> None:
+        rec = self._start("barrier", torch.empty(0), 0)
+        dist.barrier(group=self.group)
+        self._run(rec, None, [], False)
+
+    def _global(self, group_rank: int) -> int:
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+
+def _corrupt(outputs: Sequence[torch.Tensor], index: int) -> None:
+    """Flip the lowest bit of element `index`, counted across `outputs` in order: a change every
+    dtype can represent, and the smallest one, so only an exact comparison catches it."""
+    for out in outputs:
+        n = out.numel()
+        if index < n:
+            flat = out.view(-1)
+            bits = flat[index : index + 1].view(_INT_OF_SIZE[out.element_size()])
+            bits ^= 1
+            return
+        index -= n
+
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -1,0 +1,305 @@
+"""Run a per-rank function on every rank; rank 0 gathers the results.
+
+Three ways in, one code path after initialisation:
+  local     distval starts `nproc` workers itself with torchrun's own elastic agent
+            (LocalElasticAgent via `elastic_launch`, c10d rendezvous on a free loopback port);
+            the parent process gets rank 0's gathered results back and renders the report.
+  torchrun  we are one worker of an outer launcher that set RANK/WORLD_SIZE/LOCAL_RANK/MASTER_*.
+  slurm/mpi we are one task of `srun` (SLURM_PROCID, SLURM_STEP_NUM_TASKS, ...) or mpirun
+            (OMPI_COMM_WORLD_*, PMI_*): the variables are mapped onto torch's.
+
+In every mode the per-rank function gets a `RankContext` (rank, world size, device, the
+instrumented `Comm`), its picklable return value is gathered to rank 0 over a Gloo control group,
+and `run()` returns the list there (None on other ranks). A worker that raises, dies or hangs
+becomes a `WorkerFailure` naming the rank and its last status, never an endless wait: collectives
+time out after `timeout_s`, and the local launcher enforces an overall deadline.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from distval import device as devices
+from distval.comm.layer import Comm
+from distval.results import CannotRun
+
+
+@dataclass
+class LaunchOptions:
+    nproc: int | None = None  # local mode only; None = number of GPUs, else 2
+    backend: str = "auto"
+    expect_world: int | None = None
+    timeout_s: float = 60.0  # each collective, and rendezvous
+    deadline_s: float | None = None  # the whole local job; None = no limit beyond timeouts
+
+    def __post_init__(self) -> None:
+        if self.nproc is not None and self.nproc < 1:
+            raise ValueError(f"--nproc must be at least 1 (got {self.nproc})")
+        if self.expect_world is not None and self.expect_world < 1:
+            raise ValueError(f"--expect-world must be at least 1 (got {self.expect_world})")
+        if self.timeout_s <= 0:
+            raise ValueError(f"--timeout must be positive (got {self.timeout_s})")
+        self.backend = devices.check_backend(self.backend)
+
+
+@dataclass
+class RankContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: Any
+    comm: Comm
+    control: Any  # a Gloo group for Python objects (the default group when it is Gloo)
+    hostname: str
+    run_dir: str | None = None
+    last_status: str = "started"
+
+    def status(self, text: str) -> None:
+        """Say what this rank is about to do: named in the error if it dies or hangs here."""
+        self.last_status = text
+        if self.run_dir:
+            _write_json(Path(self.run_dir) / f"status.{self.rank}.json", {"status": text, "time": time.time()})
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.control)
+        return out
+
+
+class WorkerFailure(CannotRun):
+    def __init__(self, rank: int | None, message: str, last_status: str = "", details: dict | None = None):
+        self.rank, self.message, self.last_status = rank, message, last_status
+        self.details = details or {}
+        who = f"rank {rank}" if rank is not None else "a worker"
+        where = f" (last status: {last_status})" if last_status else ""
+        super().__init__(f"{who} failed: {message}{where}")
+
+
+# -- mode detection --------------------------------------------------------------------------
+
+
+def detect_mode(env: dict[str, str] | None = None) -> str:
+    env = dict(os.environ if env is None else env)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return "torchrun"
+    if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env and int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
+        return "slurm"
+    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
+        return "mpi"
+    return "local"
+
+
+def worker_env(mode: str, env: dict[str, str]) -> dict[str, str]:
+    """torch's rank variables for a Slurm or MPI task (torchrun's are used as they are)."""
+    if mode == "slurm":
+        out = {
+            "RANK": env["SLURM_PROCID"],
+            "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
+            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+            "MASTER_ADDR": env.get("MASTER_ADDR") or first_slurm_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
+            "MASTER_PORT": env.get("MASTER_PORT") or str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000),
+        }
+    elif mode == "mpi":
+        rank = env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK"))
+        size = env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE"))
+        if "MASTER_ADDR" not in env:
+            raise CannotRun("launched by mpirun but MASTER_ADDR is not set; export MASTER_ADDR=<first host> (and MASTER_PORT) with mpirun -x")
+        out = {"RANK": rank, "WORLD_SIZE": size, "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", env.get("MPI_LOCALRANKID", "0")),
+               "MASTER_ADDR": env["MASTER_ADDR"], "MASTER_PORT": env.get("MASTER_PORT", "29500")}
+    else:
+        return {}
+    return {k: str(v) for k, v in out.items()}
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """First host of a Slurm node list: 'gpu[03-05,9],cpu1' -> 'gpu03'."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        raise CannotRun(f"cannot read the Slurm node list {nodelist!r}; set MASTER_ADDR")
+    prefix, ranges = m.group(1), m.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def check_world(world_size: int, expect_world: int | None, env: dict[str, str]) -> None:
+    """Fail fast on the "world of one": every process thinks it is alone (nccl-tests without
+    MPI=1, srun without task variables...), which otherwise runs N copies of a 1-rank job."""
+    if expect_world is not None and world_size != expect_world:
+        alone = world_size == 1
+        raise CannotRun(
+            f"expected a world of {expect_world} ranks but this process sees WORLD_SIZE={world_size}"
+            + (" (each process found itself alone)" if alone else "")
+            + "; launch with `torchrun --nproc-per-node N`, `srun --ntasks N distval ...`, or `distval ... --nproc N`"
+        )
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+RankFn = Callable[[RankContext, Any], Any]
+
+
+def run(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> list[Any] | None:
+    """Run `rank_fn(ctx, cfg)` on every rank; return the per-rank results (in rank order) where
+    the report is made: the calling process in local mode, rank 0 otherwise (None elsewhere)."""
+    mode = detect_mode()
+    if mode == "local":
+        return _run_local(rank_fn, cfg, opts)
+    env = dict(os.environ)
+    os.environ.update(worker_env(mode, env))
+    check_world(int(os.environ["WORLD_SIZE"]), opts.expect_world, env)
+    return _worker(rank_fn, cfg, opts, None)
+
+
+def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None) -> list[Any] | None:
+    rank = int(os.environ["RANK"])
+    ctx: RankContext | None = None
+    try:
+        timeout = datetime.timedelta(seconds=opts.timeout_s)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = devices.device_for(opts.backend, local_rank)
+        dist.init_process_group(opts.backend, timeout=timeout)
+        control = None if opts.backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+        ctx = RankContext(rank, dist.get_world_size(), local_rank, opts.backend, device, Comm(), control,
+                          socket.gethostname(), run_dir)
+        ctx.status("running")
+        result = rank_fn(ctx, cfg)
+        ctx.status("gathering results")
+        gathered: list[Any] | None = [None] * ctx.world_size if rank == 0 else None
+        dist.gather_object(result, gathered, dst=0, group=control)
+        return gathered
+    except BaseException as e:
+        if run_dir:
+            last = ctx.comm.last() if ctx else None
+            _write_json(Path(run_dir) / f"error.{rank}.json", {
+                "rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {e}".strip(),
+                "status": ctx.last_status if ctx else "initialising",
+                "last_op": last.to_dict() if last else None,
+                "traceback": traceback.format_exc(limit=8),
+            })
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str) -> list[Any] | None:
+    return _worker(rank_fn, cfg, opts, run_dir)
+
+
+def _quiet_elastic_logs() -> None:
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> list[Any]:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    nproc = opts.nproc or devices.default_nproc()
+    _quiet_elastic_logs()
+    run_dir = tempfile.mkdtemp(prefix="distval-run-")
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"distval-{os.getpid()}",
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"timeout": int(max(opts.timeout_s, 30))},
+        max_restarts=0, monitor_interval=0.05, start_method="spawn", local_addr="127.0.0.1",
+        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL),
+    )
+    timer = None
+    timed_out = threading.Event()
+    if opts.deadline_s:
+        def _expire() -> None:
+            timed_out.set()
+            os.kill(os.getpid(), signal.SIGTERM)  # the agent's handler stops every worker
+        timer = threading.Timer(opts.deadline_s, _expire)
+        timer.daemon = True
+        timer.start()
+    try:
+        results = elastic_launch(config, _local_entry)(rank_fn, cfg, opts, run_dir)
+        return results[0]
+    except ChildFailedError as e:
+        raise _diagnose(run_dir, nproc, {r: f.exitcode for r, f in e.failures.items()}) from None
+    except SignalException:
+        if timed_out.is_set():
+            raise _diagnose(run_dir, nproc, {}, deadline_s=opts.deadline_s) from None
+        raise KeyboardInterrupt from None
+    finally:
+        if timer:
+            timer.cancel()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _diagnose(run_dir: str, nproc: int, exitcodes: dict[int, int], deadline_s: float | None = None) -> WorkerFailure:
+    """Name the rank that caused a failed local run. The earliest error is the cause: a crash
+    makes its peers fail later with 'connection closed', a hang makes them time out later. A rank
+    with no error file died from a signal (SIGKILL, OOM killer) or is the one that hung."""
+    errors = {r: _read_json(Path(run_dir) / f"error.{r}.json") for r in range(nproc)}
+    status = {r: (_read_json(Path(run_dir) / f"status.{r}.json") or {}).get("status", "not started") for r in range(nproc)}
+    logs = {r: _log_tail(run_dir, r) for r in range(nproc)}
+    details = {"ranks": {r: {"error": (errors[r] or {}).get("error"), "status": status[r],
+                             "exitcode": exitcodes.get(r), "log_tail": logs[r]} for r in range(nproc)}}
+    signalled = [r for r, code in exitcodes.items() if code is not None and code < 0 and not errors[r]]
+    if signalled:
+        r = signalled[0]
+        sig = signal.Signals(-exitcodes[r]).name if -exitcodes[r] in signal.Signals._value2member_map_ else str(-exitcodes[r])
+        return WorkerFailure(r, f"killed by {sig}", status[r], details)
+    raised = sorted((e["time"], r) for r, e in errors.items() if e)
+    silent = [r for r in range(nproc) if not errors[r]]
+    if raised and silent and any("timed out" in (errors[r]["error"] or "").lower() or "timeout" in (errors[r]["error"] or "").lower() for _, r in raised):
+        r = silent[0]
+        return WorkerFailure(r, "stopped responding; its peers timed out waiting for it", status[r], details)
+    if raised:
+        r = raised[0][1]
+        return WorkerFailure(r, errors[r]["error"], errors[r]["status"], details)
+    if deadline_s is not None:
+        return WorkerFailure(None, f"the job did not finish within its deadline of {deadline_s:g}s", "; ".join(
+            f"rank {r}: {s}" for r, s in status.items()), details)
+    r = next(iter(exitcodes), None)
+    return WorkerFailure(r, f"exited with code {exitcodes.get(r)}", status.get(r, ""), details)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, default=str))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _log_tail(run_dir: str, rank: int, lines: int = 5) -> list[str]:
+    for path in Path(run_dir, "logs").rglob(f"attempt_0/{rank}/stderr.log"):
+        try:
+            return [l for l in path.read_text(errors="replace").splitlines() if l.strip()][-lines:]
+        except OSError:
+            pass
+    return []
+
+
+def ranks_info(ctx: RankContext) -> dict[str, Any]:
+    return {"rank": ctx.rank, "local_rank": ctx.local_rank, "host": ctx.hostname, "pid": os.getpid(),
+            "device": devices.device_name(ctx.device)}
+
