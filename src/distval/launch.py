@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 import torch.distributed as dist
 
 from distval import device as devices
@@ -70,6 +71,7 @@ class RankContext:
     hostname: str
     run_dir: str | None = None
     last_status: str = "started"
+    control_comm: Comm | None = None
 
     def status(self, text: str) -> None:
         """Say what this rank is about to do: named in the error if it dies or hangs here."""
@@ -81,6 +83,18 @@ class RankContext:
         out: list[Any] = [None] * self.world_size
         dist.all_gather_object(out, obj, group=self.control)
         return out
+
+    def ranks_where(self, flag: bool) -> list[int]:
+        """The ranks on which `flag` is true (a small all-gather on the control group)."""
+        if self.control_comm is None:
+            self.control_comm = Comm(group=self.control, name="control", fault=None)
+        flags = torch.zeros(self.world_size, dtype=torch.int32)
+        self.control_comm.all_gather(flags, torch.tensor([int(flag)], dtype=torch.int32))
+        return [r for r in range(self.world_size) if flags[r]]
+
+
+class PeerFailed(RuntimeError):
+    """Raised on the ranks that were fine when another rank failed: not the cause."""
 
 
 class WorkerFailure(CannotRun):
@@ -157,19 +171,37 @@ def check_world(world_size: int, expect_world: int | None, env: dict[str, str]) 
 RankFn = Callable[[RankContext, Any], Any]
 
 
-def run(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> list[Any] | None:
-    """Run `rank_fn(ctx, cfg)` on every rank; return the per-rank results (in rank order) where
-    the report is made: the calling process in local mode, rank 0 otherwise (None elsewhere)."""
+@dataclass
+class JobResult:
+    """What rank 0 gathered: every rank's return value and facts about it, in rank order."""
+
+    mode: str
+    backend: str
+    world_size: int
+    results: list[Any]
+    ranks: list[dict[str, Any]]
+
+    @property
+    def hosts(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for info in self.ranks:
+            out.setdefault(info["host"], []).append(info["rank"])
+        return out
+
+
+def run(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult | None:
+    """Run `rank_fn(ctx, cfg)` on every rank; return the gathered results where the report is
+    made: the calling process in local mode, rank 0 otherwise (None on other ranks)."""
     mode = detect_mode()
     if mode == "local":
         return _run_local(rank_fn, cfg, opts)
     env = dict(os.environ)
     os.environ.update(worker_env(mode, env))
     check_world(int(os.environ["WORLD_SIZE"]), opts.expect_world, env)
-    return _worker(rank_fn, cfg, opts, None)
+    return _worker(rank_fn, cfg, opts, None, mode)
 
 
-def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None) -> list[Any] | None:
+def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None, mode: str) -> JobResult | None:
     rank = int(os.environ["RANK"])
     ctx: RankContext | None = None
     try:
@@ -184,8 +216,10 @@ def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None)
         result = rank_fn(ctx, cfg)
         ctx.status("gathering results")
         gathered: list[Any] | None = [None] * ctx.world_size if rank == 0 else None
-        dist.gather_object(result, gathered, dst=0, group=control)
-        return gathered
+        dist.gather_object((ranks_info(ctx), result), gathered, dst=0, group=control)
+        if gathered is None:
+            return None
+        return JobResult(mode, opts.backend, ctx.world_size, [r for _, r in gathered], [i for i, _ in gathered])
     except BaseException as e:
         if run_dir:
             last = ctx.comm.last() if ctx else None
@@ -201,8 +235,8 @@ def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None)
             dist.destroy_process_group()
 
 
-def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str) -> list[Any] | None:
-    return _worker(rank_fn, cfg, opts, run_dir)
+def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str) -> JobResult | None:
+    return _worker(rank_fn, cfg, opts, run_dir, "local")
 
 
 def _quiet_elastic_logs() -> None:
@@ -210,7 +244,7 @@ def _quiet_elastic_logs() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> list[Any]:
+def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -262,13 +296,14 @@ def _diagnose(run_dir: str, nproc: int, exitcodes: dict[int, int], deadline_s: f
         r = signalled[0]
         sig = signal.Signals(-exitcodes[r]).name if -exitcodes[r] in signal.Signals._value2member_map_ else str(-exitcodes[r])
         return WorkerFailure(r, f"killed by {sig}", status[r], details)
-    raised = sorted((e["time"], r) for r, e in errors.items() if e)
+    # A rank's own error before its peers' reactions to it (PeerFailed), then by time.
+    raised = sorted((e["error"].startswith("PeerFailed"), e["time"], r) for r, e in errors.items() if e)
     silent = [r for r in range(nproc) if not errors[r]]
-    if raised and silent and any("timed out" in (errors[r]["error"] or "").lower() or "timeout" in (errors[r]["error"] or "").lower() for _, r in raised):
+    if raised and silent and any("timed out" in (errors[r]["error"] or "").lower() or "timeout" in (errors[r]["error"] or "").lower() for *_, r in raised):
         r = silent[0]
         return WorkerFailure(r, "stopped responding; its peers timed out waiting for it", status[r], details)
     if raised:
-        r = raised[0][1]
+        r = raised[0][-1]
         return WorkerFailure(r, errors[r]["error"], errors[r]["status"], details)
     if deadline_s is not None:
         return WorkerFailure(None, f"the job did not finish within its deadline of {deadline_s:g}s", "; ".join(

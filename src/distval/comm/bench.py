@@ -21,13 +21,15 @@ from typing import Any
 import torch
 
 from distval import device as devices
+from distval import meta
 from distval.comm.check import expand_all
 from distval.comm.fit import fit_alpha_beta
 from distval.comm.inputs import DTYPES, dtype_name, parse_dtype
 from distval.comm.layer import REDUCE_OPS
 from distval.comm.ops import BENCH_OPS, Collective, count_for_bytes, inplace_variants
-from distval.launch import RankContext
-from distval.results import Check, Status, Table
+from distval.launch import JobResult, LaunchOptions, RankContext
+from distval.results import Check, Report, Status, Table
+from distval.runner import execute
 from distval.units import format_size
 
 BENCH_COLUMNS = ["op", "dtype", "bytes", "count", "inplace", "redop", "root", "time_us_p50", "time_us_p95",
@@ -268,3 +270,17 @@ def csv_text(bench: Table) -> str:
     for row in bench.rows:
         writer.writerow(row)
     return buf.getvalue()
+
+
+def build_report(job: JobResult, cfg: BenchConfig) -> Report:
+    bench, fits, copy_gbps = build_tables(job.results, cfg)
+    report = Report("comm bench", meta=meta.collect(
+        job, cfg, copy_ceiling_gbps=copy_gbps, sizes_bytes=cfg.sizes(),
+        timing="blocking per op (barrier, issue, wait); iteration time = max over ranks; p50/p95/min/max over iterations"))
+    report.checks = bench_checks(bench, fits, cfg, job.world_size, copy_gbps)
+    report.tables += [bench, fits]
+    return report
+
+
+def run_bench(cfg: BenchConfig, opts: LaunchOptions) -> Report | None:
+    return execute("comm bench", bench_rank, cfg, opts, lambda job: build_report(job, cfg))

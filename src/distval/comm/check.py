@@ -20,8 +20,10 @@ import torch.distributed as dist
 
 from distval.comm.inputs import DTYPES, Mismatch, dtype_name, parse_dtype
 from distval.comm.ops import Collective, inplace_variants
-from distval.launch import RankContext
-from distval.results import Check, Status
+from distval import meta
+from distval.launch import JobResult, LaunchOptions, PeerFailed, RankContext
+from distval.results import Check, Report, Status, Table
+from distval.runner import execute
 
 ALL_REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_list", "reduce_scatter",
@@ -75,7 +77,7 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.op} {self.dtype} {self.size_class}"
+        return self.op if self.op == "barrier" else f"{self.op} {self.dtype} {self.size_class}"
 
 
 def cases(cfg: CheckConfig) -> list[Case]:
@@ -106,15 +108,24 @@ def check_rank(ctx: RankContext, cfg: CheckConfig) -> list[dict[str, Any]]:
         outcome: dict[str, Any] = {"case": case.name, "status": "ok", "wrong": []}
         for rep in range(cfg.iters):
             seed = cfg.seed * 1_000_003 + rep
+            error: BaseException | None = None
             try:
                 for where, bad in _run_case(ctx, case, seed):
                     if bad is not None:
                         outcome["status"] = "wrong"
                         outcome["wrong"].append({"rep": rep, **where, **bad.to_dict()})
             except (Unsupported, RuntimeError, ValueError, TypeError) as e:
-                # Backends reject unsupported op/dtype combinations synchronously on every rank
-                # before any data moves, so all ranks skip together and the group stays usable.
-                outcome = {"case": case.name, "status": "unsupported", "reason": _one_line(e)}
+                error = e
+            # A backend rejects an unsupported op/dtype combination synchronously on every rank
+            # before any data moves: that is a SKIP, and the group stays usable. An error on only
+            # some ranks is a real failure and must end the job, naming the rank.
+            failed = ctx.ranks_where(error is not None)
+            if failed and len(failed) < ctx.world_size:
+                if error is not None:
+                    raise error
+                raise PeerFailed(f"rank(s) {failed} failed in {case.name}")
+            if error is not None:
+                outcome = {"case": case.name, "status": "unsupported", "reason": _one_line(error)}
                 break
             if outcome["wrong"]:
                 break  # like nccl-tests -c: stop at the first failing repetition
@@ -184,7 +195,7 @@ def _verdict(case: Case, outcomes: list[dict[str, Any]], cfg: CheckConfig) -> Ch
         return Check(f"comm.check {case.name}", Status.SKIP, f"{case.name}: not supported here: {reason}",
                      details={"reason": reason}, where=where)
     wrong = [{"rank": r, **w} for r, o in enumerate(outcomes) for w in o["wrong"]]
-    size = f"{case.count} element{'s' if case.count != 1 else ''}"
+    size = "all ranks arrive before any leaves" if op == "barrier" else f"{case.count} element{'s' if case.count != 1 else ''}"
     if not wrong:
         reps = f", {cfg.iters} repetitions" if cfg.iters > 1 else ""
         return Check(f"comm.check {case.name}", Status.OK, f"{case.name} ({size}{reps}): exact on every rank",
@@ -204,3 +215,40 @@ def _verdict(case: Case, outcomes: list[dict[str, Any]], cfg: CheckConfig) -> Ch
               "the ranks named here (and their links) with a known-good node"),
         where={**where, "rank": first["rank"], "index": first["index"]},
     )
+
+
+def matrix_table(checks: list[Check], cfg: CheckConfig) -> Table:
+    """One row per op variant, one column per dtype: the verdict over all size classes."""
+    table = Table("check_matrix", ["op", *cfg.dtypes], title="comm check: verdict per op and dtype over all sizes")
+    cells: dict[str, dict[str, list[Status]]] = {}
+    for c in checks:
+        cells.setdefault(c.where["op"], {}).setdefault(c.where["dtype"], []).append(c.status)
+    for op, by_dtype in cells.items():
+        row: dict[str, Any] = {"op": op}
+        for dtype, statuses in by_dtype.items():
+            dtype_cols = cfg.dtypes if dtype == "-" else [dtype]
+            for col in dtype_cols:
+                row[col] = _cell(statuses)
+        table.add(**row)
+    return table
+
+
+def _cell(statuses: list[Status]) -> str:
+    if Status.FAIL in statuses:
+        return "FAIL"
+    if all(s == Status.SKIP for s in statuses):
+        return "SKIP"
+    if all(s == Status.OK for s in statuses):
+        return "OK"
+    return f"OK ({statuses.count(Status.SKIP)} skip)"
+
+
+def build_report(job: JobResult, cfg: CheckConfig) -> Report:
+    checks = summarize(job.results, cfg)
+    report = Report("comm check", meta=meta.collect(job, cfg, num_cases=len(checks)), checks=checks)
+    report.tables.append(matrix_table(checks, cfg))
+    return report
+
+
+def run_check(cfg: CheckConfig, opts: LaunchOptions) -> Report | None:
+    return execute("comm check", check_rank, cfg, opts, lambda job: build_report(job, cfg))

@@ -13,13 +13,15 @@ read this one source of truth.
   all_to_all                                    the per-rank send buffer
 
 A test-only fault hook (`DISTVAL_FAULT`, see `FaultSpec`) corrupts one element of one op's output
-on one rank after the op completes, so tests can prove the checkers catch a wrong result.
+on one rank after the op completes, or makes that rank raise, hang or die there, so tests can prove
+the checkers catch a wrong result and the launcher names a failed rank.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -80,15 +82,23 @@ class OpTotals:
     time_s: float = 0.0
 
 
+FAULT_ACTIONS = ("corrupt", "raise", "hang", "kill")
+
+
 @dataclass(frozen=True)
 class FaultSpec:
-    """Corrupt element `index` (flattened over the op's outputs) of op `op` on rank `rank`, on the
-    `nth` matching call (0 = every call). Parsed from DISTVAL_FAULT="op=all_reduce,rank=1,index=3"."""
+    """A test-only fault on rank `rank` at op `op`, on the `nth` matching call (0 = every call):
+    corrupt   flip the lowest bit of element `index` (flattened over the op's outputs)
+    raise     raise RuntimeError after the op (a crashing rank)
+    hang      sleep forever after the op (a hung rank)
+    kill      SIGKILL this process after the op (a rank lost without a word)
+    Parsed from DISTVAL_FAULT="op=all_reduce,rank=1,index=3" or "op=broadcast,rank=0,action=hang"."""
 
     op: str
     rank: int
     index: int = 0
     nth: int = 0
+    action: str = "corrupt"
 
     @classmethod
     def from_env(cls, value: str | None) -> FaultSpec | None:
@@ -97,8 +107,23 @@ class FaultSpec:
         fields: dict[str, Any] = {}
         for part in value.split(","):
             key, _, val = part.partition("=")
-            fields[key.strip()] = val.strip() if key.strip() == "op" else int(val)
-        return cls(**fields)
+            key = key.strip()
+            fields[key] = val.strip() if key in ("op", "action") else int(val)
+        spec = cls(**fields)
+        if spec.action not in FAULT_ACTIONS:
+            raise ValueError(f"DISTVAL_FAULT action {spec.action!r}; choose from {', '.join(FAULT_ACTIONS)}")
+        return spec
+
+    def apply(self, outputs: Sequence[torch.Tensor]) -> None:
+        if self.action == "corrupt":
+            _corrupt(outputs, self.index)
+        elif self.action == "raise":
+            raise RuntimeError(f"DISTVAL_FAULT: injected failure at {self.op} on rank {self.rank}")
+        elif self.action == "hang":
+            while True:
+                time.sleep(3600)
+        elif self.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _Handle:
@@ -169,7 +194,7 @@ class Comm:
         if self.fault is not None and self.fault.op == rec.op and self.fault.rank == self.rank:
             self._fault_hits += 1
             if self.fault.nth in (0, self._fault_hits):
-                _corrupt(outputs, self.fault.index)
+                self.fault.apply(outputs)
 
     def _run(self, rec: OpRecord, work: Any, outputs: Sequence[torch.Tensor], async_op: bool):
         if async_op:

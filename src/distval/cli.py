@@ -1,0 +1,180 @@
+"""The `distval` command line: each command parses its flags, calls the library, renders.
+
+Errors a user can cause (a bad flag, size, dtype, path) end in one line on stderr and exit code 2,
+before anything is written; an environment that cannot run the job ends in exit code 3.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from distval import __version__
+from distval.comm import bench as bench_mod
+from distval.comm import check as check_mod
+from distval.launch import LaunchOptions
+from distval.report import terminal
+from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun, Report, check_writable, atomic_write_text, write_json
+from distval.units import parse_duration, parse_size
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  help="Validate, benchmark, profile and harden distributed PyTorch training.")
+comm_app = typer.Typer(no_args_is_help=True, help="Collective correctness and bandwidth.")
+app.add_typer(comm_app, name="comm")
+
+# -- options shared by every command that launches ranks ------------------------------------------------
+Nproc = Annotated[Optional[int], typer.Option("--nproc", help="Local workers to start (default: number of GPUs, else 2). Ignored under torchrun/Slurm.")]
+Backend = Annotated[str, typer.Option("--backend", help="auto (nccl on CUDA, else gloo), gloo, nccl or mpi.")]
+ExpectWorld = Annotated[Optional[int], typer.Option("--expect-world", help="Fail fast unless the world has exactly N ranks (catches every process running alone).")]
+Timeout = Annotated[str, typer.Option("--timeout", help="Per-collective and rendezvous timeout, e.g. 60s.")]
+Deadline = Annotated[Optional[str], typer.Option("--deadline", help="Stop the whole local job after this long, naming each rank's last status, e.g. 10m.")]
+JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON (schema distval.report/1).")]
+
+
+def launch_options(nproc, backend, expect_world, timeout, deadline) -> LaunchOptions:
+    return LaunchOptions(nproc=nproc, backend=backend, expect_world=expect_world,
+                         timeout_s=parse_duration(timeout, "--timeout"),
+                         deadline_s=parse_duration(deadline, "--deadline") if deadline else None)
+
+
+def split_list(text: str) -> list[str]:
+    return [x for x in (s.strip() for s in text.split(",")) if x]
+
+
+def finish(report: Report | None, json_path: Path | None, console: Console, skip_tables=()) -> int:
+    """Render on the rank that reports; write JSON; return the exit code (0 on other ranks)."""
+    if report is None:
+        return 0
+    terminal.render(report, console, skip_tables=skip_tables)
+    if json_path is not None:
+        write_json(report, json_path)
+        console.print(f"wrote {json_path}")
+    return report.exit_code()
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False) -> None:
+    if version:
+        print(f"distval {__version__}")
+        raise typer.Exit(0)
+
+
+@comm_app.command("check")
+def comm_check(
+    ops: Annotated[str, typer.Option("--ops", help=f"Comma list of {', '.join(check_mod.OPS)}, or all.")] = "all",
+    dtypes: Annotated[str, typer.Option("-d", "--dtypes", help="Comma list of dtypes (float32,float64,float16,bfloat16,int32,int64,uint8,int8), or all.")] = "all",
+    counts: Annotated[Optional[str], typer.Option("--counts", help="Comma list of element counts per rank to check (default 0,1,7,1000,65537).")] = None,
+    check_iters: Annotated[int, typer.Option("-c", "--check-iters", help="Repeat every check N times with fresh inputs.")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the input generator.")] = 0,
+    nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
+    deadline: Deadline = None, json: JsonOut = None,
+) -> int:
+    """Exact correctness of every collective, dtype, reduce op and odd size; names the bad rank and index."""
+    sizes = dict(check_mod.SIZES) if counts is None else {c: _count(c) for c in split_list(counts)}
+    cfg = check_mod.CheckConfig(ops=split_list(ops), dtypes=split_list(dtypes), sizes=sizes, iters=check_iters, seed=seed)
+    opts = launch_options(nproc, backend, expect_world, timeout, deadline)
+    if json:
+        check_writable(json, "--json")
+    return finish(check_mod.run_check(cfg, opts), json, Console())
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"--counts: {text!r} is not a whole number of elements") from None
+    if value < 0:
+        raise ValueError(f"--counts: {value} is negative")
+    return value
+
+
+@comm_app.command("bench")
+def comm_bench(
+    minbytes: Annotated[str, typer.Option("-b", "--minbytes", help="Smallest size in bytes (K/M/G binary).")] = "8",
+    maxbytes: Annotated[str, typer.Option("-e", "--maxbytes", help="Largest size in bytes.")] = "128M",
+    stepfactor: Annotated[float, typer.Option("-f", "--stepfactor", help="Multiply the size by this each step.")] = 2.0,
+    stepbytes: Annotated[Optional[str], typer.Option("-i", "--stepbytes", help="Add this many bytes each step instead of -f.")] = None,
+    iters: Annotated[int, typer.Option("-n", "--iters", help="Timed iterations per size.")] = 20,
+    warmup: Annotated[int, typer.Option("-w", "--warmup-iters", help="Untimed iterations per size.")] = 5,
+    check: Annotated[int, typer.Option("-c", "--check", help="Correctness passes after timing (0: none).")] = 1,
+    ops: Annotated[str, typer.Option("--ops", help=f"Comma list of {', '.join(bench_mod.BENCH_OPS)}, or all.")] = "all_reduce",
+    dtype: Annotated[str, typer.Option("-d", "--datatype", help="Element type, e.g. float32, bfloat16, int8.")] = "float32",
+    redop: Annotated[str, typer.Option("-o", "--op", help="Reduce op: sum, prod, min, max, avg.")] = "sum",
+    root: Annotated[int, typer.Option("-r", "--root", help="Root rank of rooted collectives.")] = 0,
+    inplace: Annotated[str, typer.Option("--inplace", help="both, in or out.")] = "both",
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="Write the sweep as CSV.")] = None,
+    nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
+    deadline: Deadline = None, json: JsonOut = None,
+) -> int:
+    """nccl-tests-compatible sweep: algbw, busbw, in/out-of-place, p50/p95, #wrong, α–β fit per op."""
+    cfg = bench_mod.BenchConfig(
+        ops=split_list(ops), dtype=dtype, min_bytes=parse_size(minbytes, "-b"), max_bytes=parse_size(maxbytes, "-e"),
+        factor=stepfactor, step_bytes=parse_size(stepbytes, "-i") if stepbytes else None, iters=iters, warmup=warmup,
+        check_iters=check, redop=redop, root=root, inplace=inplace)
+    opts = launch_options(nproc, backend, expect_world, timeout, deadline)
+    for path, flag in ((json, "--json"), (csv, "--csv")):
+        if path:
+            check_writable(path, flag)
+    report = bench_mod.run_bench(cfg, opts)
+    console = Console()
+    if report is not None and report.table("bench") is not None:
+        print(bench_mod.nccl_text(report.table("bench"), cfg, report.meta.get("world_size", 0), report.meta.get("copy_ceiling_gbps")))
+        if csv:
+            atomic_write_text(csv, bench_mod.csv_text(report.table("bench")))
+            console.print(f"wrote {csv}")
+    return finish(report, json, console, skip_tables=("bench",))
+
+
+@app.command("run")
+def run_cmd(
+    out: Annotated[Path, typer.Option("--out", help="Folder for report.json and report.html.")] = Path("distval-report"),
+    nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
+    deadline: Deadline = None,
+) -> int:
+    """The acceptance ladder on this machine: comm check, then a comm bench sweep; one report."""
+    from distval import run as run_mod  # imports the HTML renderer only for this command
+
+    cfg = run_mod.RunConfig(out_dir=str(out))
+    opts = launch_options(nproc, backend, expect_world, timeout, deadline)
+    out_dir = run_mod.prepare_out_dir(str(out))
+    report = run_mod.run_all(cfg, opts)
+    console = Console()
+    if report is None:
+        return 0
+    terminal.render(report, console, skip_tables=("bench", "check_matrix"))
+    paths = run_mod.write_outputs(report, out_dir)
+    console.print(f"wrote {paths['json']} and {paths['html']}")
+    return report.exit_code()
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        code = app(args=argv, prog_name="distval", standalone_mode=False)
+    except ValueError as e:
+        _fail(str(e), EXIT_USAGE)
+    except CannotRun as e:
+        _fail(str(e), EXIT_CANNOT_RUN)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as e:
+        # Usage errors of click (or the click Typer vendors, depending on its version) carry
+        # exit_code 2 and a format_message(); Abort is Ctrl-C at a prompt.
+        if type(e).__name__ == "NoArgsIsHelpError":  # `distval` or `distval comm` alone: show the help
+            print(e.format_message())
+            sys.exit(0)
+        if getattr(e, "exit_code", None) == EXIT_USAGE and hasattr(e, "format_message"):
+            _fail(e.format_message(), EXIT_USAGE)
+        if type(e).__name__ == "Abort":
+            _fail("interrupted", 130)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, code: int) -> None:
+    first = " ".join(message.strip().split("\n")[:1])
+    print(f"distval: error: {first}", file=sys.stderr)
+    sys.exit(code)

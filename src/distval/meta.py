@@ -1,0 +1,51 @@
+"""Facts every report carries: versions, backend, world size, hosts, how it was launched, the
+resolved configuration and the command line that reproduces it."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import distval
+from distval.launch import JobResult
+
+_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "MASTER_", "OMP_NUM_THREADS")
+
+
+def versions() -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "distval": distval.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gloo": dist.is_gloo_available(),
+        "nccl": None,
+        "mpi": dist.is_mpi_available(),
+        "cuda": torch.version.cuda,
+    }
+    if dist.is_nccl_available() and torch.cuda.is_available():
+        out["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+    return out
+
+
+def collect(job: JobResult | None, config: Any = None, **extra: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": ["distval", *sys.argv[1:]],
+        "versions": versions(),
+        "platform": platform.platform(),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
+    }
+    if job is not None:
+        meta.update(world_size=job.world_size, backend=job.backend, launch=job.mode, hosts=job.hosts,
+                    devices=sorted({r["device"] for r in job.ranks}))
+    if config is not None and dataclasses.is_dataclass(config):
+        meta["config"] = dataclasses.asdict(config)
+    meta.update(extra)
+    return meta

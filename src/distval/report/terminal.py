@@ -1,0 +1,107 @@
+"""The readable terminal view of a Report (rich): a header, the checks that need attention one
+per row, the rest counted per group, then the tables."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.table import Table as RichTable
+from rich.text import Text
+
+from distval.results import Check, Report, Status, Table
+
+STYLES = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim", Status.ERROR: "bold magenta"}
+_ATTENTION = (Status.ERROR, Status.FAIL, Status.WARN)
+
+
+def status_text(status: Status) -> Text:
+    return Text(status.value, style=STYLES[status])
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def header(report: Report) -> str:
+    m = report.meta
+    parts = [f"distval {report.command}"]
+    if "world_size" in m:
+        parts.append(f"{m['world_size']} ranks")
+    if "backend" in m:
+        parts.append(f"backend {m['backend']}")
+    if m.get("hosts"):
+        parts.append("hosts " + ", ".join(m["hosts"]))
+    if m.get("launch"):
+        parts.append(f"launched {m['launch']}")
+    return " · ".join(parts)
+
+
+def group_key(check: Check) -> str:
+    """Checks counted together when all is well: the name up to its op (e.g. 'comm.check all_reduce/sum')."""
+    return " ".join(check.name.split()[:2])
+
+
+def render(report: Report, console: Console | None = None, skip_tables: Iterable[str] = ()) -> None:
+    console = console or Console()
+    console.print(Text(header(report), style="bold"))
+    attention = [c for c in report.checks if c.status in _ATTENTION]
+    if attention:
+        t = RichTable(show_header=True, header_style="bold", expand=False)
+        for col in ("status", "check", "what happened", "hint"):
+            t.add_column(col, overflow="fold")
+        for c in sorted(attention, key=lambda c: _ATTENTION.index(c.status)):
+            t.add_row(status_text(c.status), c.name, c.summary, c.hint)
+        console.print(t)
+    rest = [c for c in report.checks if c.status not in _ATTENTION]
+    if rest:
+        groups: dict[str, list[Check]] = {}
+        for c in rest:
+            groups.setdefault(group_key(c), []).append(c)
+        t = RichTable(show_header=True, header_style="bold", expand=False)
+        t.add_column("checks")
+        t.add_column("result")
+        for key, members in groups.items():
+            counts = Counter(c.status for c in members)
+            text = Text()
+            for status in (Status.OK, Status.SKIP):
+                if counts[status]:
+                    text.append(f"{counts[status]} {status.value} ", style=STYLES[status])
+            if len(members) == 1:
+                text.append(members[0].summary)
+            t.add_row(key, text)
+        console.print(t)
+    for table in report.tables:
+        if table.name not in skip_tables and table.rows:
+            console.print(render_table(table))
+    counts = report.counts()
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    console.print(Text(f"{summary or 'no checks'} -> exit {report.exit_code()}", style="bold"))
+
+
+def render_table(table: Table) -> RichTable:
+    t = RichTable(title=table.title or table.name, show_header=True, header_style="bold", expand=False)
+    for col in table.columns:
+        unit = table.units.get(col)
+        t.add_column(f"{col}\n({unit})" if unit else col, justify="right" if _numeric(table, col) else "left")
+    for row in table.rows:
+        t.add_row(*(fmt(row.get(c)) for c in table.columns))
+    return t
+
+
+def _numeric(table: Table, col: str) -> bool:
+    vals = [r.get(col) for r in table.rows if r.get(col) is not None]
+    return bool(vals) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
