@@ -132,13 +132,14 @@ def comm_bench(
 @app.command("run")
 def run_cmd(
     out: Annotated[Path, typer.Option("--out", help="Folder for report.json and report.html.")] = Path("distval-report"),
+    quick: Annotated[bool, typer.Option("--quick", help="A smoke test in seconds: fewer sizes and iterations.")] = False,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
     deadline: Deadline = None,
 ) -> int:
     """The acceptance ladder on this machine: comm check, then a comm bench sweep; one report."""
     from distval import run as run_mod  # imports the HTML renderer only for this command
 
-    cfg = run_mod.RunConfig(out_dir=str(out))
+    cfg = run_mod.RunConfig.quick(str(out)) if quick else run_mod.RunConfig(out_dir=str(out))
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
     out_dir = run_mod.prepare_out_dir(str(out))
     report = run_mod.run_all(cfg, opts)

@@ -84,13 +84,14 @@ class RankContext:
         dist.all_gather_object(out, obj, group=self.control)
         return out
 
-    def ranks_where(self, flag: bool) -> list[int]:
-        """The ranks on which `flag` is true (a small all-gather on the control group)."""
+    def exchange(self, value: int) -> list[int]:
+        """Every rank's small integer (a tiny all-gather on the control group): how ranks agree
+        on a decision that only some of them could make alone."""
         if self.control_comm is None:
             self.control_comm = Comm(group=self.control, name="control", fault=None)
-        flags = torch.zeros(self.world_size, dtype=torch.int32)
-        self.control_comm.all_gather(flags, torch.tensor([int(flag)], dtype=torch.int32))
-        return [r for r in range(self.world_size) if flags[r]]
+        values = torch.zeros(self.world_size, dtype=torch.int64)
+        self.control_comm.all_gather(values, torch.tensor([value], dtype=torch.int64))
+        return values.tolist()
 
 
 class PeerFailed(RuntimeError):
@@ -296,10 +297,11 @@ def _diagnose(run_dir: str, nproc: int, exitcodes: dict[int, int], deadline_s: f
         r = signalled[0]
         sig = signal.Signals(-exitcodes[r]).name if -exitcodes[r] in signal.Signals._value2member_map_ else str(-exitcodes[r])
         return WorkerFailure(r, f"killed by {sig}", status[r], details)
-    # A rank's own error before its peers' reactions to it (PeerFailed), then by time.
-    raised = sorted((e["error"].startswith("PeerFailed"), e["time"], r) for r, e in errors.items() if e)
+    # A rank's own error comes before its peers' reactions to it (PeerFailed, then timeouts and
+    # closed connections), then by time.
+    raised = sorted((_secondary(e["error"]), e["time"], r) for r, e in errors.items() if e)
     silent = [r for r in range(nproc) if not errors[r]]
-    if raised and silent and any("timed out" in (errors[r]["error"] or "").lower() or "timeout" in (errors[r]["error"] or "").lower() for *_, r in raised):
+    if raised and silent and all(_secondary(errors[r]["error"]) for *_, r in raised):
         r = silent[0]
         return WorkerFailure(r, "stopped responding; its peers timed out waiting for it", status[r], details)
     if raised:
@@ -310,6 +312,17 @@ def _diagnose(run_dir: str, nproc: int, exitcodes: dict[int, int], deadline_s: f
             f"rank {r}: {s}" for r, s in status.items()), details)
     r = next(iter(exitcodes), None)
     return WorkerFailure(r, f"exited with code {exitcodes.get(r)}", status.get(r, ""), details)
+
+
+_SECONDARY = ("timed out", "timeout", "connection closed", "pair closure", "connection reset", "broken pipe")
+
+
+def _secondary(error: str) -> int:
+    """2 for a rank that failed because a peer did (PeerFailed), 1 for the symptoms a peer's
+    failure causes (timeouts, closed connections), 0 for an error of the rank's own."""
+    if error.startswith("PeerFailed"):
+        return 2
+    return int(any(s in error.lower() for s in _SECONDARY))
 
 
 def _write_json(path: Path, obj: Any) -> None:

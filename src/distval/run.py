@@ -31,6 +31,14 @@ class RunConfig:
     bench: bench.BenchConfig = field(default_factory=lambda: bench.BenchConfig(
         ops=list(DEFAULT_BENCH_OPS), min_bytes=1024, max_bytes=16 * 2**20, factor=4, iters=20, warmup=5))
 
+    @classmethod
+    def quick(cls, out_dir: str) -> RunConfig:
+        """A smoke-test ladder in a few seconds: fewer sizes and iterations, same coverage of ops."""
+        return cls(out_dir=out_dir,
+                   check=check.CheckConfig(sizes={"one": 1, "odd": 7, "non_pow2": 1000}),
+                   bench=bench.BenchConfig(ops=list(DEFAULT_BENCH_OPS), min_bytes=1024, max_bytes=2**20, factor=8,
+                                           iters=5, warmup=1))
+
 
 def prepare_out_dir(path: str) -> Path:
     """Create OUT (and parents) or explain why not, before any work is done."""

@@ -214,7 +214,8 @@ def bench_checks(bench: Table, fits: Table, cfg: BenchConfig, world_size: int, c
         top = sorted(rows, key=lambda r: r["bytes"])[-3:]
         plateau = statistics.median(r["busbw_gbps"] for r in top)
         fit = next((f for f in fits.rows if f["op"] == op), None)
-        fit_text = f"; α {fit['alpha_us']:.1f} µs, β {fit['beta_gbps']:.2f} GB/s, R² {fit['r2']:.3f}" if fit else ""
+        fit_text = (f"; α {fit['alpha_us']:.1f} µs, β {fit['beta_gbps']:.2f} GB/s, R² {fit['r2']:.3f}" if fit
+                    else "; no α–β fit (the sweep shows no bandwidth-bound sizes: raise -e)")
         share = f" ({100 * plateau / copy_gbps:.0f}% of this host's {copy_gbps:.1f} GB/s copy ceiling)" if copy_gbps else ""
         details = {"plateau_busbw_gbps": plateau, "largest_bytes": top[-1]["bytes"], "rows": len(rows)}
         if bad:

@@ -118,8 +118,18 @@ def check_rank(ctx: RankContext, cfg: CheckConfig) -> list[dict[str, Any]]:
                 error = e
             # A backend rejects an unsupported op/dtype combination synchronously on every rank
             # before any data moves: that is a SKIP, and the group stays usable. An error on only
-            # some ranks is a real failure and must end the job, naming the rank.
-            failed = ctx.ranks_where(error is not None)
+            # some ranks is a real failure and must end the job, naming the rank. Ranks also agree
+            # on stopping at a wrong result, so they keep issuing the same collectives.
+            state = 2 if error is not None else (1 if outcome["wrong"] else 0)
+            try:
+                states = ctx.exchange(state)
+            except Exception:
+                # Peers are still inside the case's collectives and cannot answer: the error
+                # this rank hit is the cause, the failed exchange only its consequence.
+                if error is not None:
+                    raise error from None
+                raise
+            failed = [r for r, st in enumerate(states) if st == 2]
             if failed and len(failed) < ctx.world_size:
                 if error is not None:
                     raise error
@@ -127,7 +137,7 @@ def check_rank(ctx: RankContext, cfg: CheckConfig) -> list[dict[str, Any]]:
             if error is not None:
                 outcome = {"case": case.name, "status": "unsupported", "reason": _one_line(error)}
                 break
-            if outcome["wrong"]:
+            if any(states):
                 break  # like nccl-tests -c: stop at the first failing repetition
         outcomes.append(outcome)
     return outcomes

@@ -41,6 +41,11 @@ REDUCE_OPS = tuple(_REDUCE_OPS)
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+# torch 2.13 renamed the tensor forms (the old names warn); torch >= 2.6 has only the old ones.
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def reduce_op(name: str) -> dist.ReduceOp:
     try:
         return _REDUCE_OPS[name]
@@ -232,7 +237,7 @@ class Comm:
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
         """Tensor form: `output` holds world_size inputs back to back (may alias `input`)."""
         rec = self._start("all_gather", input, nbytes(output))
-        work = dist.all_gather_into_tensor(output, input, group=self.group, async_op=async_op)
+        work = _all_gather_tensor(output, input, group=self.group, async_op=async_op)
         return self._run(rec, work, [output], async_op)
 
     def all_gather_list(self, outputs: list[torch.Tensor], input: torch.Tensor, async_op: bool = False):
@@ -243,7 +248,7 @@ class Comm:
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum", async_op: bool = False):
         """Tensor form: rank r receives the reduction of chunk r of every rank's `input`."""
         rec = self._start("reduce_scatter", input, nbytes(input))
-        work = dist.reduce_scatter_tensor(output, input, op=reduce_op(op), group=self.group, async_op=async_op)
+        work = _reduce_scatter_tensor(output, input, op=reduce_op(op), group=self.group, async_op=async_op)
         return self._run(rec, work, [output], async_op)
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):

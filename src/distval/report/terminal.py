@@ -64,7 +64,7 @@ def render(report: Report, console: Console | None = None, skip_tables: Iterable
         for col in ("status", "check", "what happened", "hint"):
             t.add_column(col, overflow="fold")
         for c in sorted(attention, key=lambda c: _ATTENTION.index(c.status)):
-            t.add_row(status_text(c.status), c.name, c.summary, c.hint)
+            t.add_row(status_text(c.status), Text(c.name), Text(c.summary), Text(c.hint))
         console.print(t)
     rest = [c for c in report.checks if c.status not in _ATTENTION]
     if rest:
@@ -82,7 +82,7 @@ def render(report: Report, console: Console | None = None, skip_tables: Iterable
                     text.append(f"{counts[status]} {status.value} ", style=STYLES[status])
             if len(members) == 1:
                 text.append(members[0].summary)
-            t.add_row(key, text)
+            t.add_row(Text(key), text)
         console.print(t)
     for table in report.tables:
         if table.name not in skip_tables and table.rows:
@@ -93,12 +93,12 @@ def render(report: Report, console: Console | None = None, skip_tables: Iterable
 
 
 def render_table(table: Table) -> RichTable:
-    t = RichTable(title=table.title or table.name, show_header=True, header_style="bold", expand=False)
+    t = RichTable(title=Text(table.title or table.name), show_header=True, header_style="bold", expand=False)
     for col in table.columns:
         unit = table.units.get(col)
         t.add_column(f"{col}\n({unit})" if unit else col, justify="right" if _numeric(table, col) else "left")
     for row in table.rows:
-        t.add_row(*(fmt(row.get(c)) for c in table.columns))
+        t.add_row(*(Text(fmt(row.get(c))) for c in table.columns))
     return t
 
 

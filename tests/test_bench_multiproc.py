@@ -1,0 +1,66 @@
+"""`comm bench` on real Gloo groups: rows obey nccl-tests' formulas exactly, results are
+verified after timing, and the α–β fit is reported."""
+
+import math
+
+import pytest
+
+from distval.comm.bench import BenchConfig, csv_text, nccl_text, run_bench
+from distval.comm.ops import BENCH_OPS, busbw_factor, count_for_bytes
+from distval.launch import LaunchOptions
+from distval.results import Status
+
+S_MULT = {"all_reduce": 1, "broadcast": 1, "reduce": 1, "sendrecv": 1}  # else S = n * count * elt
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_every_op_obeys_nccl_tests_formulas(nproc):
+    cfg = BenchConfig(ops=["all"], min_bytes=1024, max_bytes=256 * 1024, factor=16, iters=3, warmup=1, check_iters=2)
+    report = run_bench(cfg, LaunchOptions(nproc=nproc, timeout_s=30))
+    rows = report.table("bench").rows
+    assert {r["op"] for r in rows} == set(BENCH_OPS)
+    for r in rows:
+        elt = 4
+        assert r["count"] == count_for_bytes(r["op"], r["bytes"] if r["op"] in S_MULT else r["count"] * nproc * elt, elt, nproc)
+        assert r["bytes"] == S_MULT.get(r["op"], nproc) * r["count"] * elt
+        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["time_us_p50"] * 1e-6) / 1e9)
+        assert r["busbw_gbps"] / r["algbw_gbps"] == pytest.approx(busbw_factor(r["op"], nproc))
+        assert r["time_us_min"] <= r["time_us_p50"] <= r["time_us_p95"] <= r["time_us_max"]
+        assert r["wrong"] == 0
+        assert r["busbw_pct_of_copy"] == pytest.approx(100 * r["busbw_gbps"] / report.meta["copy_ceiling_gbps"])
+    # in-place rows exist exactly where the op has an in-place form in torch
+    forms = {(r["op"], r["inplace"]) for r in rows}
+    assert ("all_gather", True) in forms and ("reduce_scatter", True) in forms and ("all_reduce", True) in forms
+    assert ("all_to_all", True) not in forms and ("all_reduce", False) not in forms
+    assert report.meta["world_size"] == nproc and report.meta["copy_ceiling_gbps"] > 0
+    fits = {f["op"]: f for f in report.table("alpha_beta").rows}
+    for f in fits.values():
+        assert f["beta_gbps"] > 0 and f["alpha_us"] >= 0 and -1 <= f["r2"] <= 1
+        assert f["n_half_bytes"] == pytest.approx(f["alpha_us"] * 1e-6 * f["beta_gbps"] * 1e9)
+    assert all(c.status is Status.OK for c in report.checks)
+
+
+def test_sizes_between_1m_and_64m_and_the_text_and_csv_forms():
+    cfg = BenchConfig(ops=["all_reduce", "all_gather"], min_bytes=2**20, max_bytes=64 * 2**20, factor=4, iters=5, warmup=1)
+    report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=60))
+    rows = report.table("bench").rows
+    assert sorted({r["bytes"] for r in rows if r["op"] == "all_reduce"}) == [2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20]
+    assert all(r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * (1.0 if r["op"] == "all_reduce" else 0.5)) for r in rows)
+    ar = next(f for f in report.table("alpha_beta").rows if f["op"] == "all_reduce")
+    assert ar["num_points"] == 4 and not math.isnan(ar["r2"])
+    text = nccl_text(report.table("bench"), cfg, 2, report.meta["copy_ceiling_gbps"])
+    assert "out-of-place" in text and "in-place" in text and "# Out of bounds values : 0 OK" in text
+    assert f"{64 * 2**20:>12} {16 * 2**20:>12}" in text  # size and count columns as nccl-tests
+    lines = csv_text(report.table("bench")).splitlines()
+    assert lines[0].startswith("op,dtype,bytes,count,inplace") and len(lines) == len(rows) + 1
+
+
+def test_wrong_results_after_timing_are_counted(monkeypatch):
+    # nth=0 corrupts every call on rank 1: the verification pass must see it
+    monkeypatch.setenv("DISTVAL_FAULT", "op=all_gather,rank=1,index=7")
+    cfg = BenchConfig(ops=["all_gather"], min_bytes=4096, max_bytes=4096, iters=2, warmup=0, check_iters=3, copy_ceiling=False)
+    report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=30))
+    rows = report.table("bench").rows
+    assert [r["wrong"] for r in rows] == [3, 3]  # one element per pass, both in-place forms
+    (check,) = report.checks
+    assert check.status is Status.FAIL and report.exit_code() == 1 and "6 wrong element(s)" in check.summary

@@ -1,0 +1,79 @@
+"""Launching under torchrun and Slurm, and reading their variables."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+from distval.launch import check_world, detect_mode, first_slurm_host, worker_env
+from distval.results import CannotRun
+
+
+def test_modes_are_detected_from_the_environment():
+    assert detect_mode({}) == "local"
+    assert detect_mode({"RANK": "1", "WORLD_SIZE": "4"}) == "torchrun"
+    slurm = {"SLURM_PROCID": "3", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
+             "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "4242"}
+    assert detect_mode(slurm) == "slurm"
+    assert worker_env("slurm", slurm) == {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
+                                          "MASTER_ADDR": "gpu07", "MASTER_PORT": str(29500 + 4242 % 1000)}
+    # a batch script's own shell (no step) or a one-task step is not a multi-rank job
+    assert detect_mode({"SLURM_PROCID": "0", "SLURM_JOB_ID": "1"}) == "local"
+    assert detect_mode({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}) == "mpi"
+    with pytest.raises(CannotRun, match="MASTER_ADDR is not set"):
+        worker_env("mpi", {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})
+
+
+def test_slurm_node_lists():
+    assert first_slurm_host("gpu[03-05,9],cpu1") == "gpu03"
+    assert first_slurm_host("node7") == "node7"
+    assert first_slurm_host("a-b-1,a-b-2") == "a-b-1"
+
+
+def test_world_check():
+    check_world(4, 4, {})
+    check_world(1, None, {})
+    with pytest.raises(CannotRun, match="found itself alone"):
+        check_world(1, 8, {})
+    with pytest.raises(CannotRun, match="expected a world of 2 ranks but this process sees WORLD_SIZE=3"):
+        check_world(3, 2, {})
+
+
+def test_under_torchrun_rank_0_reports(tmp_path):
+    out = tmp_path / "c.json"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "distval"]
+    res = run_cli("comm", "check", "--ops", "all_reduce,all_gather,sendrecv", "-d", "float32,bfloat16", "--counts", "7,1000",
+                  "--expect-world", "2", "--json", str(out), prefix=torchrun, timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["launch"] == "torchrun" and doc["meta"]["world_size"] == 2
+    assert doc["summary"]["FAIL"] == 0 and doc["summary"]["OK"] == 7 * 2 * 2 - 0
+    assert res.stdout.count("distval comm check") == 1  # only rank 0 renders
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_as_srun_tasks(tmp_path):
+    """Two processes with the variables srun sets (and no torch ones) form one world."""
+    out = tmp_path / "s.json"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
+    base.update({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "17", "SLURM_STEP_NODELIST": "localhost",
+                 "MASTER_PORT": str(_free_port())})
+    procs = []
+    for rank in range(2):
+        env = {**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)}
+        cmd = [sys.executable, "-m", "distval", "comm", "check", "--ops", "all_reduce", "-d", "int64", "--counts", "5",
+               "--json", str(out)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["launch"] == "slurm" and doc["meta"]["world_size"] == 2 and doc["summary"]["OK"] == 4
