@@ -20,6 +20,7 @@ from conftest import run_cli
     (["comm", "bench", "--timeout", "soon"], "--timeout 'soon' does not parse"),
     (["comm", "bench", "--backend", "nccl"], "backend 'nccl'"),
     (["comm", "bench", "--bogus"], "No such option: --bogus"),
+    (["comm", "bench", "--nproc", "2", "-r", "2"], "-r 2 is not a rank of a world of 2"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message, tmp_path):
     out = tmp_path / "out.json"

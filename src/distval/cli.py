@@ -16,7 +16,7 @@ from rich.console import Console
 from distval import __version__
 from distval.comm import bench as bench_mod
 from distval.comm import check as check_mod
-from distval.launch import LaunchOptions
+from distval.launch import LaunchOptions, planned_world_size
 from distval.report import terminal
 from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun, Report, check_writable, atomic_write_text, write_json
 from distval.units import parse_duration, parse_size
@@ -116,6 +116,9 @@ def comm_bench(
         factor=stepfactor, step_bytes=parse_size(stepbytes, "-i") if stepbytes else None, iters=iters, warmup=warmup,
         check_iters=check, redop=redop, root=root, inplace=inplace)
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
+    world_size = planned_world_size(opts)
+    if root >= world_size:
+        raise ValueError(f"-r {root} is not a rank of a world of {world_size} (ranks 0..{world_size - 1})")
     for path, flag in ((json, "--json"), (csv, "--csv")):
         if path:
             check_writable(path, flag)

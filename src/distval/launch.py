@@ -121,6 +121,15 @@ def detect_mode(env: dict[str, str] | None = None) -> str:
     return "local"
 
 
+def planned_world_size(opts: LaunchOptions, env: dict[str, str] | None = None) -> int:
+    """The world size the job will have, known before launching (to validate flags early)."""
+    env = dict(os.environ if env is None else env)
+    mode = detect_mode(env)
+    if mode == "local":
+        return opts.nproc or devices.default_nproc()
+    return int(worker_env(mode, env).get("WORLD_SIZE") or env["WORLD_SIZE"])
+
+
 def worker_env(mode: str, env: dict[str, str]) -> dict[str, str]:
     """torch's rank variables for a Slurm or MPI task (torchrun's are used as they are)."""
     if mode == "slurm":
@@ -268,6 +277,11 @@ def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult:
         timer = threading.Timer(opts.deadline_s, _expire)
         timer.daemon = True
         timer.start()
+    # As torchrun does: one intra-op thread per worker unless the user chose, so N workers do
+    # not fight over the cores (spawned workers inherit the environment at start).
+    saved_omp = os.environ.get("OMP_NUM_THREADS")
+    if saved_omp is None and nproc > 1:
+        os.environ["OMP_NUM_THREADS"] = "1"
     try:
         results = elastic_launch(config, _local_entry)(rank_fn, cfg, opts, run_dir)
         return results[0]
@@ -278,6 +292,8 @@ def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult:
             raise _diagnose(run_dir, nproc, {}, deadline_s=opts.deadline_s) from None
         raise KeyboardInterrupt from None
     finally:
+        if saved_omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
         if timer:
             timer.cancel()
         shutil.rmtree(run_dir, ignore_errors=True)

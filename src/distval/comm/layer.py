@@ -20,6 +20,7 @@ the checkers catch a wrong result and the launcher names a failed rank.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import signal
 import sys
@@ -51,6 +52,11 @@ def reduce_op(name: str) -> dist.ReduceOp:
         return _REDUCE_OPS[name]
     except KeyError:
         raise ValueError(f"unknown reduce op {name!r}; choose from {', '.join(REDUCE_OPS)}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _in_comm_package(filename: str) -> bool:
+    return os.path.dirname(os.path.abspath(filename)) == _THIS_DIR
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -167,8 +173,9 @@ class Comm:
     # -- bookkeeping ---------------------------------------------------------------------------
 
     def _call_site(self) -> str:
+        """file:line:function of the first caller outside distval.comm (the strategy, the bench)."""
         frame = sys._getframe(2)
-        while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _THIS_DIR:
+        while frame is not None and _in_comm_package(frame.f_code.co_filename):
             frame = frame.f_back
         if frame is None:
             return "?"

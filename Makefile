@@ -1,0 +1,33 @@
+# The two commands of the README:
+#   make run    set up, then run the main job (distval run on its built-in default)
+#   make test   set up, then run the whole test suite
+# On CPU machines torch is pinned to 2.13.0 (the CPU wheel); it is installed before the package
+# so pip never resolves distval's `torch>=2.6` to a multi-GB CUDA build. On a GPU machine with
+# its own torch, skip the Makefile: `pip install -e .` into that environment.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.distval-installed
+TORCH ?= torch==2.13.0
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/distval run
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: setup
+	$(PY) benchmarks/overhead_vs_bare.py --nproc 2 -b 1M -e 64M
+
+clean:
+	rm -rf $(VENV) distval-report
