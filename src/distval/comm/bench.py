@@ -243,7 +243,7 @@ def nccl_text(bench: Table, cfg: BenchConfig, world_size: int, copy_gbps: float 
     for op in cfg.ops:
         rows = [r for r in bench.rows if r["op"] == op]
         lines += [f"#", f"# {op}{'' if cfg.redop == 'sum' or op not in ('all_reduce', 'reduce', 'reduce_scatter') else ' ' + cfg.redop}",
-                  f"#{'out-of-place':>62}{'in-place':>35}", head, units]
+                  "#" + " " * 50 + f"{'out-of-place':^32}  {'in-place':^32}", head, units]
         by_size: dict[int, dict[bool, dict]] = {}
         for r in rows:
             by_size.setdefault(r["bytes"], {})[r["inplace"]] = r
