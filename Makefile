@@ -16,8 +16,8 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet "$(TORCH)"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install -qq "$(TORCH)"
+	$(PY) -m pip install -qq -e ".[test]"
 	touch $(STAMP)
 
 run: setup

@@ -137,7 +137,7 @@ def run_cmd(
     out: Annotated[Path, typer.Option("--out", help="Folder for report.json and report.html.")] = Path("distval-report"),
     quick: Annotated[bool, typer.Option("--quick", help="A smoke test in seconds: fewer sizes and iterations.")] = False,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
-    deadline: Deadline = None,
+    deadline: Deadline = None, json: JsonOut = None,
 ) -> int:
     """The acceptance ladder on this machine: comm check, then a comm bench sweep; one report."""
     from distval import run as run_mod  # imports the HTML renderer only for this command
@@ -145,14 +145,15 @@ def run_cmd(
     cfg = run_mod.RunConfig.quick(str(out)) if quick else run_mod.RunConfig(out_dir=str(out))
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
     out_dir = run_mod.prepare_out_dir(str(out))
+    if json:
+        check_writable(json, "--json")
     report = run_mod.run_all(cfg, opts)
     console = Console()
-    if report is None:
-        return 0
-    terminal.render(report, console, skip_tables=("bench", "check_matrix"))
-    paths = run_mod.write_outputs(report, out_dir)
-    console.print(f"wrote {paths['json']} and {paths['html']}")
-    return report.exit_code()
+    code = finish(report, json, console, skip_tables=("bench", "check_matrix"))
+    if report is not None:
+        paths = run_mod.write_outputs(report, out_dir)
+        console.print(f"wrote {paths['json']} and {paths['html']}")
+    return code
 
 
 def main(argv: list[str] | None = None) -> None:
