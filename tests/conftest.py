@@ -4,11 +4,10 @@ instead of the suite."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,6 +20,8 @@ def run_cli(*args: str, timeout: float = 180, env: dict[str, str] | None = None,
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
 
 
-@pytest.fixture
-def cli():
-    return run_cli
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+

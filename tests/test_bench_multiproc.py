@@ -38,6 +38,17 @@ def test_every_op_obeys_nccl_tests_formulas(nproc):
         assert f["beta_gbps"] > 0 and f["alpha_us"] >= 0 and -1 <= f["r2"] <= 1
         assert f["n_half_bytes"] == pytest.approx(f["alpha_us"] * 1e-6 * f["beta_gbps"] * 1e9)
     assert all(c.status is Status.OK for c in report.checks)
+    if nproc == 3:  # nccl-tests' own numbers for -b 1K float32 at 3 ranks, written out by hand
+        first = {(r["op"], r["inplace"]): r for r in rows if r["bytes"] in (1024, 1008)}
+        expected = {  # op: (count, bytes, busbw/algbw)
+            "all_reduce": (256, 1024, 4 / 3), "broadcast": (256, 1024, 1.0), "reduce": (256, 1024, 1.0),
+            "sendrecv": (256, 1024, 1.0), "all_gather": (84, 1008, 2 / 3), "reduce_scatter": (84, 1008, 2 / 3),
+            "all_to_all": (84, 1008, 2 / 3), "gather": (84, 1008, 2 / 3), "scatter": (84, 1008, 2 / 3),
+        }
+        for op, (count, size, factor) in expected.items():
+            r = first[(op, op in ("all_reduce", "broadcast", "reduce"))]
+            assert (r["count"], r["bytes"]) == (count, size), op
+            assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor), op
 
 
 def test_sizes_between_1m_and_64m_and_the_text_and_csv_forms():
@@ -64,3 +75,13 @@ def test_wrong_results_after_timing_are_counted(monkeypatch):
     assert [r["wrong"] for r in rows] == [3, 3]  # one element per pass, both in-place forms
     (check,) = report.checks
     assert check.status is Status.FAIL and report.exit_code() == 1 and "6 wrong element(s)" in check.summary
+
+
+def test_bookkeeping_is_not_measured_traffic(monkeypatch):
+    """Barriers and the reductions of timings and #wrong go over the control group: a fault on
+    every all_reduce of the measured layer must not touch an all_gather sweep."""
+    monkeypatch.setenv("DISTVAL_FAULT", "op=all_reduce,rank=0,index=0")
+    cfg = BenchConfig(ops=["all_gather"], min_bytes=4096, max_bytes=4096, iters=3, warmup=0, check_iters=2)
+    report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=30))
+    assert [r["wrong"] for r in report.table("bench").rows] == [0, 0]
+    assert all(r["time_us_p50"] > 0 for r in report.table("bench").rows)

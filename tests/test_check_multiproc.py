@@ -59,6 +59,28 @@ def test_corrupted_result_is_caught_with_rank_and_index(monkeypatch, op, rank, i
     assert report.exit_code() == 1
 
 
+def test_every_op_form_and_root_catches_corruption(monkeypatch):
+    """One bit flipped in any op's output on rank 2 is caught, in every in-place form and from
+    every root where rank 2 receives data."""
+    monkeypatch.setenv("DISTVAL_FAULT", "op=any,rank=2,index=3")
+    cfg = CheckConfig(ops=["all"], dtypes=["int32"], sizes={"n": 100})
+    report = run_check(cfg, LaunchOptions(nproc=3, timeout_s=30))
+    by_op = {c.where["op"]: c for c in report.checks}
+    assert by_op["barrier"].status is Status.OK and by_op["all_reduce/avg"].status is Status.SKIP
+    for op, c in by_op.items():
+        if op in ("barrier", "all_reduce/avg"):
+            continue
+        assert c.status is Status.FAIL, op
+        assert c.details["wrong_ranks"] == [2] and c.details["index"] == 3, op
+        forms = {(w.get("root"), w.get("inplace")) for w in c.details["all"]}
+        if op in ("reduce", "gather"):  # only the root receives: caught when rank 2 is the root
+            assert forms == {(2, None)}, op
+        elif op in ("broadcast", "scatter"):  # every rank receives from every root but itself
+            assert {root for root, _ in forms} >= {0, 1}, op
+        elif op in ("all_gather", "reduce_scatter"):
+            assert forms == {(None, False), (None, True)}, op
+
+
 def test_repetitions_use_fresh_inputs_and_stop_at_first_failure(monkeypatch):
     # the fault fires only on the 2nd all_reduce call of rank 1: repetition 1 of the first case
     monkeypatch.setenv("DISTVAL_FAULT", "op=all_reduce,rank=1,index=0,nth=2")

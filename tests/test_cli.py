@@ -1,11 +1,10 @@
 """The command line as a user meets it: real subprocesses, real files, exit codes."""
 
 import json
-import socket
 
 import pytest
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 
 @pytest.mark.parametrize("args, message", [
@@ -89,19 +88,27 @@ def test_crashing_rank_is_named_with_its_last_status(tmp_path):
                   "--json", str(out), env={"DISTVAL_FAULT": "op=broadcast,rank=2,action=raise,nth=4"}, timeout=120)
     assert res.returncode == 3, res.stdout + res.stderr
     assert "Traceback" not in res.stdout + res.stderr
-    (check,) = json.loads(out.read_text())["checks"]
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["world_size"] == 3 and doc["meta"]["backend"] == "gloo"
+    (check,) = doc["checks"]
     assert check["status"] == "ERROR" and check["where"]["rank"] == 2
     assert "injected failure at broadcast" in check["summary"] and "comm check broadcast float32" in check["where"]["status"]
 
 
-@pytest.mark.parametrize("action, expect", [("kill", "killed by SIGKILL"), ("hang", "stopped responding")])
-def test_dead_or_hung_rank_becomes_an_error_not_a_wait(tmp_path, action, expect):
+@pytest.mark.parametrize("nproc, rank, action, expect", [
+    (2, 1, "kill", "killed by SIGKILL"),
+    (3, 1, "kill", "killed by SIGKILL"),
+    (2, 1, "hang", "stopped after"),
+    (3, 1, "hang", "stopped after"),
+    (3, 0, "hang", "stopped after"),
+])
+def test_dead_or_hung_rank_becomes_an_error_not_a_wait(tmp_path, nproc, rank, action, expect):
     out = tmp_path / "e.json"
-    res = run_cli("comm", "check", "--nproc", "2", "--ops", "all_reduce,all_gather", "-d", "int8", "--timeout", "4s",
-                  "--json", str(out), env={"DISTVAL_FAULT": f"op=all_gather,rank=1,action={action},nth=2"}, timeout=90)
+    res = run_cli("comm", "check", "--nproc", str(nproc), "--ops", "all_reduce,all_gather", "-d", "int8", "--timeout", "4s",
+                  "--json", str(out), env={"DISTVAL_FAULT": f"op=all_gather,rank={rank},action={action},nth=2"}, timeout=90)
     assert res.returncode == 3, res.stdout + res.stderr
     (check,) = json.loads(out.read_text())["checks"]
-    assert check["where"]["rank"] == 1 and expect in check["summary"]
+    assert check["where"]["rank"] == rank and expect in check["summary"], check["summary"]
     assert "all_gather int8" in check["where"]["status"]
 
 
@@ -111,23 +118,25 @@ def test_deadline_stops_a_slow_job_and_names_where_each_rank_was(tmp_path):
                   "--json", str(out), env={"DISTVAL_FAULT": "op=all_reduce,rank=0,action=hang,nth=3"}, timeout=90)
     assert res.returncode == 3
     (check,) = json.loads(out.read_text())["checks"]
-    assert "deadline of 8s" in check["summary"] and "rank 0:" in check["summary"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    assert "deadline of 8s" in check["summary"] and check["where"]["rank"] == 0
+    assert "all_reduce" in check["where"]["status"]
 
 
 def test_world_of_one_fails_fast(tmp_path):
     out = tmp_path / "w.json"
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     res = run_cli("comm", "check", "--expect-world", "4", "--json", str(out), env=env, timeout=60)
     assert res.returncode == 3 and "ERROR" in res.stdout
     (check,) = json.loads(out.read_text())["checks"]
     assert check["status"] == "ERROR"
     assert "expected a world of 4 ranks but this process sees WORLD_SIZE=1" in check["summary"] and "alone" in check["summary"]
+
+
+def test_expect_world_in_local_mode(tmp_path):
+    out = tmp_path / "w.json"
+    res = run_cli("comm", "check", "--nproc", "2", "--expect-world", "4", "--json", str(out), timeout=60)
+    assert res.returncode == 3
+    assert "expected a world of 4 ranks but this process sees WORLD_SIZE=2" in json.loads(out.read_text())["checks"][0]["summary"]
 
 
 def test_run_writes_json_and_self_contained_html(tmp_path):

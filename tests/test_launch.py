@@ -2,13 +2,12 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 from distval.launch import check_world, detect_mode, first_slurm_host, worker_env
 from distval.results import CannotRun
 
@@ -55,18 +54,12 @@ def test_under_torchrun_rank_0_reports(tmp_path):
     assert res.stdout.count("distval comm check") == 1  # only rank 0 renders
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_as_srun_tasks(tmp_path):
     """Two processes with the variables srun sets (and no torch ones) form one world."""
     out = tmp_path / "s.json"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
     base.update({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "17", "SLURM_STEP_NODELIST": "localhost",
-                 "MASTER_PORT": str(_free_port())})
+                 "MASTER_PORT": str(free_port())})
     procs = []
     for rank in range(2):
         env = {**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)}

@@ -77,3 +77,19 @@ def test_percentile_matches_numpy_linear():
     xs = [5.0, 1.0, 9.0, 3.0, 7.0, 2.0]
     for q in (0, 50, 95, 100):
         assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+
+
+def test_what_counts_as_unsupported():
+    import torch.distributed as dist
+
+    from distval.comm.agree import Unsupported, is_unsupported
+    from distval.launch import PeerFailed
+
+    assert is_unsupported(Unsupported("avg of ints"))
+    assert is_unsupported(RuntimeError("Cannot use ReduceOp.AVG with Gloo"))
+    assert is_unsupported(ValueError("unsupported dtype"))
+    assert not is_unsupported(RuntimeError("[gloo] Timed out waiting 5000ms for recv operation to complete"))
+    assert not is_unsupported(RuntimeError("Connection closed by peer [127.0.0.1]:1234"))
+    assert not is_unsupported(PeerFailed("rank(s) [1] failed"))
+    assert not is_unsupported(dist.DistBackendError("NCCL error"))
+    assert not is_unsupported(KeyError("bug"))

@@ -144,9 +144,9 @@ def run_cmd(
 
     cfg = run_mod.RunConfig.quick(str(out)) if quick else run_mod.RunConfig(out_dir=str(out))
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
-    out_dir = run_mod.prepare_out_dir(str(out))
     if json:
         check_writable(json, "--json")
+    out_dir = run_mod.prepare_out_dir(str(out))
     report = run_mod.run_all(cfg, opts)
     console = Console()
     code = finish(report, json, console, skip_tables=("bench", "check_matrix"))

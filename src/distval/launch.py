@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from distval import device as devices
 from distval.comm.layer import Comm
-from distval.results import CannotRun
+from distval.results import CannotRun, atomic_write_text
 
 
 @dataclass
@@ -55,7 +55,9 @@ class LaunchOptions:
         if self.expect_world is not None and self.expect_world < 1:
             raise ValueError(f"--expect-world must be at least 1 (got {self.expect_world})")
         if self.timeout_s <= 0:
-            raise ValueError(f"--timeout must be positive (got {self.timeout_s})")
+            raise ValueError(f"--timeout must be positive (got {self.timeout_s:g})")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise ValueError(f"--deadline must be positive (got {self.deadline_s:g})")
         self.backend = devices.check_backend(self.backend)
 
 
@@ -79,16 +81,9 @@ class RankContext:
         if self.run_dir:
             _write_json(Path(self.run_dir) / f"status.{self.rank}.json", {"status": text, "time": time.time()})
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.control)
-        return out
-
     def exchange(self, value: int) -> list[int]:
         """Every rank's small integer (a tiny all-gather on the control group): how ranks agree
         on a decision that only some of them could make alone."""
-        if self.control_comm is None:
-            self.control_comm = Comm(group=self.control, name="control", fault=None)
         values = torch.zeros(self.world_size, dtype=torch.int64)
         self.control_comm.all_gather(values, torch.tensor([value], dtype=torch.int64))
         return values.tolist()
@@ -201,9 +196,11 @@ class JobResult:
 
 def run(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult | None:
     """Run `rank_fn(ctx, cfg)` on every rank; return the gathered results where the report is
-    made: the calling process in local mode, rank 0 otherwise (None on other ranks)."""
+    made: the calling process in local mode, rank 0 otherwise (None on other ranks). A failed
+    rank raises WorkerFailure (in local mode: diagnosed across all ranks)."""
     mode = detect_mode()
     if mode == "local":
+        check_world(opts.nproc or devices.default_nproc(), opts.expect_world, {})
         return _run_local(rank_fn, cfg, opts)
     env = dict(os.environ)
     os.environ.update(worker_env(mode, env))
@@ -219,9 +216,14 @@ def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None,
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         device = devices.device_for(opts.backend, local_rank)
         dist.init_process_group(opts.backend, timeout=timeout)
-        control = None if opts.backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+        # Bookkeeping (agreeing, gathering results, timing barriers) always goes over its own
+        # Gloo group, so it can never pair with, or be counted as, the traffic being measured.
+        control = dist.new_group(backend="gloo", timeout=timeout)
         ctx = RankContext(rank, dist.get_world_size(), local_rank, opts.backend, device, Comm(), control,
                           socket.gethostname(), run_dir)
+        ctx.control_comm = Comm(group=control, name="control", fault=None)
+        if run_dir:
+            _dump_state_on_sigterm(ctx)
         ctx.status("running")
         result = rank_fn(ctx, cfg)
         ctx.status("gathering results")
@@ -230,19 +232,38 @@ def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None,
         if gathered is None:
             return None
         return JobResult(mode, opts.backend, ctx.world_size, [r for _, r in gathered], [i for i, _ in gathered])
-    except BaseException as e:
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}".strip()
+        status = ctx.last_status if ctx else "initialising"
         if run_dir:
-            last = ctx.comm.last() if ctx else None
-            _write_json(Path(run_dir) / f"error.{rank}.json", {
-                "rank": rank, "time": time.time(), "error": f"{type(e).__name__}: {e}".strip(),
-                "status": ctx.last_status if ctx else "initialising",
-                "last_op": last.to_dict() if last else None,
-                "traceback": traceback.format_exc(limit=8),
-            })
-        raise
+            _dump_state(run_dir, rank, ctx, error=error, traceback_text=traceback.format_exc(limit=8))
+        raise WorkerFailure(rank, error, status) from e
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _dump_state(run_dir: str, rank: int, ctx: RankContext | None, error: str | None = None,
+                traceback_text: str = "") -> None:
+    """What a rank was doing when it failed or was stopped: read by `_diagnose`. Progress counts
+    the collectives issued on both the measured and the control group: ranks run the same program,
+    so the one that issued fewer is the one the others are waiting for."""
+    comms = [c for c in (ctx.comm, ctx.control_comm) if c is not None] if ctx else []
+    last = ctx.comm.last() if ctx else None
+    _write_json(Path(run_dir) / f"state.{rank}.json", {
+        "rank": rank, "time": time.time(), "error": error, "status": ctx.last_status if ctx else "initialising",
+        "issued": sum(c.issued for c in comms), "pending": [r.to_dict() for c in comms for r in c.pending()],
+        "last_op": last.to_dict() if last else None, "traceback": traceback_text,
+    })
+
+
+def _dump_state_on_sigterm(ctx: RankContext) -> None:
+    """The agent stops every worker with SIGTERM once one has failed (or at the deadline): leave
+    a note of where this rank was first, so a hung rank can be told from the ones waiting on it."""
+    def handler(signum: int, frame: Any) -> None:
+        _dump_state(ctx.run_dir, ctx.rank, ctx)
+        os._exit(128 + signum)
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str) -> JobResult | None:
@@ -252,6 +273,13 @@ def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str) -
 def _quiet_elastic_logs() -> None:
     for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+class _DeadlineExpired(Exception):
+    pass
+
+
+_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult:
@@ -268,12 +296,20 @@ def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult:
         max_restarts=0, monitor_interval=0.05, start_method="spawn", local_addr="127.0.0.1",
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL),
     )
-    timer = None
+    # torch's agent installs handlers for these that it never restores; ours stand in until it
+    # does (a deadline during rendezvous) and are put back afterwards.
+    saved_handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
     timed_out = threading.Event()
+    timer = None
     if opts.deadline_s:
+        def _raise_deadline(signum: int, frame: Any) -> None:
+            raise _DeadlineExpired()
+
         def _expire() -> None:
             timed_out.set()
             os.kill(os.getpid(), signal.SIGTERM)  # the agent's handler stops every worker
+
+        signal.signal(signal.SIGTERM, _raise_deadline)
         timer = threading.Timer(opts.deadline_s, _expire)
         timer.daemon = True
         timer.start()
@@ -283,68 +319,88 @@ def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult:
     if saved_omp is None and nproc > 1:
         os.environ["OMP_NUM_THREADS"] = "1"
     try:
-        results = elastic_launch(config, _local_entry)(rank_fn, cfg, opts, run_dir)
+        try:
+            results = elastic_launch(config, _local_entry)(rank_fn, cfg, opts, run_dir)
+        finally:
+            if timer:
+                timer.cancel()
+            for sig, handler in saved_handlers.items():
+                signal.signal(sig, handler)
         return results[0]
     except ChildFailedError as e:
         raise _diagnose(run_dir, nproc, {r: f.exitcode for r, f in e.failures.items()}) from None
-    except SignalException:
+    except (SignalException, _DeadlineExpired):
         if timed_out.is_set():
             raise _diagnose(run_dir, nproc, {}, deadline_s=opts.deadline_s) from None
         raise KeyboardInterrupt from None
     finally:
         if saved_omp is None:
             os.environ.pop("OMP_NUM_THREADS", None)
-        if timer:
-            timer.cancel()
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+_SECONDARY = ("timed out", "timeout", "connection closed", "pair closure", "connection reset", "broken pipe",
+              "peerfailed")
+_CLOSED = ("connection closed", "connection reset", "broken pipe", "pair closure")
+
+
+def _secondary(error: str) -> bool:
+    """True for the errors a rank gets because a peer failed (timeouts, closed connections,
+    PeerFailed), as opposed to an error of its own."""
+    return any(s in error.lower() for s in _SECONDARY)
+
+
 def _diagnose(run_dir: str, nproc: int, exitcodes: dict[int, int], deadline_s: float | None = None) -> WorkerFailure:
-    """Name the rank that caused a failed local run. The earliest error is the cause: a crash
-    makes its peers fail later with 'connection closed', a hang makes them time out later. A rank
-    with no error file died from a signal (SIGKILL, OOM killer) or is the one that hung."""
-    errors = {r: _read_json(Path(run_dir) / f"error.{r}.json") for r in range(nproc)}
+    """Name the rank that caused a failed local run, from every rank's state file (written on
+    error or when the agent stopped it) and status file. In order: a rank with an error of its
+    own (the earliest); a rank that left no state at all (killed by a signal: its peers saw their
+    connections close, or the agent saw the signal); a rank that issued fewer collectives than the
+    others (it stopped while they waited for it in the next one)."""
+    states = {r: _read_json(Path(run_dir) / f"state.{r}.json") for r in range(nproc)}
     status = {r: (_read_json(Path(run_dir) / f"status.{r}.json") or {}).get("status", "not started") for r in range(nproc)}
-    logs = {r: _log_tail(run_dir, r) for r in range(nproc)}
-    details = {"ranks": {r: {"error": (errors[r] or {}).get("error"), "status": status[r],
-                             "exitcode": exitcodes.get(r), "log_tail": logs[r]} for r in range(nproc)}}
-    signalled = [r for r, code in exitcodes.items() if code is not None and code < 0 and not errors[r]]
-    if signalled:
-        r = signalled[0]
-        sig = signal.Signals(-exitcodes[r]).name if -exitcodes[r] in signal.Signals._value2member_map_ else str(-exitcodes[r])
-        return WorkerFailure(r, f"killed by {sig}", status[r], details)
-    # A rank's own error comes before its peers' reactions to it (PeerFailed, then timeouts and
-    # closed connections), then by time.
-    raised = sorted((_secondary(e["error"]), e["time"], r) for r, e in errors.items() if e)
-    silent = [r for r in range(nproc) if not errors[r]]
-    if raised and silent and all(_secondary(errors[r]["error"]) for *_, r in raised):
-        r = silent[0]
-        return WorkerFailure(r, "stopped responding; its peers timed out waiting for it", status[r], details)
-    if raised:
-        r = raised[0][-1]
-        return WorkerFailure(r, errors[r]["error"], errors[r]["status"], details)
+    details = {"ranks": {r: {"error": (states[r] or {}).get("error"), "status": status[r],
+                             "issued": (states[r] or {}).get("issued"), "exitcode": exitcodes.get(r),
+                             "pending": [p["op"] for p in (states[r] or {}).get("pending", [])],
+                             "log_tail": _log_tail(run_dir, r)} for r in range(nproc)}}
+    errors = {r: st["error"] for r, st in states.items() if st and st.get("error")}
+    own = sorted((states[r]["time"], r) for r, e in errors.items() if not _secondary(e))
+    if own:
+        r = own[0][1]
+        return WorkerFailure(r, errors[r], states[r]["status"], details)
+    signalled = {r: -code for r, code in exitcodes.items() if code is not None and code < 0}
+    vanished = [r for r in range(nproc) if states[r] is None]
+    if vanished and (signalled or any(any(c in e.lower() for c in _CLOSED) for e in errors.values())):
+        r = next((r for r in vanished if r in signalled), vanished[0])
+        how = f"killed by {_signal_name(signalled[r])}" if r in signalled else "died without a word (its peers' connections to it closed)"
+        return WorkerFailure(r, how, status[r], details)
+    issued = {r: st["issued"] for r, st in states.items() if st}
+    if issued and len(set(issued.values())) > 1:
+        r = min(issued, key=lambda k: (issued[k], k))
+        waiting = sorted(k for k in issued if issued[k] > issued[r])
+        what = f"stopped after {issued[r]} collective(s) while ranks {waiting} waited in the next one"
+        if deadline_s is not None:
+            what += f" (job stopped at its deadline of {deadline_s:g}s)"
+        return WorkerFailure(r, what, status[r], details)
     if deadline_s is not None:
         return WorkerFailure(None, f"the job did not finish within its deadline of {deadline_s:g}s", "; ".join(
             f"rank {r}: {s}" for r, s in status.items()), details)
+    if errors:
+        r = min(errors, key=lambda k: states[k]["time"])
+        return WorkerFailure(r, errors[r], states[r]["status"], details)
     r = next(iter(exitcodes), None)
     return WorkerFailure(r, f"exited with code {exitcodes.get(r)}", status.get(r, ""), details)
 
 
-_SECONDARY = ("timed out", "timeout", "connection closed", "pair closure", "connection reset", "broken pipe")
-
-
-def _secondary(error: str) -> int:
-    """2 for a rank that failed because a peer did (PeerFailed), 1 for the symptoms a peer's
-    failure causes (timeouts, closed connections), 0 for an error of the rank's own."""
-    if error.startswith("PeerFailed"):
-        return 2
-    return int(any(s in error.lower() for s in _SECONDARY))
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, default=str))
-    os.replace(tmp, path)
+    # not fsynced: these notes are read by the parent on the same host while it is still running
+    atomic_write_text(path, json.dumps(obj, default=str), fsync=False)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -357,7 +413,7 @@ def _read_json(path: Path) -> dict | None:
 def _log_tail(run_dir: str, rank: int, lines: int = 5) -> list[str]:
     for path in Path(run_dir, "logs").rglob(f"attempt_0/{rank}/stderr.log"):
         try:
-            return [l for l in path.read_text(errors="replace").splitlines() if l.strip()][-lines:]
+            return [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-lines:]
         except OSError:
             pass
     return []

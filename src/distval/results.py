@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -117,7 +118,7 @@ class Report:
         }
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_text(path: str | os.PathLike, text: str, fsync: bool = True) -> None:
     """Write through a temporary file in the same directory, fsync, then rename over `path`,
     so a reader never sees a half-written file and a crash leaves the old file (or none)."""
     path = Path(path)
@@ -125,8 +126,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -136,8 +138,20 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def json_safe(obj: Any) -> Any:
+    """Non-finite floats become strings ('nan', 'inf'), so the file is strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def write_json(report: Report, path: str | os.PathLike) -> None:
-    atomic_write_text(path, json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    text = json.dumps(json_safe(report.to_dict()), indent=2, default=str, allow_nan=False)
+    atomic_write_text(path, text + "\n")
 
 
 def check_writable(path: str | os.PathLike, what: str = "output path") -> Path:

@@ -8,26 +8,36 @@ from distval import launch, meta
 from distval.launch import JobResult, LaunchOptions, RankFn, WorkerFailure
 from distval.results import CannotRun, Check, Report, Status
 
-_FAILURE_HINT = ("see the rank's last status and log lines in details; rerun with --timeout larger if the job is "
-                 "just slow, or check that rank's host (memory, network) if it died")
+_FAILURE_HINT = ("see each rank's last status, progress and log lines in details; rerun with a larger --timeout if "
+                 "the job is just slow, or check that rank's host (memory, network) if it died")
 
 
 def execute(command: str, rank_fn: RankFn, cfg: Any, opts: LaunchOptions,
             build: Callable[[JobResult], Report]) -> Report | None:
     """Return the report where it is made (None on ranks other than 0 under torchrun/Slurm). A
     rank that crashed or hung, or an environment that cannot run the job, becomes an ERROR check
-    (exit code 3) instead of a traceback."""
+    (exit code 3) instead of a traceback; under an outer launcher a failed rank other than 0
+    reports in one line (CannotRun) and leaves the report to rank 0."""
+    mode = launch.detect_mode()
     try:
         job = launch.run(rank_fn, cfg, opts)
-    except WorkerFailure as e:
-        report = Report(command, meta=meta.collect(None, cfg, launch=launch.detect_mode()))
-        report.add(Check(f"{command} ranks", Status.ERROR, str(e), details=e.details, hint=_FAILURE_HINT,
-                         where={"rank": e.rank, "status": e.last_status}))
-        return report
     except CannotRun as e:
-        report = Report(command, meta=meta.collect(None, cfg, launch=launch.detect_mode()))
-        report.add(Check(f"{command} launch", Status.ERROR, str(e)))
+        if mode != "local" and isinstance(e, WorkerFailure) and e.rank not in (0, None):
+            raise
+        report = Report(command, meta=meta.collect(None, cfg, launch=mode, backend=opts.backend,
+                                                   world_size=_planned_world_size(opts)))
+        failure = isinstance(e, WorkerFailure)
+        report.add(Check(f"{command} ranks" if failure else f"{command} launch", Status.ERROR, str(e),
+                         details=e.details if failure else {}, hint=_FAILURE_HINT if failure else "",
+                         where={"rank": e.rank, "status": e.last_status} if failure else {}))
         return report
     if job is None:
         return None
     return build(job)
+
+
+def _planned_world_size(opts: LaunchOptions) -> int | None:
+    try:
+        return launch.planned_world_size(opts)
+    except (KeyError, ValueError, CannotRun):
+        return None

@@ -22,6 +22,7 @@ import torch
 
 from distval import device as devices
 from distval import meta
+from distval.comm.agree import run_agreed
 from distval.comm.check import expand_all
 from distval.comm.fit import fit_alpha_beta
 from distval.comm.inputs import DTYPES, dtype_name, parse_dtype
@@ -63,6 +64,8 @@ class BenchConfig:
         self.dtype = dtype_name(parse_dtype(self.dtype))
         if self.redop not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {self.redop!r}; choose from {', '.join(REDUCE_OPS)}")
+        if self.redop == "avg" and not DTYPES[self.dtype].is_floating_point:
+            raise ValueError(f"-o avg needs a floating-point dtype (got {self.dtype}): integer averages round differently per backend")
         if self.min_bytes < 0 or self.max_bytes < 0:
             raise ValueError("sizes must not be negative")
         if self.min_bytes > self.max_bytes:
@@ -96,44 +99,54 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> dict[str, Any]:
     if cfg.root >= ctx.world_size:
         raise ValueError(f"-r {cfg.root} is not a rank of this world of {ctx.world_size}")
     dtype = DTYPES[cfg.dtype]
-    elt = torch.empty(0, dtype=dtype).element_size()
-    rows = []
+    elt = dtype.itemsize
+    rows, skipped = [], {}
     for op in cfg.ops:
+        if op == "sendrecv" and ctx.world_size < 2:
+            skipped[op] = "send/recv around the ring needs at least 2 ranks"
+            continue
         forms = [f for f in inplace_variants(op) if cfg.inplace == "both" or f == (cfg.inplace == "in")]
         seen_counts = set()
         for size in cfg.sizes():
             count = count_for_bytes(op, size, elt, ctx.world_size)
-            if count == 0 or count in seen_counts:
+            if count == 0 or count in seen_counts or op in skipped:
                 continue  # nccl-tests rounding can map several sizes onto one count
             seen_counts.add(count)
             for inplace in forms:
                 ctx.status(f"comm bench {op} {cfg.dtype} {format_size(size)} {'in' if inplace else 'out-of'}-place")
-                rows.append(_bench_one(ctx, cfg, op, dtype, count, inplace))
+                row = _bench_one(ctx, cfg, op, dtype, count, inplace)
+                if isinstance(row, str):
+                    skipped[op] = row
+                    break
+                rows.append(row)
     copy_gbps = measure_copy_gbps(ctx) if cfg.copy_ceiling and ctx.device.type == "cpu" else None
-    return {"rows": rows, "copy_gbps": copy_gbps}
+    return {"rows": rows, "skipped": skipped, "copy_gbps": copy_gbps}
 
 
-def _bench_one(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, count: int, inplace: bool) -> dict[str, Any]:
+def _bench_one(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, count: int, inplace: bool) -> dict[str, Any] | str:
+    """One row, or the backend's reason when every rank's backend rejects the op. Only the op
+    under test goes through `ctx.comm`; barriers and the reductions of timings and #wrong go
+    through the Gloo control group, so they are neither timed, nor counted, nor faulted."""
     coll = Collective(ctx.comm, op, dtype, count, ctx.device, redop=cfg.redop, root=cfg.root, inplace=inplace)
     coll.fill(seed=1)
+    probe = run_agreed(ctx, lambda: (coll(), devices.synchronize(ctx.device)))
+    if probe.skip_reason is not None:
+        return probe.skip_reason
     for _ in range(cfg.warmup):
         coll()
     devices.synchronize(ctx.device)
+    control = ctx.control_comm
     times = torch.empty(cfg.iters, dtype=torch.float64)
     for i in range(cfg.iters):
-        ctx.comm.barrier()
+        control.barrier()
         start = time.perf_counter()
         coll()
         devices.synchronize(ctx.device)
         times[i] = time.perf_counter() - start
-    # The iteration ends when the slowest rank ends.
-    ctx.comm.all_reduce(times, "max")
-    wrong = 0
-    for rep in range(cfg.check_iters):
-        bad = coll.check_once(seed=100 + rep)
-        wrong += bad.num_wrong if bad else 0
+    control.all_reduce(times, "max")  # the iteration ends when the slowest rank ends
+    wrong = sum(bad.num_wrong for bad in (coll.check_once(seed=100 + rep) for rep in range(cfg.check_iters)) if bad)
     total_wrong = torch.tensor([wrong], dtype=torch.int64)
-    ctx.comm.all_reduce(total_wrong, "sum")
+    control.all_reduce(total_wrong, "sum")
     # S of the bandwidth formulas; for every op it is also nccl-tests' size column, the larger of
     # the send and receive buffers.
     return {"op": op, "count": count, "inplace": inplace, "bytes": coll.size_bytes,
@@ -148,7 +161,7 @@ def measure_copy_gbps(ctx: RankContext, size_bytes: int = COPY_BYTES, reps: int 
     dst.copy_(src)  # fault the pages in
     best = float("inf")
     for _ in range(reps):
-        ctx.comm.barrier()
+        ctx.control_comm.barrier()
         start = time.perf_counter()
         dst.copy_(src)
         best = min(best, time.perf_counter() - start)
@@ -201,11 +214,16 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
     return bench, fits, copy_gbps
 
 
-def bench_checks(bench: Table, fits: Table, cfg: BenchConfig, world_size: int, copy_gbps: float | None) -> list[Check]:
+def bench_checks(bench: Table, fits: Table, cfg: BenchConfig, world_size: int, copy_gbps: float | None,
+                 skipped: dict[str, str] | None = None) -> list[Check]:
     checks = []
     for op in cfg.ops:
         rows = [r for r in bench.rows if r["op"] == op]
         name = f"comm.bench {op} {cfg.dtype}"
+        if skipped and op in skipped:
+            checks.append(Check(name, Status.SKIP, f"{op} {cfg.dtype}: not supported here: {skipped[op]}",
+                                details={"reason": skipped[op]}, where={"op": op}))
+            continue
         if not rows:
             checks.append(Check(name, Status.SKIP, f"{op}: no size in the sweep gives a non-empty buffer at {world_size} ranks",
                                 hint="raise -e"))
@@ -278,7 +296,7 @@ def build_report(job: JobResult, cfg: BenchConfig) -> Report:
     report = Report("comm bench", meta=meta.collect(
         job, cfg, copy_ceiling_gbps=copy_gbps, sizes_bytes=cfg.sizes(),
         timing="blocking per op (barrier, issue, wait); iteration time = max over ranks; p50/p95/min/max over iterations"))
-    report.checks = bench_checks(bench, fits, cfg, job.world_size, copy_gbps)
+    report.checks = bench_checks(bench, fits, cfg, job.world_size, copy_gbps, job.results[0]["skipped"])
     report.tables += [bench, fits]
     return report
 

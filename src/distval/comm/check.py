@@ -21,7 +21,8 @@ import torch.distributed as dist
 from distval.comm.inputs import DTYPES, Mismatch, dtype_name, parse_dtype
 from distval.comm.ops import Collective, inplace_variants
 from distval import meta
-from distval.launch import JobResult, LaunchOptions, PeerFailed, RankContext
+from distval.comm.agree import Unsupported, run_agreed
+from distval.launch import JobResult, LaunchOptions, RankContext
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
 
@@ -45,6 +46,8 @@ class CheckConfig:
         self.dtypes = [dtype_name(parse_dtype(d)) for d in expand_all(self.dtypes, list(DTYPES))]
         if self.iters < 1:
             raise ValueError(f"-c/--check-iters must be at least 1 (got {self.iters})")
+        if not self.sizes:
+            raise ValueError("no sizes to check: give at least one element count")
         for name, count in self.sizes.items():
             if count < 0:
                 raise ValueError(f"size {name!r} has a negative element count {count}")
@@ -93,10 +96,6 @@ def cases(cfg: CheckConfig) -> list[Case]:
     return out
 
 
-class Unsupported(Exception):
-    """This rank decided on its own (identically on every rank) not to run a case."""
-
-
 # -- per-rank ----------------------------------------------------------------------------------
 
 
@@ -108,44 +107,18 @@ def check_rank(ctx: RankContext, cfg: CheckConfig) -> list[dict[str, Any]]:
         outcome: dict[str, Any] = {"case": case.name, "status": "ok", "wrong": []}
         for rep in range(cfg.iters):
             seed = cfg.seed * 1_000_003 + rep
-            error: BaseException | None = None
-            try:
-                for where, bad in _run_case(ctx, case, seed):
-                    if bad is not None:
-                        outcome["status"] = "wrong"
-                        outcome["wrong"].append({"rep": rep, **where, **bad.to_dict()})
-            except (Unsupported, RuntimeError, ValueError, TypeError) as e:
-                error = e
-            # A backend rejects an unsupported op/dtype combination synchronously on every rank
-            # before any data moves: that is a SKIP, and the group stays usable. An error on only
-            # some ranks is a real failure and must end the job, naming the rank. Ranks also agree
-            # on stopping at a wrong result, so they keep issuing the same collectives.
-            state = 2 if error is not None else (1 if outcome["wrong"] else 0)
-            try:
-                states = ctx.exchange(state)
-            except Exception:
-                # Peers are still inside the case's collectives and cannot answer: the error
-                # this rank hit is the cause, the failed exchange only its consequence.
-                if error is not None:
-                    raise error from None
-                raise
-            failed = [r for r, st in enumerate(states) if st == 2]
-            if failed and len(failed) < ctx.world_size:
-                if error is not None:
-                    raise error
-                raise PeerFailed(f"rank(s) {failed} failed in {case.name}")
-            if error is not None:
-                outcome = {"case": case.name, "status": "unsupported", "reason": _one_line(error)}
+            agreed = run_agreed(ctx, lambda: _run_case(ctx, case, seed), flag=lambda res: any(bad for _, bad in res))
+            if agreed.skip_reason is not None:
+                outcome = {"case": case.name, "status": "unsupported", "reason": agreed.skip_reason}
                 break
-            if any(states):
-                break  # like nccl-tests -c: stop at the first failing repetition
+            for where, bad in agreed.result:
+                if bad is not None:
+                    outcome["status"] = "wrong"
+                    outcome["wrong"].append({"rep": rep, **where, **bad.to_dict()})
+            if agreed.any_flag:
+                break  # like nccl-tests -c: every rank stops at the first failing repetition
         outcomes.append(outcome)
     return outcomes
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:300]
 
 
 _ROOTED = ("broadcast", "reduce", "gather", "scatter")

@@ -31,6 +31,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from distval.comm.inputs import BITS_OF_SIZE, dtype_name
+
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
     "prod": dist.ReduceOp.PRODUCT,
@@ -55,8 +57,10 @@ def reduce_op(name: str) -> dist.ReduceOp:
 
 
 @functools.lru_cache(maxsize=None)
-def _in_comm_package(filename: str) -> bool:
-    return os.path.dirname(os.path.abspath(filename)) == _THIS_DIR
+def _in_comm_plumbing(filename: str) -> bool:
+    """This file and ops.py (the prepared collectives): their callers are the call site."""
+    path = os.path.abspath(filename)
+    return os.path.dirname(path) == _THIS_DIR and os.path.basename(path) in ("layer.py", "ops.py")
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -98,7 +102,8 @@ FAULT_ACTIONS = ("corrupt", "raise", "hang", "kill")
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """A test-only fault on rank `rank` at op `op`, on the `nth` matching call (0 = every call):
+    """A test-only fault on rank `rank` at op `op` ("any": every op), on the `nth` matching call
+    (0 = every call):
     corrupt   flip the lowest bit of element `index` (flattened over the op's outputs)
     raise     raise RuntimeError after the op (a crashing rank)
     hang      sleep forever after the op (a hung rank)
@@ -173,9 +178,9 @@ class Comm:
     # -- bookkeeping ---------------------------------------------------------------------------
 
     def _call_site(self) -> str:
-        """file:line:function of the first caller outside distval.comm (the strategy, the bench)."""
+        """file:line:function of the first caller outside the layer (the strategy, the bench)."""
         frame = sys._getframe(2)
-        while frame is not None and _in_comm_package(frame.f_code.co_filename):
+        while frame is not None and _in_comm_plumbing(frame.f_code.co_filename):
             frame = frame.f_back
         if frame is None:
             return "?"
@@ -185,7 +190,7 @@ class Comm:
         rec = OpRecord(
             seq=self._seq,
             op=op,
-            dtype=str(t.dtype).removeprefix("torch."),
+            dtype=dtype_name(t.dtype),
             shape=tuple(t.shape),
             bytes=size_bytes,
             group=self.name,
@@ -203,7 +208,7 @@ class Comm:
         tot.calls += 1
         tot.bytes += rec.bytes
         tot.time_s += rec.end_s - rec.start_s
-        if self.fault is not None and self.fault.op == rec.op and self.fault.rank == self.rank:
+        if self.fault is not None and self.fault.op in (rec.op, "any") and self.fault.rank == self.rank:
             self._fault_hits += 1
             if self.fault.nth in (0, self._fault_hits):
                 self.fault.apply(outputs)
@@ -217,6 +222,11 @@ class Comm:
     def pending(self) -> list[OpRecord]:
         """Ops issued but not completed: what this rank is waiting in (hang diagnosis)."""
         return [r for r in self.records if r.end_s is None]
+
+    @property
+    def issued(self) -> int:
+        """How many collectives this rank has issued on this Comm (its progress)."""
+        return self._seq
 
     def last(self) -> OpRecord | None:
         return self.records[-1] if self.records else None
@@ -300,10 +310,8 @@ def _corrupt(outputs: Sequence[torch.Tensor], index: int) -> None:
         n = out.numel()
         if index < n:
             flat = out.view(-1)
-            bits = flat[index : index + 1].view(_INT_OF_SIZE[out.element_size()])
+            bits = flat[index : index + 1].view(BITS_OF_SIZE[out.element_size()])
             bits ^= 1
             return
         index -= n
 
-
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -31,6 +31,7 @@ _SHAPES: dict[str, tuple[tuple[bool, ...], Callable[[int], int], Callable[[int],
     "sendrecv": ((False,), lambda n: 1, lambda n: 1.0),
 }
 BENCH_OPS = tuple(_SHAPES)
+_POISON = 0x5A  # byte written over outputs before an op: an untouched output then fails almost everywhere
 # Ops whose per-rank count is the sweep size divided among ranks (nccl-tests rounds it down so
 # every chunk is 16-byte aligned).
 _DIVIDED = {"all_gather", "all_gather_list", "reduce_scatter", "all_to_all", "gather", "scatter"}
@@ -87,24 +88,31 @@ class Collective:
 
     # -- inputs and expected outputs, all from (seed, rank, index) ----------------------------
 
-    def _data(self, rank: int, numel: int, seed: int) -> torch.Tensor:
-        return values("data", self.dtype, numel, rank, self.n, seed)
+    def _data(self, rank: int, numel: int, seed: int, offset: int = 0) -> torch.Tensor:
+        return values("bits", self.dtype, numel, rank, self.n, seed, offset)
+
+    def _outputs(self) -> list[torch.Tensor]:
+        if self.op in ("all_gather_list", "gather"):
+            return self.outs or []
+        return [self.out]
 
     def fill(self, seed: int) -> None:
+        """Exact inputs for `seed`; outputs poisoned first, so an op that leaves its output
+        untouched can never pass on stale data."""
+        for out in self._outputs():
+            out.view(torch.uint8).fill_(_POISON)
         n, c, r, op = self.n, self.count, self.rank, self.op
         if op in ("all_reduce", "reduce"):
             self.inp.copy_(values(input_kind(self.redop), self.dtype, c, r, n, seed))
         elif op == "reduce_scatter":
             self.inp.copy_(values(input_kind(self.redop), self.dtype, n * c, r, n, seed))
-        elif op == "broadcast":
-            self.inp.copy_(self._data(r, c, seed))
         elif op == "all_to_all":
             self.inp.copy_(self._data(r, n * c, seed))
         elif op == "scatter":
             if self.ins is not None:
-                for j, chunk in enumerate(self._data(r, n * c, seed).split(max(c, 1))[:n] if c else []):
-                    self.ins[j].copy_(chunk)
-        else:
+                for j, chunk in enumerate(self.ins):
+                    chunk.copy_(self._data(r, c, seed, offset=j * c))
+        else:  # broadcast (every rank: non-roots are overwritten), all_gather(s), gather, sendrecv
             self.inp.copy_(self._data(r, c, seed))
 
     def verify(self, seed: int) -> Mismatch | None:
@@ -115,8 +123,7 @@ class Collective:
         if op == "all_reduce" or (op == "reduce" and r == self.root):
             return compare(self.out.cpu(), reduce_expected(self.redop, self.dtype, c, n, seed), ulp)
         if op == "reduce_scatter":
-            full = reduce_expected(self.redop, self.dtype, n * c, n, seed)
-            return compare(self.out.cpu(), full[r * c:(r + 1) * c], ulp)
+            return compare(self.out.cpu(), reduce_expected(self.redop, self.dtype, c, n, seed, offset=r * c), ulp)
         if op == "broadcast":
             return compare(self.out.cpu(), self._data(self.root, c, seed))
         if op == "all_gather":
@@ -126,10 +133,9 @@ class Collective:
                 return None
             return compare(torch.cat([o.cpu() for o in self.outs]), torch.cat([self._data(j, c, seed) for j in range(n)]))
         if op == "all_to_all":
-            expected = torch.cat([self._data(j, n * c, seed)[r * c:(r + 1) * c] for j in range(n)])
-            return compare(self.out.cpu(), expected)
+            return compare(self.out.cpu(), torch.cat([self._data(j, c, seed, offset=r * c) for j in range(n)]))
         if op == "scatter":
-            return compare(self.out.cpu(), self._data(self.root, n * c, seed)[r * c:(r + 1) * c])
+            return compare(self.out.cpu(), self._data(self.root, c, seed, offset=r * c))
         if op == "sendrecv":
             return compare(self.out.cpu(), self._data((r - 1) % n, c, seed))
         return None

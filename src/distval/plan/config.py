@@ -1,0 +1,248 @@
+"""The planner's inputs: one typed dataclass that validates itself (ValueError naming the flag).
+
+Sizes: a `--model` preset, optionally overridden field by field (`--seq 512`), or an explicit
+architecture (all of `--layers --hidden --heads --seq --vocab`; the shape is distval's Llama-style
+decoder: SwiGLU ffn `swiglu_ffn(hidden)`, RMSNorm, tied embeddings, `--kv-heads` defaulting to
+`--heads`), or `--params N` alone. With `--params` alone the communication and the model-state
+memory are exact, compute needs `--seq` (6·N·tokens without the attention term) and activations
+need the architecture; what cannot be computed is reported as such, never guessed. `--params`
+next to a known architecture may correct its count by up to 10% (biases, extra norms); more is a
+contradiction.
+
+Batch: global batch = micro-batch × world size × gradient-accumulation steps; any two of them
+(with the world size) determine the third, and all three must agree.
+
+World: `--world N` is a flat network (every rank on the link given by `--link`/`--bandwidth`);
+`--nodes M --devices-per-node D` is two-level (`--intra-link` inside a node, `--inter-link`
+between nodes; `--link` sets both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from distval.plan import presets
+from distval.plan.presets import ModelSpec
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
+_COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
+_COUNT_MULT = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def dtype_name(text: str, flag: str) -> str:
+    key = text.lower()
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BYTES:
+        raise ValueError(f"{flag}: unknown dtype {text!r}; choose fp32, bf16 or fp16")
+    return key
+
+
+def parse_count(text: str, flag: str = "--params") -> float:
+    """'760e6', '760M', '1.5B', '7b' -> a parameter count (decimal suffixes K, M, B, T)."""
+    m = _COUNT.match(str(text))
+    if not m:
+        raise ValueError(f"{flag} {text!r} does not parse as a count; use e.g. 760e6, 760M or 1.5B")
+    value = float(m.group(1)) * _COUNT_MULT[m.group(2).lower()]
+    if value < 1:
+        raise ValueError(f"{flag} must be at least 1 (got {text})")
+    return value
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the model is, as far as the inputs say: `spec` None means only a count is known."""
+
+    name: str
+    num_params: int
+    flop_params: int
+    seq_len: int | None
+    spec: ModelSpec | None
+
+
+@dataclass
+class PlanConfig:
+    model: str | None = None
+    params: float | None = None
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    seq_len: int | None = None
+    vocab_size: int | None = None
+    micro_batch: int | None = None
+    global_batch: int | None = None
+    grad_accum: int | None = None
+    param_dtype: str = "fp32"
+    grad_dtype: str | None = None  # None: as the params
+    optim_dtype: str = "fp32"
+    world_size: int | None = None
+    num_nodes: int | None = None
+    devices_per_node: int | None = None
+    nics_per_node: int | None = None  # None: one NIC per device (rail-optimised)
+    link: str | None = None
+    intra_link: str | None = None
+    inter_link: str | None = None
+    bandwidth_gbps: float | None = None
+    latency_us: float | None = None
+    efficiency: float = 0.85
+    device: str = "cpu"
+    peak_tflops: float | None = None
+    device_memory_gb: float | None = None
+    mfu: float = 0.4
+    strategy: str = "ddp"
+    bucket_mb: float = 25.0
+    overlap: bool = True
+    activation_checkpointing: bool = False
+    attention: str = "flash"
+    comm_hook: str = "none"
+    powersgd_rank: int = 4
+    comm_target: float = 0.1
+    calibration: str | None = None
+
+    def __post_init__(self) -> None:
+        self.param_dtype = dtype_name(self.param_dtype, "--param-dtype")
+        self.grad_dtype = dtype_name(self.grad_dtype, "--grad-dtype") if self.grad_dtype else self.param_dtype
+        self.optim_dtype = dtype_name(self.optim_dtype, "--optim-dtype")
+        self._check_numbers()
+        self._check_choices()
+        self._check_links()
+        if self.model_info().spec is None and self.comm_hook == "powersgd":
+            raise ValueError("--comm-hook powersgd needs the matrix shapes: give --model or --layers --hidden --heads --seq --vocab")
+        self.batch()
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "PlanConfig":
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown plan setting(s): {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+    def _check_numbers(self) -> None:
+        positive_ints = {"--layers": self.num_layers, "--hidden": self.hidden_size, "--heads": self.num_heads,
+                         "--kv-heads": self.num_kv_heads, "--seq": self.seq_len, "--vocab": self.vocab_size,
+                         "--micro-batch": self.micro_batch, "--global-batch": self.global_batch,
+                         "--grad-accum": self.grad_accum, "--world": self.world_size, "--nodes": self.num_nodes,
+                         "--devices-per-node": self.devices_per_node, "--nics-per-node": self.nics_per_node,
+                         "--powersgd-rank": self.powersgd_rank}
+        for flag, value in positive_ints.items():
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be at least 1 (got {value})")
+        positive = {"--params": self.params, "--bandwidth": self.bandwidth_gbps, "--peak-tflops": self.peak_tflops,
+                    "--device-memory": self.device_memory_gb, "--bucket-mb": self.bucket_mb}
+        for flag, value in positive.items():
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{flag} must be positive (got {value:g})")
+        if self.latency_us is not None and not (self.latency_us >= 0 and math.isfinite(self.latency_us)):
+            raise ValueError(f"--latency must not be negative (got {self.latency_us:g})")
+        for flag, value in (("--efficiency", self.efficiency), ("--mfu", self.mfu)):
+            if not 0 < value <= 1:
+                raise ValueError(f"{flag} must be in (0, 1] (got {value:g})")
+        if not 0 < self.comm_target < 1:
+            raise ValueError(f"--comm-target must be in (0, 1) (got {self.comm_target:g})")
+
+    def _check_choices(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r} (--strategy); known: {', '.join(STRATEGIES)}")
+        if self.attention not in ("flash", "eager"):
+            raise ValueError(f"--attention must be flash or eager (got {self.attention!r})")
+        if self.comm_hook not in COMM_HOOKS:
+            raise ValueError(f"unknown --comm-hook {self.comm_hook!r}; known: {', '.join(COMM_HOOKS)}")
+        if self.comm_hook == "powersgd" and self.strategy != "ddp":
+            raise ValueError(f"--comm-hook powersgd is a DDP communication hook; it does not apply to --strategy {self.strategy}")
+        if self.model is not None:
+            presets.model(self.model)
+        presets.device(self.device)
+        if self.calibration is not None and not Path(self.calibration).is_file():
+            raise ValueError(f"--calibration {self.calibration!r}: no such file")
+
+    def _check_links(self) -> None:
+        if self.link is not None and self.bandwidth_gbps is not None:
+            raise ValueError("--link and --bandwidth both give the link; use one")
+        if self.latency_us is not None and self.bandwidth_gbps is None:
+            raise ValueError("--latency needs --bandwidth (a preset --link has its own latency)")
+        for flag, name in (("--link", self.link), ("--intra-link", self.intra_link), ("--inter-link", self.inter_link)):
+            if name is not None:
+                presets.link(name, flag)
+        if self.world_size is not None and (self.num_nodes is not None or self.devices_per_node is not None):
+            nodes, per_node = self.num_nodes or 1, self.devices_per_node or 1
+            if nodes * per_node != self.world_size:
+                raise ValueError(f"--world {self.world_size} contradicts --nodes {nodes} × --devices-per-node {per_node}")
+
+    # -- resolution ---------------------------------------------------------------------------
+
+    def topology(self) -> tuple[int, int, bool]:
+        """(nodes, devices per node, two_level). `--world N` alone is flat: N ranks, one link."""
+        if self.num_nodes is None and self.devices_per_node is None:
+            return (self.world_size or 1), 1, False
+        nodes, per_node = self.num_nodes or 1, self.devices_per_node or 1
+        return nodes, per_node, True
+
+    @property
+    def world(self) -> int:
+        nodes, per_node, _ = self.topology()
+        return nodes * per_node
+
+    def batch(self) -> tuple[int, int]:
+        """(micro-batch, accumulation steps) per rank; the global batch is their product × world."""
+        world, m, k, g = self.world, self.micro_batch, self.grad_accum, self.global_batch
+        if g is None:
+            return m or 1, k or 1
+        if m is None and k is None:
+            m = 1
+        if k is None:
+            if g % (m * world):
+                raise ValueError(f"--global-batch {g} is not divisible by --micro-batch {m} × world size {world}")
+            k = g // (m * world)
+        if m is None:
+            if g % (k * world):
+                raise ValueError(f"--global-batch {g} is not divisible by --grad-accum {k} × world size {world}")
+            m = g // (k * world)
+        if m * world * k != g:
+            raise ValueError(f"--global-batch {g} contradicts --micro-batch {m} × world size {world} × --grad-accum {k} = {m * world * k}")
+        return m, k
+
+    def model_info(self) -> ModelInfo:
+        spec = self._spec()
+        if spec is None:
+            if self.params is None:
+                raise ValueError("give --model NAME, --params N, or the architecture: --layers --hidden --heads --seq --vocab")
+            n = int(self.params)
+            return ModelInfo(f"{n / 1e6:.0f}M params", n, n, self.seq_len, None)
+        count = spec.num_params()
+        if self.params is not None and abs(self.params - count) > 0.1 * count:
+            raise ValueError(f"--params {self.params:.4g} contradicts the architecture of {spec.name} "
+                             f"({count:,} parameters); drop one or fix the sizes")
+        n = int(self.params) if self.params is not None else count
+        return ModelInfo(spec.name, n, spec.flop_params() + (n - count), spec.seq_len, spec)
+
+    def _spec(self) -> ModelSpec | None:
+        given = {"num_layers": self.num_layers, "hidden_size": self.hidden_size, "num_heads": self.num_heads,
+                 "num_kv_heads": self.num_kv_heads, "seq_len": self.seq_len, "vocab_size": self.vocab_size}
+        given = {k: v for k, v in given.items() if v is not None}
+        if self.model is not None:
+            base = presets.model(self.model)
+            if "hidden_size" in given:
+                given["ffn_hidden_size"] = swiglu_or_gelu(base, given["hidden_size"])
+            if "num_heads" in given and "num_kv_heads" not in given and base.num_kv_heads == base.num_heads:
+                given["num_kv_heads"] = given["num_heads"]
+            return dataclasses.replace(base, **given) if given else base
+        shape = {"num_layers": "--layers", "hidden_size": "--hidden", "num_heads": "--heads", "vocab_size": "--vocab"}
+        if not set(shape) & set(given):
+            return None  # a count, maybe with --seq
+        missing = [flag for key, flag in {**shape, "seq_len": "--seq"}.items() if key not in given]
+        if missing:
+            raise ValueError(f"missing sizes: an explicit architecture needs --layers --hidden --heads --seq --vocab (missing {' '.join(missing)})")
+        return ModelSpec("custom", given["num_layers"], given["hidden_size"], given["num_heads"],
+                         given.get("num_kv_heads", given["num_heads"]), given["seq_len"], given["vocab_size"],
+                         presets.swiglu_ffn(given["hidden_size"]))
+
+
+def swiglu_or_gelu(base: ModelSpec, hidden: int) -> int:
+    return presets.swiglu_ffn(hidden) if base.mlp == "swiglu" else 4 * hidden

@@ -1,0 +1,218 @@
+"""The plan as a Report (schema distval.report/1, command "plan"): the tables of the issue's
+"Report keys" plus `rightsizing` and `assumptions` (which inputs were given, preset, measured or
+calibrated), and one check per verdict. JSON keeps bytes and seconds; `readable()` makes the
+terminal copy (GB, seconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from distval.plan import levers, memory
+from distval.plan.config import PlanConfig
+from distval.plan.model import StepResult, evaluate, resolve
+from distval.plan.schedule import COMM
+from distval.results import Check, Report, Status, Table
+
+COLLECTIVE_COLUMNS = ["name", "op", "count", "bytes_per_rank", "sent_bytes_per_rank", "algorithm", "time_each_s", "time_s", "source"]
+STEP_COLUMNS = ["comm_time_s", "compute_time_s", "step_time_no_overlap_s", "step_time_overlap_s", "comm_compute_ratio",
+                "step_time_s", "comm_share", "tokens_per_step", "tokens_per_s", "mfu"]
+MEMORY_COLUMNS = ["strategy", "params_bytes", "grads_bytes", "optimizer_bytes", "model_state_bytes", "activations_bytes",
+                  "activations_no_ckpt_bytes", "activations_ckpt_bytes", "buffers_bytes", "total_bytes", "device_bytes",
+                  "fits", "chosen"]
+SCALING_COLUMNS = ["world_size", "num_nodes", "global_batch", "throughput", "efficiency", "comm_share", "step_time_s"]
+LEVER_COLUMNS = ["rank", "lever", "setting", "step_time_s", "tokens_per_s", "comm_share", "speedup", "note"]
+RIGHTSIZING_COLUMNS = ["strategy", "device", "total_bytes", "device_bytes", "step_time_s", "tokens_per_s"]
+SWEEP_COLUMNS = ["comm_time_s", "compute_time_s", "step_time_s", "comm_compute_ratio", "comm_share", "tokens_per_s",
+                 "total_bytes", "fits"]
+_UNITS = {"throughput": "tokens/s", "tokens_per_s": "tokens/s", "bytes_per_rank": "B (S of one call)"}
+
+
+def _table(name: str, columns: list[str], rows: list[dict], title: str) -> Table:
+    units = {c: "s" for c in columns if c.endswith("_s")}
+    units.update({c: "B" for c in columns if c.endswith("_bytes")})
+    units.update({c: u for c, u in _UNITS.items() if c in columns})
+    table = Table(name, columns, title=title, units=units)
+    for row in rows:
+        table.add(**{c: row.get(c) for c in columns})
+    return table
+
+
+def collectives_rows(result: StepResult) -> list[dict]:
+    """The comm tasks of a step grouped by (name, op, size): count over all phases."""
+    groups: dict[tuple, dict] = {}
+    for phase in result.phases:
+        for task in phase.tasks:
+            if task.stream != COMM:
+                continue
+            row = groups.setdefault((task.label, task.op, task.size_bytes), {
+                "name": task.label, "op": task.op, "count": 0, "bytes_per_rank": task.size_bytes, "sent_bytes_per_rank": 0.0,
+                "algorithm": task.algorithm, "time_each_s": task.duration_s, "time_s": 0.0, "source": task.source})
+            row["count"] += phase.repeat
+            row["sent_bytes_per_rank"] += phase.repeat * task.sent_bytes
+            row["time_s"] = None if task.duration_s is None else row["time_s"] + phase.repeat * task.duration_s
+    for row in groups.values():
+        row["bytes_per_rank"] = int(round(row["bytes_per_rank"]))
+    return list(groups.values())
+
+
+def step_row(result: StepResult) -> dict:
+    return {"comm_time_s": result.comm_time_s, "compute_time_s": result.compute_time_s,
+            "step_time_no_overlap_s": result.step_time_no_overlap_s, "step_time_overlap_s": result.step_time_overlap_s,
+            "comm_compute_ratio": result.comm_compute_ratio, "step_time_s": result.step_time_s,
+            "comm_share": result.comm_share, "tokens_per_step": result.tokens_per_step,
+            "tokens_per_s": result.tokens_per_s, "mfu": result.mfu}
+
+
+def assumption_rows(result: StepResult) -> list[dict]:
+    """Every input the figures rest on, with where it came from."""
+    inp, cfg, m = result.inputs, result.inputs.cfg, result.inputs.model
+    defaults = {f.name: f.default for f in dataclasses.fields(PlanConfig)}
+
+    def given(name: str) -> str:
+        return "given" if getattr(cfg, name) != defaults[name] else "assumed (default)"
+
+    seq_source = "unknown" if m.seq_len is None else "given" if cfg.seq_len is not None or not cfg.model else "preset"
+    rows = [
+        ("model", m.name, "preset" if cfg.model else "given"),
+        ("parameters", f"{m.num_params:,}", "given" if cfg.params is not None else "computed from the shape"),
+        ("FLOP parameters N (6·N per token)", f"{m.flop_params:,}", "layers and head" if m.spec else "= parameters"),
+        ("sequence length", m.seq_len, seq_source),
+        ("batch", f"{inp.micro_batch} micro × {inp.world_size} ranks × {inp.grad_accum} accumulation = {inp.global_batch}", "given"),
+        ("dtypes param/grad/optimizer", f"{cfg.param_dtype}/{cfg.grad_dtype}/{cfg.optim_dtype}; "
+                                        f"gradients reduced in {inp.comm_grad_bytes} B", "given"),
+        ("device peak", f"{inp.peak_flops / 1e12:.4g} TFLOP/s", inp.peak_source),
+        ("MFU", cfg.mfu, given("mfu")),
+        ("device memory", f"{inp.memory_bytes / 2**30:.1f} GiB", inp.memory_source),
+        ("link efficiency (presets, --bandwidth)", cfg.efficiency, given("efficiency")),
+        ("strategy / overlap / activation checkpointing", f"{cfg.strategy} / {cfg.overlap} / {cfg.activation_checkpointing}", "given"),
+        ("attention kernel", cfg.attention, given("attention")),
+    ]
+    if inp.calibration is not None:
+        rows.append(("calibration", inp.calibration.describe(), "measured (comm bench)"))
+    rows += _link_rows(inp)
+    return [{"input": a, "value": b, "source": c} for a, b, c in rows]
+
+
+_LINK_SOURCES = {"preset": "preset × efficiency (assumed)", "given": "given × efficiency",
+                 "calibrated": "calibrated (comm bench fit)", "derived": "derived from another op's calibration"}
+
+
+def _link_rows(inp) -> list[tuple]:
+    net = inp.network
+    if net.world_size == 1:
+        return []
+    if net.num_nodes == 1:
+        scopes = [("intra", "intra-node link")]
+    elif net.devices_per_node == 1:
+        scopes = [("inter", "link")]
+    else:
+        scopes = [("intra", "intra-node link"), ("inter", "inter-node link (per rank)")]
+    out = []
+    for scope, label in scopes:
+        for op in ("all_reduce", "all_gather", "reduce_scatter"):
+            link = net.link_for(scope, op)
+            if link is None:
+                out.append((f"{label}, {op}", "none given", "—"))
+            else:
+                out.append((f"{label}, {op}", f"{link.name}: α {link.alpha_s * 1e6:.3g} µs, "
+                            f"B {link.bytes_per_s / 1e9:.4g} GB/s effective", _LINK_SOURCES[link.source]))
+    return out
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def step_checks(result: StepResult, lever_rows: list[dict]) -> list[Check]:
+    checks = []
+    if result.comm_time_s is None:
+        checks.append(Check("plan.comm", Status.SKIP, "no communication times: no link was given",
+                            hint="give --link NAME, --bandwidth GB/s or --calibration bench.json"))
+    if result.compute_time_s is None:
+        checks.append(Check("plan.compute", Status.SKIP, "no compute time: the sequence length is unknown",
+                            hint="give --seq (and --layers --hidden --heads --vocab for the attention term), or --model"))
+    ratio = result.comm_compute_ratio
+    if ratio is None:
+        return checks
+    top = next((r for r in lever_rows if r["rank"] == 1), None)
+    hint = f"best lever: {top['lever']} {top['setting']} (×{top['speedup']:.2f} tokens/s; {top['note']})" if top else ""
+    text = (f"communication {result.comm_time_s:.3g} s vs compute {result.compute_time_s:.3g} s per step "
+            f"(ratio {ratio:.3g}); step {result.step_time_s:.3g} s, between {result.step_time_overlap_s:.3g} s "
+            f"(perfect overlap) and {result.step_time_no_overlap_s:.3g} s (none)")
+    bound = ratio > 1
+    checks.append(Check("plan.step", Status.WARN if bound else Status.OK,
+                        ("communication-bound: " if bound else "compute-bound: ") + text,
+                        details={"comm_compute_ratio": ratio, "comm_share": result.comm_share}, hint=hint if bound else "",
+                        where={"strategy": result.inputs.cfg.strategy, "world_size": result.inputs.world_size}))
+    return checks
+
+
+def memory_check(result: StepResult, rows: list[dict], sizing: list[dict]) -> Check:
+    cfg = result.inputs.cfg
+    chosen = next(r for r in rows if r["chosen"])
+    partial = "" if chosen["activations_bytes"] is not None else " (without activations: give the architecture)"
+    text = (f"{cfg.strategy} needs {_gb(chosen['total_bytes'])} per rank{partial}; the device has "
+            f"{_gb(chosen['device_bytes'])} ({result.inputs.memory_source})")
+    if chosen["fits"]:
+        return Check("plan.memory", Status.OK, text, details={"total_bytes": chosen["total_bytes"]}, where={"strategy": cfg.strategy})
+    others = [r["strategy"] for r in rows if r["fits"]]
+    best = levers.cheapest(sizing)
+    hint = (f"on this device {', '.join(others)} fit" if others else
+            f"smallest device preset that fits: {best['device']} with {best['strategy']}" if best else
+            "no strategy fits any device preset: add ranks or use --activation-checkpointing")
+    if others and not cfg.activation_checkpointing:
+        hint += "; --activation-checkpointing also cuts activations"
+    return Check("plan.memory", Status.WARN, "does not fit: " + text, details={"total_bytes": chosen["total_bytes"]},
+                 hint=hint, where={"strategy": cfg.strategy})
+
+
+def sizing_check(sizing: list[dict]) -> Check:
+    best = levers.cheapest(sizing)
+    if best is None:
+        return Check("plan.rightsize", Status.WARN, "no device preset holds one rank of this plan under any strategy",
+                     hint="add ranks, use --activation-checkpointing or a smaller micro-batch")
+    when = f", step {best['step_time_s']:.3g} s" if best["step_time_s"] is not None else ""
+    return Check("plan.rightsize", Status.OK, f"cheapest that fits: {best['device']} ({_gb(best['device_bytes'])}) with "
+                 f"{best['strategy']}{when} (least device memory as the price proxy)", details=dict(best))
+
+
+def build_report(cfg: PlanConfig) -> Report:
+    """The whole plan: every table and verdict."""
+    from distval import meta  # imports torch; the model itself does not need it
+
+    result = evaluate(cfg, resolve(cfg))
+    mem = memory.memory_rows(result.inputs)
+    lever_rows = levers.lever_rows(cfg, result)
+    sizing = levers.rightsizing_rows(cfg, mem)
+    info = result.inputs.model
+    report = Report("plan", meta=meta.collect(None, cfg, world_size=result.inputs.world_size,
+                                              model={"name": info.name, "num_params": info.num_params,
+                                                     "flop_params": info.flop_params, "seq_len": info.seq_len,
+                                                     "spec": dataclasses.asdict(info.spec) if info.spec else None}))
+    report.checks = step_checks(result, lever_rows) + [memory_check(result, mem, sizing), sizing_check(sizing)]
+    if result.inputs.calibration is not None:
+        report.checks.append(Check("plan.calibration", Status.OK, "link numbers measured: " + result.inputs.calibration.describe()))
+    report.tables = [
+        _table("collectives", COLLECTIVE_COLUMNS, collectives_rows(result), "collectives of one step (per rank)"),
+        _table("step", STEP_COLUMNS, [step_row(result)], "one optimizer step"),
+        _table("memory", MEMORY_COLUMNS, mem, "memory per rank by strategy"),
+        _table("scaling", SCALING_COLUMNS, levers.scaling_rows(cfg), "weak scaling (per-rank batch fixed)"),
+        _table("levers", LEVER_COLUMNS, lever_rows, f"levers, ranked (target comm share {cfg.comm_target:.0%})"),
+        _table("rightsizing", RIGHTSIZING_COLUMNS, sizing, "smallest device preset that fits, per strategy"),
+        _table("assumptions", ["input", "value", "source"], assumption_rows(result), "inputs and where they come from"),
+    ]
+    return report
+
+
+def readable(report: Report) -> Report:
+    """The terminal copy: byte columns in GB (1e9), named without the suffix."""
+    tables = []
+    for t in report.tables:
+        rename = {c: c[: -len("_bytes")] if c.endswith("_bytes") else c for c in t.columns}
+        units = {rename[c]: ("GB" if c.endswith("_bytes") else u) for c, u in t.units.items()}
+        rows = [{rename[c]: (v / 1e9 if c.endswith("_bytes") and isinstance(v, (int, float)) else v) for c, v in row.items()}
+                for row in t.rows]
+        tables.append(Table(t.name, [rename[c] for c in t.columns], rows, t.title, units))
+    return Report(report.command, report.meta, report.checks, tables)
