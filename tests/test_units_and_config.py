@@ -93,3 +93,4 @@ def test_what_counts_as_unsupported():
     assert not is_unsupported(PeerFailed("rank(s) [1] failed"))
     assert not is_unsupported(dist.DistBackendError("NCCL error"))
     assert not is_unsupported(KeyError("bug"))
+    assert not is_unsupported(TypeError("tuple indices must be integers or slices, not str"))

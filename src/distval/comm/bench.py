@@ -27,7 +27,7 @@ from distval.comm.check import expand_all
 from distval.comm.fit import fit_alpha_beta
 from distval.comm.inputs import DTYPES, dtype_name, parse_dtype
 from distval.comm.layer import REDUCE_OPS
-from distval.comm.ops import BENCH_OPS, Collective, count_for_bytes, inplace_variants
+from distval.comm.ops import BENCH_OPS, OPS, Collective, count_for_bytes, inplace_variants
 from distval.launch import JobResult, LaunchOptions, RankContext
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
@@ -196,8 +196,8 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
         algbw = r["bytes"] / p50 / 1e9 if p50 > 0 else 0.0
         busbw = algbw * r["busbw_factor"]
         bench.add(op=r["op"], dtype=cfg.dtype, bytes=r["bytes"], count=r["count"], inplace=r["inplace"],
-                  redop=cfg.redop if r["op"] in ("all_reduce", "reduce", "reduce_scatter") else None,
-                  root=cfg.root if r["op"] in ("broadcast", "reduce", "gather", "scatter") else None,
+                  redop=cfg.redop if OPS[r["op"]].reduces else None,
+                  root=cfg.root if OPS[r["op"]].rooted else None,
                   time_us_p50=p50 * 1e6, time_us_p95=percentile(t, 95) * 1e6, time_us_min=min(t) * 1e6,
                   time_us_max=max(t) * 1e6, algbw_gbps=algbw, busbw_gbps=busbw,
                   busbw_pct_of_copy=100 * busbw / copy_gbps if copy_gbps else None, wrong=r["wrong"])
@@ -260,7 +260,7 @@ def nccl_text(bench: Table, cfg: BenchConfig, world_size: int, copy_gbps: float 
     units = f"#{'(B)':>11} {'(elements)':>12} {'':>9} {'':>6} {'':>5}   " + "  ".join([f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"] * 2)
     for op in cfg.ops:
         rows = [r for r in bench.rows if r["op"] == op]
-        lines += [f"#", f"# {op}{'' if cfg.redop == 'sum' or op not in ('all_reduce', 'reduce', 'reduce_scatter') else ' ' + cfg.redop}",
+        lines += ["#", f"# {op}{' ' + cfg.redop if OPS[op].reduces and cfg.redop != 'sum' else ''}",
                   "#" + " " * 50 + f"{'out-of-place':^32}  {'in-place':^32}", head, units]
         by_size: dict[int, dict[bool, dict]] = {}
         for r in rows:

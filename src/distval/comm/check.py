@@ -19,14 +19,15 @@ from typing import Any
 import torch.distributed as dist
 
 from distval.comm.inputs import DTYPES, Mismatch, dtype_name, parse_dtype
+from distval.comm.ops import OPS as OP_SPECS
 from distval.comm.ops import Collective, inplace_variants
 from distval import meta
 from distval.comm.agree import Unsupported, run_agreed
+from distval.comm.layer import REDUCE_OPS
 from distval.launch import JobResult, LaunchOptions, RankContext
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
 
-ALL_REDUCE_OPS = ("sum", "prod", "min", "max", "avg")
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_list", "reduce_scatter",
        "all_to_all", "gather", "scatter", "sendrecv", "barrier")
 # Size classes: element counts per rank (for all_gather/reduce_scatter/all_to_all, per chunk).
@@ -86,7 +87,7 @@ class Case:
 def cases(cfg: CheckConfig) -> list[Case]:
     out = []
     for op in cfg.ops:
-        variants = [f"all_reduce/{r}" for r in ALL_REDUCE_OPS] if op == "all_reduce" else [op]
+        variants = [f"all_reduce/{r}" for r in REDUCE_OPS] if op == "all_reduce" else [op]
         dtypes = ["-"] if op == "barrier" else cfg.dtypes
         sizes = {"-": 0} if op == "barrier" else cfg.sizes
         for variant in variants:
@@ -121,9 +122,6 @@ def check_rank(ctx: RankContext, cfg: CheckConfig) -> list[dict[str, Any]]:
     return outcomes
 
 
-_ROOTED = ("broadcast", "reduce", "gather", "scatter")
-
-
 def _run_case(ctx: RankContext, case: Case, seed: int) -> list[tuple[dict[str, Any], Mismatch | None]]:
     """Issue the case (from every root, in every in-place form the op has) and verify it."""
     op, _, redop = case.op.partition("/")
@@ -135,10 +133,11 @@ def _run_case(ctx: RankContext, case: Case, seed: int) -> list[tuple[dict[str, A
     if op == "sendrecv" and ctx.world_size < 2:
         raise Unsupported("send/recv around the ring needs at least 2 ranks")
     results = []
-    for root in range(ctx.world_size) if op in _ROOTED else [0]:
+    rooted = OP_SPECS[op].rooted
+    for root in range(ctx.world_size) if rooted else [0]:
         for inplace in inplace_variants(op):
             coll = Collective(ctx.comm, op, dtype, case.count, ctx.device, redop=redop or "sum", root=root, inplace=inplace)
-            where = {"root": root} if op in _ROOTED else {}
+            where = {"root": root} if rooted else {}
             if len(inplace_variants(op)) > 1:
                 where["inplace"] = inplace
             results.append((where, coll.check_once(seed + root)))

@@ -10,6 +10,7 @@ algbw = S / t and busbw = algbw * factor (DESIGN.md conventions; docs/report-sch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -17,38 +18,47 @@ import torch
 from distval.comm.inputs import Mismatch, compare, input_kind, reduce_expected, values
 from distval.comm.layer import Comm
 
-# op -> (in-place variants it has, S in units of count*elt given n, bus factor given n)
-_SHAPES: dict[str, tuple[tuple[bool, ...], Callable[[int], int], Callable[[int], float]]] = {
-    "all_reduce": ((True,), lambda n: 1, lambda n: 2 * (n - 1) / n),
-    "broadcast": ((True,), lambda n: 1, lambda n: 1.0),
-    "reduce": ((True,), lambda n: 1, lambda n: 1.0),
-    "all_gather": ((False, True), lambda n: n, lambda n: (n - 1) / n),
-    "all_gather_list": ((False,), lambda n: n, lambda n: (n - 1) / n),
-    "reduce_scatter": ((False, True), lambda n: n, lambda n: (n - 1) / n),
-    "all_to_all": ((False,), lambda n: n, lambda n: (n - 1) / n),
-    "gather": ((False,), lambda n: n, lambda n: (n - 1) / n),
-    "scatter": ((False,), lambda n: n, lambda n: (n - 1) / n),
-    "sendrecv": ((False,), lambda n: 1, lambda n: 1.0),
+@dataclass(frozen=True)
+class OpSpec:
+    """What nccl-tests and torch say about one collective."""
+
+    inplace_forms: tuple[bool, ...]  # torch has all_reduce, broadcast, reduce in place only
+    s_chunks: Callable[[int], int]  # S = s_chunks(n) * count * element size
+    bus_factor: Callable[[int], float]  # busbw = algbw * bus_factor(n)
+    divided: bool = False  # per-rank count = sweep size / n, 16-byte aligned (nccl-tests setupArgs)
+    rooted: bool = False
+    reduces: bool = False
+
+
+_ring = lambda n: (n - 1) / n  # noqa: E731
+OPS: dict[str, OpSpec] = {
+    "all_reduce": OpSpec((True,), lambda n: 1, lambda n: 2 * (n - 1) / n, reduces=True),
+    "broadcast": OpSpec((True,), lambda n: 1, lambda n: 1.0, rooted=True),
+    "reduce": OpSpec((True,), lambda n: 1, lambda n: 1.0, rooted=True, reduces=True),
+    "all_gather": OpSpec((False, True), lambda n: n, _ring, divided=True),
+    "all_gather_list": OpSpec((False,), lambda n: n, _ring, divided=True),
+    "reduce_scatter": OpSpec((False, True), lambda n: n, _ring, divided=True, reduces=True),
+    "all_to_all": OpSpec((False,), lambda n: n, _ring, divided=True),
+    "gather": OpSpec((False,), lambda n: n, _ring, divided=True, rooted=True),
+    "scatter": OpSpec((False,), lambda n: n, _ring, divided=True, rooted=True),
+    "sendrecv": OpSpec((False,), lambda n: 1, lambda n: 1.0),
 }
-BENCH_OPS = tuple(_SHAPES)
+BENCH_OPS = tuple(OPS)
 _POISON = 0x5A  # byte written over outputs before an op: an untouched output then fails almost everywhere
-# Ops whose per-rank count is the sweep size divided among ranks (nccl-tests rounds it down so
-# every chunk is 16-byte aligned).
-_DIVIDED = {"all_gather", "all_gather_list", "reduce_scatter", "all_to_all", "gather", "scatter"}
 
 
 def inplace_variants(op: str) -> tuple[bool, ...]:
-    return _SHAPES[op][0]
+    return OPS[op].inplace_forms
 
 
 def busbw_factor(op: str, world_size: int) -> float:
-    return _SHAPES[op][2](world_size)
+    return OPS[op].bus_factor(world_size)
 
 
 def count_for_bytes(op: str, size_bytes: int, elt: int, world_size: int) -> int:
     """nccl-tests' per-rank count for a sweep size given in bytes."""
     count = size_bytes // elt
-    if op in _DIVIDED:
+    if OPS[op].divided:
         count = (count // world_size) & ~(max(16 // elt, 1) - 1)
     return count
 
@@ -61,7 +71,7 @@ class Collective:
         self.comm, self.op, self.dtype, self.count, self.redop, self.root, self.inplace = comm, op, dtype, count, redop, root, inplace
         n, rank = comm.world_size, comm.rank
         self.n, self.rank = n, rank
-        self.size_bytes = _SHAPES[op][1](n) * count * torch.empty(0, dtype=dtype).element_size()
+        self.size_bytes = OPS[op].s_chunks(n) * count * dtype.itemsize
         self.busbw_factor = busbw_factor(op, n)
         empty = lambda k: torch.empty(k, dtype=dtype, device=device)  # noqa: E731
         c = count
