@@ -17,6 +17,7 @@ from distval import __version__
 from distval.comm import bench as bench_mod
 from distval.comm import check as check_mod
 from distval.launch import LaunchOptions, planned_world_size
+from distval.plan.command import register as register_plan
 from distval.report import terminal
 from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun, Report, check_writable, atomic_write_text, write_json
 from distval.units import parse_duration, parse_size
@@ -25,6 +26,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Validate, benchmark, profile and harden distributed PyTorch training.")
 comm_app = typer.Typer(no_args_is_help=True, help="Collective correctness and bandwidth.")
 app.add_typer(comm_app, name="comm")
+register_plan(app)
 
 # -- options shared by every command that launches ranks ------------------------------------------------
 Nproc = Annotated[Optional[int], typer.Option("--nproc", help="Local workers to start (default: number of GPUs, else 2). Ignored under torchrun/Slurm.")]

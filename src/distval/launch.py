@@ -69,7 +69,7 @@ class RankContext:
     backend: str
     device: Any
     comm: Comm
-    control: Any  # a Gloo group for Python objects (the default group when it is Gloo)
+    control: Any  # a separate Gloo group for bookkeeping (agreement, timing barriers, gathering)
     hostname: str
     run_dir: str | None = None
     last_status: str = "started"

@@ -29,6 +29,7 @@ import math
 
 from distval.plan import presets
 from distval.plan.config import PlanConfig
+from distval.plan.memory import fits
 from distval.plan.model import StepResult, evaluate
 from distval.plan.steps import powersgd_ratio
 
@@ -87,18 +88,20 @@ def accumulation_lever(cfg: PlanConfig, base: StepResult) -> dict:
         return _row("accumulation", "—", base, None, f"cannot reach a {t:.0%} comm share: every micro-batch "
                     f"communicates {per_micro:.3g} s against {compute:.3g} s of compute ({cfg.strategy})")
     k = max(accum, math.ceil(once * (1 - t) / denom - 1e-9))
-    if k == accum:
-        return _row("accumulation", f"K={k}", base, base, f"K={accum} already keeps communication under {t:.0%}")
+    if k == accum or (base.comm_share is not None and base.comm_share <= t):
+        return _row("accumulation", f"K={accum}", base, base, f"K={accum} already keeps communication under {t:.0%}")
     result = evaluate(dataclasses.replace(cfg, micro_batch=micro, grad_accum=k, global_batch=None))
-    return _row("accumulation", f"K={k}", base, result,
-                f"sync every {k} micro-batches: comm ≤ {t:.0%} of the step even without overlap; "
-                f"global batch {base.inputs.global_batch} → {result.inputs.global_batch}")
+    note = (f"sync every {k} micro-batches: comm ≤ {t:.0%} of the step even without overlap; "
+            f"global batch {base.inputs.global_batch} → {result.inputs.global_batch}")
+    if k > 64:
+        note += " (a batch that large changes the optimisation: check the critical batch size)"
+    return _row("accumulation", f"K={k}", base, result, note)
 
 
 def compression_lever(cfg: PlanConfig, base: StepResult) -> dict:
     if base.inputs.comm_grad_bytes == 2:
         return _row("bf16 compression", "bf16 grads", base, None, "gradients already travel in 16 bits")
-    hook = "bf16_compress_hook" if cfg.strategy == "ddp" else "reduce dtype bf16"
+    hook = "bf16_compress_hook (or fp16_)" if cfg.strategy == "ddp" else "reduce dtype bf16 (or fp16)"
     return _row("bf16 compression", "bf16 grads", base, evaluate(dataclasses.replace(cfg, comm_hook="bf16")),
                 f"{hook}: half the gradient bytes")
 
@@ -109,9 +112,9 @@ def powersgd_lever(cfg: PlanConfig, base: StepResult) -> dict:
         why = ("already on" if cfg.comm_hook == "powersgd" else "a DDP hook" if cfg.strategy != "ddp"
                else "needs the architecture (matrix shapes)")
         return _row("PowerSGD", setting, base, None, why)
-    changed = dataclasses.replace(cfg, comm_hook="powersgd")
-    ratio = powersgd_ratio(evaluate(changed).inputs)
-    return _row("PowerSGD", setting, base, evaluate(changed),
+    result = evaluate(dataclasses.replace(cfg, comm_hook="powersgd"))
+    ratio = powersgd_ratio(result.inputs)
+    return _row("PowerSGD", setting, base, result,
                 f"sends {ratio:.1%} of the gradient elements; orthogonalisation compute and accuracy cost not modelled")
 
 
@@ -120,6 +123,10 @@ def overlap_lever(cfg: PlanConfig, base: StepResult) -> dict:
         return _row("overlap", "on", base, None, "already planned with overlap")
     return _row("overlap", "on", base, evaluate(dataclasses.replace(cfg, overlap=True)),
                 "launch each bucket's collective as soon as backward has produced it")
+
+
+_NETWORK_KINDS = ("ethernet", "roce", "infiniband")
+_INTRA_KINDS = ("pcie", "nvlink", "xgmi")
 
 
 def _link_field(cfg: PlanConfig, base: StepResult) -> tuple[str, str]:
@@ -138,8 +145,11 @@ def link_levers(cfg: PlanConfig, base: StepResult) -> list[dict]:
     current = base.inputs.network.link_for(scope, "all_reduce")
     if current is None or base.inputs.world_size == 1:
         return [_row("faster link", "—", base, None, "no link to replace")]
-    faster = sorted((s for s in presets.LINKS.values() if s.gbps * 1e9 * cfg.efficiency > current.bytes_per_s * 1.001),
-                    key=lambda s: s.gbps)
+    kinds = _INTRA_KINDS if scope == "intra" else _NETWORK_KINDS
+    if current.name in presets.LINKS:  # a preset: stay within its family (NICs for NICs, fabrics for fabrics)
+        kinds = _INTRA_KINDS if presets.LINKS[current.name].kind in _INTRA_KINDS else _NETWORK_KINDS
+    faster = sorted((s for s in presets.LINKS.values()
+                     if s.kind in kinds and s.gbps * 1e9 * cfg.efficiency > current.bytes_per_s * 1.001), key=lambda s: s.gbps)
     if not faster:
         return [_row("faster link", "—", base, None, f"{current.name} is already as fast as the fastest preset")]
     change = {field: None, "calibration": None}
@@ -173,7 +183,7 @@ def rightsizing_rows(cfg: PlanConfig, memory: list[dict]) -> list[dict]:
     gpus = sorted((d for d in presets.DEVICES.values() if d.memory_bytes), key=lambda d: (d.memory_bytes, d.peak_tflops))
     rows = []
     for mem in memory:
-        device = next((d for d in gpus if d.memory_bytes >= mem["total_bytes"]), None)
+        device = next((d for d in gpus if fits(mem["total_bytes"], d.memory_bytes)), None)
         result = None
         if device is not None:
             hook = cfg.comm_hook if cfg.comm_hook != "powersgd" or mem["strategy"] == "ddp" else "none"

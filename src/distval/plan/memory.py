@@ -34,7 +34,8 @@ gradient_as_bucket_view=False: a second Ψ·g), PowerSGD adds an error-feedback 
 ZeRO-1/2 stage two buckets for the reduce-scatter; ZeRO-3 holds two units unsharded (the one
 computing and the prefetched one) and one unit's unsharded gradient; FSDP also keeps the root.
 Not modelled: allocator fragmentation and caching, CUDA context (~0.5-1 GB), temporaries inside
-kernels, framework state. Leave 10-20% headroom.
+kernels, framework state. So a rank *fits* when its total is at most 90% of the device memory
+(`USABLE_FRACTION`; TorchTitan's estimator recommends a 10-20% margin).
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ if TYPE_CHECKING:
     from distval.plan.model import Inputs
 
 MASTER_COPY_BYTES = 4
+USABLE_FRACTION = 0.9
+
+
+def fits(total_bytes: float, device_bytes: float) -> bool:
+    return total_bytes <= USABLE_FRACTION * device_bytes
 
 
 def optimizer_bytes_per_param(param_bytes: int, optim_bytes: int) -> int:
@@ -116,6 +122,6 @@ def memory_rows(inp: "Inputs") -> list[dict]:
         rows.append({"strategy": strategy, "params_bytes": params, "grads_bytes": grads, "optimizer_bytes": optim,
                      "model_state_bytes": params + grads + optim, "activations_bytes": chosen_act,
                      "activations_no_ckpt_bytes": act[False], "activations_ckpt_bytes": act[True], "buffers_bytes": buf,
-                     "total_bytes": total, "device_bytes": inp.memory_bytes, "fits": total <= inp.memory_bytes,
+                     "total_bytes": total, "device_bytes": inp.memory_bytes, "fits": fits(total, inp.memory_bytes),
                      "chosen": strategy == inp.cfg.strategy})
     return rows

@@ -82,13 +82,13 @@ def resolve(cfg: PlanConfig) -> Inputs:
     elif spec.peak_tflops is not None:
         peak, peak_source = spec.peak_tflops * 1e12, f"preset {spec.name} (datasheet dense bf16)"
     else:
-        peak, peak_source = measured_cpu_peak_flops(), "measured (fp32 matmul on this host)"
+        peak, peak_source = measured_cpu_peak_flops(), "measured: fp32 matmul on this host"
     if cfg.device_memory_gb is not None:
         memory, memory_source = int(cfg.device_memory_gb * presets.GIB), "given (--device-memory)"
     elif spec.memory_bytes is not None:
         memory, memory_source = spec.memory_bytes, f"preset {spec.name}"
     else:
-        memory, memory_source = host_memory_bytes(), "measured (this host's RAM)"
+        memory, memory_source = host_memory_bytes(), "measured: this host's RAM"
     calibration = load(cfg.calibration) if cfg.calibration else None
     grad = DTYPE_BYTES[cfg.grad_dtype]
     return Inputs(cfg, cfg.model_info(), micro, accum, DTYPE_BYTES[cfg.param_dtype], grad,

@@ -79,6 +79,7 @@ class Network:
     intra: Link | None
     inter: Link | None
     calibrated: dict[tuple[str, str], Link] = field(default_factory=dict)
+    _memo: dict[tuple[str, float], tuple] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def world_size(self) -> int:
@@ -96,6 +97,12 @@ class Network:
 
     def time(self, op: str, size_bytes: float) -> tuple[float | None, str, str]:
         """(seconds, algorithm, source of the link numbers) of one collective of S bytes."""
+        key = (op, size_bytes)
+        if key not in self._memo:  # a step repeats a few bucket sizes thousands of times
+            self._memo[key] = self._time(op, size_bytes)
+        return self._memo[key]
+
+    def _time(self, op: str, size_bytes: float) -> tuple[float | None, str, str]:
         n = self.world_size
         if n == 1 or size_bytes <= 0:
             return 0.0, "none", "—"
@@ -122,11 +129,10 @@ class Network:
             return None, "unknown", "no link"
         slow = Link("bottleneck", max(intra.alpha_s, inter.alpha_s), min(intra.bytes_per_s, inter.bytes_per_s), inter.source)
         flat = self._one_level(op, d * m, size_bytes, slow)
-        if op == "all_reduce":
-            inner = self.link_for("inter", "all_reduce") or inter
-            hier = (ring_time("reduce_scatter", d, size_bytes, self.link_for("intra", "reduce_scatter") or intra)
-                    + ring_time("all_reduce", m, size_bytes / d, inner)
-                    + ring_time("all_gather", d, size_bytes, self.link_for("intra", "all_gather") or intra))
+        if op == "all_reduce":  # each phase on the link calibrated for its own op, if any
+            hier = (ring_time("reduce_scatter", d, size_bytes, self.link_for("intra", "reduce_scatter"))
+                    + ring_time("all_reduce", m, size_bytes / d, inter)
+                    + ring_time("all_gather", d, size_bytes, self.link_for("intra", "all_gather")))
         else:
             hier = ring_time(op, m, size_bytes / d, inter) + ring_time(op, d, size_bytes, intra)
         sources = "/".join(sorted({intra.source, inter.source}))

@@ -1,7 +1,7 @@
 """The plan as a Report (schema distval.report/1, command "plan"): the tables of the issue's
 "Report keys" plus `rightsizing` and `assumptions` (which inputs were given, preset, measured or
 calibrated), and one check per verdict. JSON keeps bytes and seconds; `readable()` makes the
-terminal copy (GB, seconds).
+terminal copy (chosen columns; traffic in GB/MB, memory in GiB/MiB as devices are sold).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _UNITS = {"throughput": "tokens/s", "tokens_per_s": "tokens/s", "bytes_per_rank"
 
 def _table(name: str, columns: list[str], rows: list[dict], title: str) -> Table:
     units = {c: "s" for c in columns if c.endswith("_s")}
-    units.update({c: "B" for c in columns if c.endswith("_bytes")})
+    units.update({c: "B" for c in columns if _is_bytes(c)})
     units.update({c: u for c, u in _UNITS.items() if c in columns})
     table = Table(name, columns, title=title, units=units)
     for row in rows:
@@ -79,7 +79,8 @@ def assumption_rows(result: StepResult) -> list[dict]:
         ("parameters", f"{m.num_params:,}", "given" if cfg.params is not None else "computed from the shape"),
         ("FLOP parameters N (6·N per token)", f"{m.flop_params:,}", "layers and head" if m.spec else "= parameters"),
         ("sequence length", m.seq_len, seq_source),
-        ("batch", f"{inp.micro_batch} micro × {inp.world_size} ranks × {inp.grad_accum} accumulation = {inp.global_batch}", "given"),
+        ("batch", f"{inp.micro_batch} micro × {inp.world_size} ranks × {inp.grad_accum} accumulation = {inp.global_batch}",
+         "given" if (cfg.micro_batch, cfg.global_batch, cfg.grad_accum) != (None, None, None) else "assumed (default micro-batch 1)"),
         ("dtypes param/grad/optimizer", f"{cfg.param_dtype}/{cfg.grad_dtype}/{cfg.optim_dtype}; "
                                         f"gradients reduced in {inp.comm_grad_bytes} B", "given"),
         ("device peak", f"{inp.peak_flops / 1e12:.4g} TFLOP/s", inp.peak_source),
@@ -121,8 +122,8 @@ def _link_rows(inp) -> list[tuple]:
     return out
 
 
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.3g} GB"
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB"
 
 
 def step_checks(result: StepResult, lever_rows: list[dict]) -> list[Check]:
@@ -153,19 +154,23 @@ def memory_check(result: StepResult, rows: list[dict], sizing: list[dict]) -> Ch
     cfg = result.inputs.cfg
     chosen = next(r for r in rows if r["chosen"])
     partial = "" if chosen["activations_bytes"] is not None else " (without activations: give the architecture)"
-    text = (f"{cfg.strategy} needs {_gb(chosen['total_bytes'])} per rank{partial}; the device has "
-            f"{_gb(chosen['device_bytes'])} ({result.inputs.memory_source})")
+    text = (f"{cfg.strategy} needs {_gib(chosen['total_bytes'])} per rank{partial}; the device has "
+            f"{_gib(chosen['device_bytes'])} ({result.inputs.memory_source}), {memory.USABLE_FRACTION:.0%} of it usable")
     if chosen["fits"]:
         return Check("plan.memory", Status.OK, text, details={"total_bytes": chosen["total_bytes"]}, where={"strategy": cfg.strategy})
+    hints = []
     others = [r["strategy"] for r in rows if r["fits"]]
+    if others:
+        hints.append(f"on this device {', '.join(others)} fit")
+    if not cfg.activation_checkpointing and chosen["activations_ckpt_bytes"] is not None:
+        with_ckpt = chosen["total_bytes"] - chosen["activations_bytes"] + chosen["activations_ckpt_bytes"]
+        hints.append(f"--activation-checkpointing brings {cfg.strategy} to {_gib(with_ckpt)}"
+                     + ("" if memory.fits(with_ckpt, chosen["device_bytes"]) else " (still too much)"))
     best = levers.cheapest(sizing)
-    hint = (f"on this device {', '.join(others)} fit" if others else
-            f"smallest device preset that fits: {best['device']} with {best['strategy']}" if best else
-            "no strategy fits any device preset: add ranks or use --activation-checkpointing")
-    if others and not cfg.activation_checkpointing:
-        hint += "; --activation-checkpointing also cuts activations"
+    hints.append(f"smallest device preset that fits: {best['device']} with {best['strategy']}" if best else
+                 "no strategy fits any device preset: add ranks or lower the micro-batch")
     return Check("plan.memory", Status.WARN, "does not fit: " + text, details={"total_bytes": chosen["total_bytes"]},
-                 hint=hint, where={"strategy": cfg.strategy})
+                 hint="; ".join(hints), where={"strategy": cfg.strategy})
 
 
 def sizing_check(sizing: list[dict]) -> Check:
@@ -174,7 +179,7 @@ def sizing_check(sizing: list[dict]) -> Check:
         return Check("plan.rightsize", Status.WARN, "no device preset holds one rank of this plan under any strategy",
                      hint="add ranks, use --activation-checkpointing or a smaller micro-batch")
     when = f", step {best['step_time_s']:.3g} s" if best["step_time_s"] is not None else ""
-    return Check("plan.rightsize", Status.OK, f"cheapest that fits: {best['device']} ({_gb(best['device_bytes'])}) with "
+    return Check("plan.rightsize", Status.OK, f"cheapest that fits: {best['device']} ({_gib(best['device_bytes'])}) with "
                  f"{best['strategy']}{when} (least device memory as the price proxy)", details=dict(best))
 
 
@@ -206,13 +211,139 @@ def build_report(cfg: PlanConfig) -> Report:
     return report
 
 
+def _is_bytes(column: str) -> bool:
+    return "bytes" in column.split("_")
+
+
+# The terminal view: per table, (column, header) pairs; byte columns get a unit (GB, MB, KB, B)
+# chosen from the column's largest value.
+_VIEWS = {
+    "collectives": [("name", "collective"), ("count", "count"), ("bytes_per_rank", "size each"),
+                    ("sent_bytes_per_rank", "sent, all"), ("time_s", "time, all"), ("algorithm", "algorithm")],
+    "memory": [("strategy", "strategy"), ("params_bytes", "params"), ("grads_bytes", "grads"), ("optimizer_bytes", "optimizer"),
+               ("activations_no_ckpt_bytes", "activations"), ("activations_ckpt_bytes", "act. ckpt"),
+               ("buffers_bytes", "buffers"), ("total_bytes", "total"), ("fits", "fits")],
+    "scaling": [("world_size", "ranks"), ("num_nodes", "nodes"), ("global_batch", "global batch"), ("throughput", "throughput"),
+                ("efficiency", "efficiency"), ("comm_share", "comm share"), ("step_time_s", "step")],
+    "levers": [("rank", "#"), ("lever", "lever"), ("setting", "setting"), ("speedup", "speedup"), ("step_time_s", "step"),
+               ("comm_share", "comm share"), ("note", "note")],
+    "rightsizing": [("strategy", "strategy"), ("device", "device"), ("total_bytes", "needs"), ("device_bytes", "has"),
+                    ("step_time_s", "step"), ("tokens_per_s", "throughput")],
+}
+_STEP_LABELS = {"comm_time_s": "communication", "compute_time_s": "compute", "step_time_no_overlap_s": "step, no overlap",
+                "step_time_overlap_s": "step, perfect overlap", "step_time_s": "step, estimate", "comm_compute_ratio": "T_comm / T_compute",
+                "comm_share": "comm share of the step", "tokens_per_step": "tokens per step", "tokens_per_s": "throughput", "mfu": "MFU"}
+_SWEEP_HEADERS = {"comm_time_s": "comm", "compute_time_s": "compute", "step_time_s": "step", "comm_share": "comm share",
+                  "tokens_per_s": "throughput", "total_bytes": "memory", "fits": "fits"}
+_SCALES = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
+# memory in binary units, as devices are sold (an "80 GB" A100 has 80 GiB); traffic in decimal
+_BINARY_SCALES = (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10), ("B", 1.0))
+_BINARY_TABLES = ("memory", "rightsizing", "sweep")
+
+
+def _unit(src: str, values: list, binary: bool = False) -> tuple[str, float]:
+    if _is_bytes(src):
+        top = max((abs(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)), default=0)
+        scales = _BINARY_SCALES if binary else _SCALES
+        return next(((u, d) for u, d in scales if top >= d), ("B", 1.0))
+    if src in ("throughput", "tokens_per_s"):
+        return "tokens/s", 1.0
+    return ("s", 1.0) if src.endswith("_s") else ("", 1.0)
+
+
+def _view(table: Table, columns: list[tuple[str, str]]) -> Table:
+    units, divisors = {}, {}
+    for src, dst in columns:
+        units[dst], divisors[src] = _unit(src, [r.get(src) for r in table.rows], table.name in _BINARY_TABLES)
+    rows = []
+    for row in table.rows:
+        out = {dst: (row.get(src) / divisors[src] if divisors[src] != 1 and row.get(src) is not None else row.get(src))
+               for src, dst in columns}
+        if table.name == "memory" and row.get("chosen"):
+            out["strategy"] = f"{row['strategy']} *"
+        rows.append(out)
+    title = table.title + (" (* = --strategy)" if table.name == "memory" else "")
+    return Table(table.name, [d for _, d in columns], rows, title, {k: v for k, v in units.items() if v})
+
+
+def _step_view(table: Table) -> Table:
+    row = table.rows[0]
+    rows = [{"quantity": _STEP_LABELS[c], "value": row.get(c), "unit": _unit(c, [row.get(c)])[0]} for c in table.columns]
+    return Table(table.name, ["quantity", "value", "unit"], rows, table.title)
+
+
 def readable(report: Report) -> Report:
-    """The terminal copy: byte columns in GB (1e9), named without the suffix."""
+    """The terminal copy: chosen columns, short headers, bytes in GB/MB/KB; JSON keeps them all."""
     tables = []
     for t in report.tables:
-        rename = {c: c[: -len("_bytes")] if c.endswith("_bytes") else c for c in t.columns}
-        units = {rename[c]: ("GB" if c.endswith("_bytes") else u) for c, u in t.units.items()}
-        rows = [{rename[c]: (v / 1e9 if c.endswith("_bytes") and isinstance(v, (int, float)) else v) for c, v in row.items()}
-                for row in t.rows]
-        tables.append(Table(t.name, [rename[c] for c in t.columns], rows, t.title, units))
+        if t.name == "step":
+            tables.append(_step_view(t))
+        elif t.name == "sweep":
+            tables.append(_view(t, [(t.columns[0], t.columns[0])] + [(c, h) for c, h in _SWEEP_HEADERS.items()]))
+        else:
+            tables.append(_view(t, _VIEWS.get(t.name, [(c, c) for c in t.columns])))
     return Report(report.command, report.meta, report.checks, tables)
+
+
+# -- --sweep NAME=v1,v2,... ----------------------------------------------------------------------
+
+SWEEPABLE = {"model": "model", "params": "params", "layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads",
+             "kv-heads": "num_kv_heads", "seq": "seq_len", "vocab": "vocab_size", "micro-batch": "micro_batch",
+             "global-batch": "global_batch", "grad-accum": "grad_accum", "param-dtype": "param_dtype",
+             "grad-dtype": "grad_dtype", "optim-dtype": "optim_dtype", "world": "world_size", "nodes": "num_nodes",
+             "devices-per-node": "devices_per_node", "nics-per-node": "nics_per_node", "link": "link",
+             "intra-link": "intra_link", "inter-link": "inter_link", "bandwidth": "bandwidth_gbps", "latency": "latency_us",
+             "efficiency": "efficiency", "device": "device", "peak-tflops": "peak_tflops", "device-memory": "device_memory_gb",
+             "mfu": "mfu", "strategy": "strategy", "bucket-mb": "bucket_mb", "overlap": "overlap",
+             "activation-checkpointing": "activation_checkpointing", "attention": "attention", "comm-hook": "comm_hook",
+             "powersgd-rank": "powersgd_rank"}
+_BOOLS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+
+
+def parse_sweep(text: str) -> tuple[str, str, list[Any]]:
+    """'world=2,4,8' -> ('world', 'world_size', [2, 4, 8]); ValueError naming what is wrong."""
+    from distval.plan.config import parse_count
+
+    name, sep, values = text.partition("=")
+    name = name.strip().lstrip("-")
+    if not sep or name not in SWEEPABLE:
+        raise ValueError(f"--sweep {text!r}: use NAME=v1,v2,... with NAME one of {', '.join(SWEEPABLE)}")
+    field = SWEEPABLE[name]
+    kind = {f.name: str(f.type) for f in dataclasses.fields(PlanConfig)}[field]
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if not items:
+        raise ValueError(f"--sweep {name}= has no values")
+    out = []
+    for item in items:
+        try:
+            if field == "params":
+                out.append(parse_count(item, "--sweep params"))
+            elif kind.startswith("bool"):
+                out.append(_BOOLS[item.lower()])
+            elif kind.startswith("int"):
+                out.append(int(item))
+            elif kind.startswith("float"):
+                out.append(float(item))
+            else:
+                out.append(item)
+        except (KeyError, ValueError):
+            raise ValueError(f"--sweep {name}: {item!r} is not a valid {kind.split(' ')[0]} value") from None
+    return name, field, out
+
+
+def sweep_report(cfg: PlanConfig, text: str) -> Report:
+    """One row per value of one input, everything else as given."""
+    from distval import meta
+
+    name, field, values = parse_sweep(text)
+    configs = [dataclasses.replace(cfg, **{field: v}) for v in values]  # validates every value before any work
+    table = Table("sweep", [name] + SWEEP_COLUMNS, title=f"plan per {name} ({cfg.strategy})",
+                  units={c: ("s" if c.endswith("_s") else "B") for c in SWEEP_COLUMNS if c.endswith(("_s", "_bytes"))})
+    table.units["tokens_per_s"] = "tokens/s"
+    for value, changed in zip(values, configs):
+        result = evaluate(changed)
+        chosen = next(r for r in memory.memory_rows(result.inputs) if r["chosen"])
+        table.add(**{name: value}, **{k: v for k, v in step_row(result).items() if k in SWEEP_COLUMNS},
+                  total_bytes=chosen["total_bytes"], fits=chosen["fits"])
+    return Report("plan", meta=meta.collect(None, cfg, world_size=cfg.world, sweep={"input": name, "values": values}),
+                  tables=[table])

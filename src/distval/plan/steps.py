@@ -83,26 +83,26 @@ def ddp(inp: "Inputs", fwd: float | None, bwd: float | None) -> list[Phase]:
     sizes = buckets(grads, inp.cfg.bucket_mb * MIB, min(DDP_FIRST_BUCKET_BYTES, inp.cfg.bucket_mb * MIB))
     tasks = [Task("forward", COMPUTE, fwd)]
     if inp.cfg.comm_hook != "powersgd":
-        _backward_with(inp, tasks, bwd, sizes, "grad all_reduce", "all_reduce")
+        _backward_with(inp, tasks, bwd, sizes, "grads all_reduce", "all_reduce")
     else:
         ratio = powersgd_ratio(inp)
         for size in sizes:
             tasks.append(Task("backward", COMPUTE, _times(bwd, size / grads)))
-            tasks.append(comm_task(inp, "PowerSGD all_reduce P", "all_reduce", size * ratio / 2, (len(tasks) - 1,)))
-            tasks.append(comm_task(inp, "PowerSGD all_reduce Q", "all_reduce", size * ratio / 2, (len(tasks) - 1,)))
+            tasks.append(comm_task(inp, "PowerSGD P all_reduce", "all_reduce", size * ratio / 2, (len(tasks) - 1,)))
+            tasks.append(comm_task(inp, "PowerSGD Q all_reduce", "all_reduce", size * ratio / 2, (len(tasks) - 1,)))
     return _accumulate(inp, fwd, bwd, inp.grad_accum - 1) + [Phase(1, tuple(tasks))]
 
 
 def _gather_params(inp: "Inputs", tasks: list[Task]) -> None:
     deps = (len(tasks) - 1,) if tasks else ()
     for size in buckets(inp.model.num_params * inp.param_bytes, inp.cfg.bucket_mb * MIB):
-        tasks.append(comm_task(inp, "param all_gather (after step)", "all_gather", size, deps))
+        tasks.append(comm_task(inp, "params all_gather (step)", "all_gather", size, deps))
 
 
 def zero1(inp: "Inputs", fwd: float | None, bwd: float | None) -> list[Phase]:
     grads = buckets(inp.model.num_params * inp.comm_grad_bytes, inp.cfg.bucket_mb * MIB)
     tasks = [Task("forward", COMPUTE, fwd)]
-    _backward_with(inp, tasks, bwd, grads, "grad reduce_scatter", "reduce_scatter")
+    _backward_with(inp, tasks, bwd, grads, "grads reduce_scatter", "reduce_scatter")
     _gather_params(inp, tasks)
     return _accumulate(inp, fwd, bwd, inp.grad_accum - 1) + [Phase(1, tuple(tasks))]
 
@@ -110,7 +110,7 @@ def zero1(inp: "Inputs", fwd: float | None, bwd: float | None) -> list[Phase]:
 def zero2(inp: "Inputs", fwd: float | None, bwd: float | None) -> list[Phase]:
     grads = buckets(inp.model.num_params * inp.comm_grad_bytes, inp.cfg.bucket_mb * MIB)
     micro = [Task("forward", COMPUTE, fwd)]
-    _backward_with(inp, micro, bwd, grads, "grad reduce_scatter", "reduce_scatter")
+    _backward_with(inp, micro, bwd, grads, "grads reduce_scatter", "reduce_scatter")
     tail: list[Task] = []
     _gather_params(inp, tail)
     return [Phase(inp.grad_accum, tuple(micro)), Phase(1, tuple(tail))]
@@ -135,12 +135,12 @@ def units(inp: "Inputs") -> list[tuple[str, int, float]]:
 def zero3(inp: "Inputs", fwd: float | None, bwd: float | None, keep_root: bool = False) -> list[Phase]:
     parts = units(inp)
     p, c = inp.param_bytes, inp.comm_grad_bytes
-    tasks: list[Task] = [comm_task(inp, "param all_gather (forward)", "all_gather", parts[0][1] * p)]
+    tasks: list[Task] = [comm_task(inp, "params all_gather fwd", "all_gather", parts[0][1] * p)]
     gathered = [0]
     computed: list[int] = []
     for i, (_, _, share) in enumerate(parts):
         if i + 1 < len(parts):  # prefetch the next unit once the previous one is done computing
-            tasks.append(comm_task(inp, "param all_gather (forward)", "all_gather", parts[i + 1][1] * p, tuple(computed[-1:])))
+            tasks.append(comm_task(inp, "params all_gather fwd", "all_gather", parts[i + 1][1] * p, tuple(computed[-1:])))
             gathered.append(len(tasks) - 1)
         tasks.append(Task("forward", COMPUTE, _times(fwd, share), (gathered[i],)))
         computed.append(len(tasks) - 1)
@@ -148,15 +148,15 @@ def zero3(inp: "Inputs", fwd: float | None, bwd: float | None, keep_root: bool =
     need = [not (keep_root and j == 0) for j in range(len(order))]
     slots: dict[int, int] = {}
     if need[0]:
-        tasks.append(comm_task(inp, "param all_gather (backward)", "all_gather", order[0][1] * p, (computed[-1],)))
+        tasks.append(comm_task(inp, "params all_gather bwd", "all_gather", order[0][1] * p, (computed[-1],)))
         slots[0] = len(tasks) - 1
     for j, (_, count, share) in enumerate(order):
         if j + 1 < len(order) and need[j + 1]:
-            tasks.append(comm_task(inp, "param all_gather (backward)", "all_gather", order[j + 1][1] * p, (computed[-1],)))
+            tasks.append(comm_task(inp, "params all_gather bwd", "all_gather", order[j + 1][1] * p, (computed[-1],)))
             slots[j + 1] = len(tasks) - 1
         tasks.append(Task("backward", COMPUTE, _times(bwd, share), (slots[j],) if j in slots else ()))
         computed.append(len(tasks) - 1)
-        tasks.append(comm_task(inp, "grad reduce_scatter", "reduce_scatter", count * c, (len(tasks) - 1,)))
+        tasks.append(comm_task(inp, "grads reduce_scatter", "reduce_scatter", count * c, (len(tasks) - 1,)))
     return [Phase(inp.grad_accum, tuple(tasks))]
 
 

@@ -1,0 +1,143 @@
+"""--calibration: a bench JSON with the keys `comm bench --json` writes (docs/report-schema.md),
+its sweep following a known α–β curve, drives the plan; the plan reproduces the fitted
+curve at the bench's world size, extrapolates by the ring formula, says what is measured, and
+rejects files that are not distval bench reports (one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from distval.comm.fit import fit_alpha_beta
+from distval.plan import PlanConfig, evaluate
+from distval.plan.report import collectives_rows
+from test_plan_cli import plan, plan_json
+
+SWEEP = [256 * 2**10 * 4**i for i in range(4)]  # 256K … 16M, factor 4
+
+
+def write_bench(path, curves: dict[str, tuple[float, float]], world_size: int = 2, hosts=("box",)) -> dict:
+    """A `comm bench --json` file with the keys of docs/report-schema.md: per op a sweep whose p50
+    times follow alpha + S/beta (p95 1% above), fitted by distval's own α–β fit.
+    `curves`: op -> (alpha_s, beta in B/s)."""
+    bench, fits = [], []
+    for op, (alpha, beta) in curves.items():
+        factor = 2 * (world_size - 1) / world_size if op == "all_reduce" else (world_size - 1) / world_size
+        times = []
+        for size in SWEEP:
+            t = alpha + size / beta
+            times.append(t)
+            bench.append({"op": op, "dtype": "float32", "bytes": size, "count": size // 4 // (1 if op == "all_reduce" else world_size),
+                          "inplace": op == "all_reduce", "redop": "sum" if op == "all_reduce" else None, "root": None,
+                          "time_us_p50": t * 1e6, "time_us_p95": t * 1.01e6, "time_us_min": t * 0.99e6, "time_us_max": t * 1.05e6,
+                          "algbw_gbps": size / t / 1e9, "busbw_gbps": size / t / 1e9 * factor, "busbw_pct_of_copy": None, "wrong": 0})
+        fit = fit_alpha_beta(SWEEP, times)
+        fits.append({"op": op, "dtype": "float32", "alpha_us": fit.alpha_us, "beta_gbps": fit.beta_gbps, "r2": fit.r2,
+                     "n_half_bytes": fit.n_half_bytes, "num_points": fit.num_points})
+    doc = {
+        "schema": "distval.report/1", "command": "comm bench",
+        "meta": {"time": "2026-01-01T00:00:00+00:00", "argv": ["distval", "comm", "bench", "--nproc", str(world_size)],
+                 "versions": {"distval": "0.1.0", "torch": "2.13.0"}, "world_size": world_size, "backend": "gloo",
+                 "launch": "local", "hosts": {h: [r for r in range(world_size) if r % len(hosts) == i] for i, h in enumerate(hosts)},
+                 "devices": ["cpu"], "copy_ceiling_gbps": 6.0, "sizes_bytes": SWEEP, "timing": "blocking per op"},
+        "summary": {"OK": len(curves), "WARN": 0, "FAIL": 0, "SKIP": 0, "ERROR": 0},
+        "checks": [{"name": f"comm.bench {op} float32", "status": "OK", "summary": "", "details": {}, "hint": "", "where": {"op": op}}
+                   for op in curves],
+        "tables": {"bench": {"name": "bench", "title": "", "columns": list(bench[0]), "units": {}, "rows": bench},
+                   "alpha_beta": {"name": "alpha_beta", "title": "", "columns": list(fits[0]), "units": {}, "rows": fits}},
+    }
+    path.write_text(json.dumps(doc, indent=2))
+    return doc
+
+
+@pytest.fixture
+def bench_file(tmp_path):
+    path = tmp_path / "bench.json"
+    doc = write_bench(path, {"all_reduce": (150e-6, 1.2e9)})
+    (fit,) = doc["tables"]["alpha_beta"]["rows"]
+    return path, fit
+
+
+def test_calibrated_all_reduce_reproduces_the_fit_at_the_bench_world_size(bench_file):
+    path, fit = bench_file
+    alpha, beta = fit["alpha_us"] * 1e-6, fit["beta_gbps"] * 1e9
+    assert alpha == pytest.approx(150e-6, rel=0.05) and beta == pytest.approx(1.2e9, rel=0.05)
+    net = evaluate(PlanConfig(model="small", world_size=2, calibration=str(path), device="H100")).inputs.network
+    for size in (3 * 2**20, 768 * 2**10, 100 * 2**20):  # sizes not in the sweep
+        t, algorithm, source = net.time("all_reduce", size)
+        assert t == pytest.approx(alpha + size / beta, rel=1e-9) and source == "calibrated" and algorithm == "ring"
+
+
+def test_calibration_extrapolates_along_the_ring_formula(bench_file):
+    path, fit = bench_file
+    alpha, beta = fit["alpha_us"] * 1e-6, fit["beta_gbps"] * 1e9
+    # at n = 2 the fit says: per-step alpha = alpha/2, bus bandwidth B = beta
+    net = evaluate(PlanConfig(model="small", world_size=8, calibration=str(path), device="H100")).inputs.network
+    size, n = 8e6, 8
+    assert net.time("all_reduce", size)[0] == pytest.approx(2 * (n - 1) * alpha / 2 + 2 * (n - 1) / n * size / beta)
+    # all_gather was not benched: derived from the same link, its own ring formula
+    t, _, source = net.time("all_gather", size)
+    assert source == "derived" and t == pytest.approx((n - 1) * alpha / 2 + (n - 1) / n * size / beta)
+
+
+def test_a_fitted_all_gather_is_used_for_all_gather(tmp_path):
+    path = tmp_path / "bench.json"
+    doc = write_bench(path, {"all_reduce": (150e-6, 1.2e9), "all_gather": (90e-6, 2.0e9)})
+    fits = {r["op"]: r for r in doc["tables"]["alpha_beta"]["rows"]}
+    net = evaluate(PlanConfig(model="small", world_size=2, calibration=str(path), device="H100")).inputs.network
+    ag = fits["all_gather"]
+    t, _, source = net.time("all_gather", 5e6)
+    assert source == "calibrated" and t == pytest.approx(ag["alpha_us"] * 1e-6 + 5e6 / (ag["beta_gbps"] * 1e9))
+
+
+def test_calibrated_ddp_step_is_the_sum_over_buckets(bench_file):
+    path, fit = bench_file
+    alpha, beta = fit["alpha_us"] * 1e-6, fit["beta_gbps"] * 1e9
+    r = evaluate(PlanConfig(model="small", world_size=2, calibration=str(path), device="H100"))
+    grads = r.inputs.model.num_params * 4
+    buckets = [c for c in collectives_rows(r)]
+    assert sum(b["count"] * b["bytes_per_rank"] for b in buckets) == pytest.approx(grads, abs=len(buckets))
+    assert r.comm_time_s == pytest.approx(sum(b["count"] * (alpha + b["bytes_per_rank"] / beta) for b in buckets), rel=1e-6)
+
+
+def test_two_level_plan_uses_a_one_host_bench_for_the_intra_node_link(bench_file):
+    path, _ = bench_file
+    net = evaluate(PlanConfig(model="small", num_nodes=2, devices_per_node=4, inter_link="10GbE", calibration=str(path),
+                              device="H100")).inputs.network
+    assert net.link_for("intra", "all_reduce").source == "calibrated"
+    assert net.link_for("inter", "all_reduce").source == "preset"
+
+
+def test_report_says_which_numbers_are_measured(capsys, tmp_path, bench_file):
+    path, _ = bench_file
+    doc = plan_json(capsys, tmp_path, "--model", "small", "--world", "2", "--calibration", str(path), "--device", "H100")
+    assert {c["source"] for c in doc["tables"]["collectives"]["rows"]} == {"calibrated"}
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["plan.calibration"]["status"] == "OK" and "gloo, 2 ranks, intra-node" in checks["plan.calibration"]["summary"]
+    sources = {r["input"]: r["source"] for r in doc["tables"]["assumptions"]["rows"]}
+    assert sources["calibration"].startswith("measured") and sources["link, all_reduce"].startswith("calibrated")
+    assert sources["link, all_gather"].startswith("derived") and sources["MFU"] == "assumed (default)"
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"foo": 1}', "is not a distval comm bench report (schema None, command None)"),
+    ("[1, 2]", "is not a distval comm bench report"),
+    ("not json at all", "is not JSON"),
+    ('{"schema": "distval.report/1", "command": "comm check", "meta": {"world_size": 2}, "tables": {}}',
+     "is not a distval comm bench report (schema 'distval.report/1', command 'comm check')"),
+    ('{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, "tables": {}}', "has no alpha_beta table"),
+    ('{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 1}, "tables": {}}',
+     "a calibration needs a bench of at least 2 ranks"),
+    ('{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, "tables": {"alpha_beta": {"rows": '
+     '[{"op": "all_reduce", "alpha_us": 10, "beta_gbps": -1}]}}}', "needs alpha_us >= 0 and beta_gbps > 0"),
+    ('{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, "tables": {"alpha_beta": {"rows": '
+     '[{"op": "broadcast", "alpha_us": 10, "beta_gbps": 1}]}}}', "has no alpha-beta fit of all_reduce"),
+])
+def test_files_that_are_not_bench_reports_are_rejected(capsys, tmp_path, content, message):
+    path = tmp_path / "x.json"
+    path.write_text(content)
+    out = tmp_path / "plan.json"
+    code, _, stderr = plan(capsys, "--model", "small", "--world", "2", "--calibration", str(path), "--json", str(out))
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and message in stderr, stderr
+    assert not out.exists()
