@@ -51,17 +51,17 @@ def test_every_op_obeys_nccl_tests_formulas(nproc):
             assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor), op
 
 
-def test_sizes_between_1m_and_64m_and_the_text_and_csv_forms():
-    cfg = BenchConfig(ops=["all_reduce", "all_gather"], min_bytes=2**20, max_bytes=64 * 2**20, factor=4, iters=5, warmup=1)
+def test_sizes_between_1m_and_16m_and_the_text_and_csv_forms():
+    cfg = BenchConfig(ops=["all_reduce", "all_gather"], min_bytes=2**20, max_bytes=16 * 2**20, factor=2, iters=5, warmup=1)
     report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=60))
     rows = report.table("bench").rows
-    assert sorted({r["bytes"] for r in rows if r["op"] == "all_reduce"}) == [2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20]
+    assert sorted({r["bytes"] for r in rows if r["op"] == "all_reduce"}) == [2**20, 2 * 2**20, 4 * 2**20, 8 * 2**20, 16 * 2**20]
     assert all(r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * (1.0 if r["op"] == "all_reduce" else 0.5)) for r in rows)
     ar = next(f for f in report.table("alpha_beta").rows if f["op"] == "all_reduce")
-    assert ar["num_points"] == 4 and not math.isnan(ar["r2"])
+    assert ar["num_points"] == 5 and not math.isnan(ar["r2"])
     text = nccl_text(report.table("bench"), cfg, 2, report.meta["copy_ceiling_gbps"])
     assert "out-of-place" in text and "in-place" in text and "# Out of bounds values : 0 OK" in text
-    assert f"{64 * 2**20:>12} {16 * 2**20:>12}" in text  # size and count columns as nccl-tests
+    assert f"{16 * 2**20:>12} {4 * 2**20:>12}" in text  # size and count columns as nccl-tests
     lines = csv_text(report.table("bench")).splitlines()
     assert lines[0].startswith("op,dtype,bytes,count,inplace") and len(lines) == len(rows) + 1
 
