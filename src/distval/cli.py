@@ -134,6 +134,82 @@ def comm_bench(
     return finish(report, json, console, skip_tables=("bench",))
 
 
+def _train_config(model, strategy, steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
+                  data, bucket_mb, comm_hook, powersgd_rank):
+    from distval.strategies.base import StrategyConfig
+    from distval.train.loop import TrainConfig
+
+    return TrainConfig(model=model, strategy=strategy, steps=steps, micro_batch=micro_batch, grad_accum=grad_accum,
+                       global_batch=global_batch, lr=lr, warmup_steps=warmup, clip=clip, seed=seed, precision=precision,
+                       data=data, strategy_cfg=StrategyConfig(bucket_mb=bucket_mb, comm_hook=comm_hook,
+                                                              powersgd_rank=powersgd_rank))
+
+
+Model = Annotated[str, typer.Option("--model", help="Model preset: tiny, small, gpt2, smollm2-135m, ...")]
+Steps = Annotated[int, typer.Option("--steps", help="Optimizer steps.")]
+MicroBatch = Annotated[int, typer.Option("--micro-batch", help="Sequences per rank per micro-batch.")]
+GradAccum = Annotated[int, typer.Option("--grad-accum", help="Micro-batches per optimizer step.")]
+GlobalBatch = Annotated[Optional[int], typer.Option("--global-batch", help="Sequences per step; must equal micro-batch x ranks x grad-accum.")]
+Lr = Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, warm-up then cosine).")]
+Warmup = Annotated[int, typer.Option("--warmup", help="Warm-up steps.")]
+Clip = Annotated[float, typer.Option("--clip", help="Clip the global gradient norm to this (0: off).")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the model init and the data order.")]
+Precision = Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast).")]
+Data = Annotated[str, typer.Option("--data", help="synthetic, a .txt/.jsonl/.csv/.parquet path, or hf:NAME (offline cache).")]
+BucketMb = Annotated[float, typer.Option("--bucket-mb", help="Bucket cap of bucket_ddp_async and pytorch_ddp.")]
+CommHook = Annotated[str, typer.Option("--comm-hook", help="pytorch_ddp: none, fp16, bf16 or powersgd.")]
+PowerSGDRank = Annotated[int, typer.Option("--powersgd-rank", help="Rank of PowerSGD's approximation.")]
+
+
+@app.command("train")
+def train_cmd(
+    strategy: Annotated[str, typer.Option("--strategy", help="simple_ddp, simple_ddp_ga, simple_ddp_hook, simple_ddp_async, bucket_ddp_async, pytorch_ddp.")] = "pytorch_ddp",
+    model: Model = "tiny", steps: Steps = 20, micro_batch: MicroBatch = 2, grad_accum: GradAccum = 1,
+    global_batch: GlobalBatch = None, lr: Lr = 3e-3, warmup: Warmup = 5, clip: Clip = 1.0, seed: Seed = 0,
+    precision: Precision = "fp32", data: Data = "synthetic", bucket_mb: BucketMb = 25.0, comm_hook: CommHook = "none",
+    powersgd_rank: PowerSGDRank = 1,
+    nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
+    deadline: Deadline = None, json: JsonOut = None,
+) -> int:
+    """Train the built-in decoder with one data-parallel strategy; per-step metrics."""
+    from distval.train.compare import run_train
+    from distval.train.data import validate_source
+
+    cfg = _train_config(model, strategy, steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
+                        data, bucket_mb, comm_hook, powersgd_rank)
+    opts = launch_options(nproc, backend, expect_world, timeout, deadline)
+    cfg.check_world(planned_world_size(opts))
+    validate_source(cfg.data)
+    if json:
+        check_writable(json, "--json")
+    return finish(run_train(cfg, opts), json, Console())
+
+
+@app.command("compare")
+def compare_cmd(
+    strategies: Annotated[str, typer.Option("--strategies", help="Comma list of strategies (default: the DDP family).")] = "all",
+    model: Model = "tiny", steps: Steps = 10, micro_batch: MicroBatch = 2, grad_accum: GradAccum = 1,
+    global_batch: GlobalBatch = None, lr: Lr = 3e-3, warmup: Warmup = 5, clip: Clip = 1.0, seed: Seed = 0,
+    precision: Precision = "fp32", data: Data = "synthetic", bucket_mb: BucketMb = 25.0, comm_hook: CommHook = "none",
+    powersgd_rank: PowerSGDRank = 1,
+    nproc: Nproc = None, backend: Backend = "auto", timeout: Timeout = "60s", json: JsonOut = None,
+) -> int:
+    """Every strategy on the same workload: parity with one process, step time, memory, traffic."""
+    from distval import strategies as strategy_mod
+    from distval.train.compare import run_compare
+    from distval.train.data import validate_source
+
+    names = strategy_mod.DDP_FAMILY if strategies == "all" else [strategy_mod.check_name(n) for n in split_list(strategies)]
+    cfg = _train_config(model, names[0], steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
+                        data, bucket_mb, comm_hook, powersgd_rank)
+    opts = launch_options(nproc, backend, None, timeout, None)
+    cfg.check_world(planned_world_size(opts))
+    validate_source(cfg.data)
+    if json:
+        check_writable(json, "--json")
+    return finish(run_compare(cfg, names, opts), json, Console())
+
+
 @app.command("run")
 def run_cmd(
     out: Annotated[Path, typer.Option("--out", help="Folder for report.json and report.html.")] = Path("distval-report"),

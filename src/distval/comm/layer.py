@@ -79,6 +79,7 @@ class OpRecord:
     start_s: float
     end_s: float | None = None
     peer: int | None = None  # root, src or dst where the op has one
+    blocked_s: float = 0.0  # time the issuing thread waited on it (all of it for a blocking op)
 
     @property
     def duration_s(self) -> float | None:
@@ -94,7 +95,8 @@ class OpRecord:
 class OpTotals:
     calls: int = 0
     bytes: int = 0
-    time_s: float = 0.0
+    time_s: float = 0.0  # issue to completion
+    blocked_s: float = 0.0  # of which the issuing thread was waiting (exposed communication)
 
 
 FAULT_ACTIONS = ("corrupt", "raise", "hang", "kill")
@@ -150,8 +152,10 @@ class _Handle:
 
     def wait(self) -> None:
         if self._work is not None:
+            start = time.perf_counter()
             self._work.wait()
             self._work = None
+            self._rec.blocked_s = time.perf_counter() - start
             self._comm._finish(self._rec, self._outputs)
 
     def is_completed(self) -> bool:
@@ -202,12 +206,15 @@ class Comm:
         self.records.append(rec)
         return rec
 
-    def _finish(self, rec: OpRecord, outputs: Sequence[torch.Tensor]) -> None:
+    def _finish(self, rec: OpRecord, outputs: Sequence[torch.Tensor], blocking: bool = False) -> None:
         rec.end_s = time.perf_counter()
+        if blocking:
+            rec.blocked_s = rec.end_s - rec.start_s
         tot = self.totals[rec.op]
         tot.calls += 1
         tot.bytes += rec.bytes
         tot.time_s += rec.end_s - rec.start_s
+        tot.blocked_s += rec.blocked_s
         if self.fault is not None and self.fault.op in (rec.op, "any") and self.fault.rank == self.rank:
             self._fault_hits += 1
             if self.fault.nth in (0, self._fault_hits):
@@ -216,7 +223,7 @@ class Comm:
     def _run(self, rec: OpRecord, work: Any, outputs: Sequence[torch.Tensor], async_op: bool):
         if async_op:
             return _Handle(self, work, rec, outputs)
-        self._finish(rec, outputs)
+        self._finish(rec, outputs, blocking=True)
         return None
 
     def pending(self) -> list[OpRecord]:
@@ -240,6 +247,18 @@ class Comm:
         rec = self._start("all_reduce", tensor, nbytes(tensor))
         work = dist.all_reduce(tensor, op=reduce_op(op), group=self.group, async_op=async_op)
         return self._run(rec, work, [tensor], async_op)
+
+    def all_reduce_future(self, tensor: torch.Tensor, op: str = "sum") -> torch.futures.Future:
+        """An async all_reduce as a Future (what DDP communication hooks return); the record is
+        completed when the future is, on whichever thread completes it."""
+        rec = self._start("all_reduce", tensor, nbytes(tensor))
+        fut = dist.all_reduce(tensor, op=reduce_op(op), group=self.group, async_op=True).get_future()
+
+        def done(f: torch.futures.Future) -> torch.Tensor:
+            self._finish(rec, [tensor])
+            return tensor
+
+        return fut.then(done)
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False):
         rec = self._start("broadcast", tensor, nbytes(tensor), peer=src)

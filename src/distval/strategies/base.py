@@ -1,0 +1,96 @@
+"""The one small interface every data-parallel and sharding strategy implements.
+
+The training loop drives a strategy through one optimizer step like this, and never looks
+inside it or branches on its name:
+
+    for k in range(K):                                   # K micro-batches (gradient accumulation)
+        with strategy.micro_batch(is_last=k == K - 1):   # e.g. DDP's no_sync() for k < K-1
+            loss = strategy.module.loss(batch) / K
+            loss.backward()                              # hooks may launch communication here
+    strategy.sync_gradients()                            # afterwards p.grad is the global mean
+    norm = strategy.clip_grad_norm(max_norm)             # the global norm, however grads are held
+    optimizer.step(); optimizer.zero_grad(set_to_none=True)
+    strategy.after_step()                                # e.g. ZeRO: all-gather updated params
+
+Gradient averaging is SUM then divide by the world size (the same result on every backend).
+Every collective a hand-written strategy issues goes through the `Comm` it is given, so calls and
+bytes per step are counted by the collective layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from distval.comm.layer import Comm
+
+
+@dataclass
+class StrategyConfig:
+    bucket_mb: float = 25.0  # bucket_ddp_async, pytorch_ddp
+    comm_hook: str = "none"  # pytorch_ddp: none | fp16 | bf16 | powersgd
+    powersgd_rank: int = 1
+
+    def __post_init__(self) -> None:
+        if self.bucket_mb <= 0:
+            raise ValueError(f"--bucket-mb must be positive (got {self.bucket_mb:g})")
+        if self.comm_hook not in ("none", "fp16", "bf16", "powersgd"):
+            raise ValueError(f"--comm-hook must be none, fp16, bf16 or powersgd (got {self.comm_hook!r})")
+        if self.powersgd_rank < 1:
+            raise ValueError(f"--powersgd-rank must be at least 1 (got {self.powersgd_rank})")
+
+
+class Strategy:
+    name: ClassVar[str]
+    syncs_every_micro_batch: ClassVar[bool] = False
+
+    def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
+        self.model, self.comm, self.cfg = model, comm, cfg
+        self.world_size = comm.world_size
+        # Every rank starts from rank 0's parameters, as DDP does.
+        for p in model.parameters():
+            comm.broadcast(p.data, src=0)
+
+    @property
+    def module(self) -> nn.Module:
+        """What the loop calls forward/loss on."""
+        return self.model
+
+    @contextlib.contextmanager
+    def micro_batch(self, is_last: bool) -> Iterator[None]:
+        yield
+
+    def sync_gradients(self) -> None:
+        pass
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """The parameters this rank's optimizer updates."""
+        return self.model.parameters()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if max_norm > 0:
+            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+
+    def after_step(self) -> None:
+        pass
+
+    def grad_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
+
+    def expected_comm_bytes_per_step(self, grad_accum: int) -> int | None:
+        """Bytes the collective layer should count per optimizer step (nccl-tests' S summed)."""
+        return self.grad_bytes() * (grad_accum if self.syncs_every_micro_batch else 1)
+
+    def close(self) -> None:
+        """Remove hooks; the model is usable again without the strategy."""
+
+
+def average_(grads: list[torch.Tensor], world_size: int) -> None:
+    for g in grads:
+        g.div_(world_size)

@@ -1,0 +1,132 @@
+"""`distval train` and `distval compare` as library functions that return Reports.
+
+compare: a single-process reference run (world of 1, micro-batch = world x micro-batch, same
+accumulation, same seed, so it sees exactly the samples all ranks see together), then each
+strategy on `nproc` ranks; per strategy the parity of the final parameters with the reference
+(max |p - p_ref| / max |p_ref|), step time, tokens/s, peak memory, collectives per step against
+the strategy's expected volume, and the share of communication hidden behind compute
+(1 - exposed/total, where exposed is the time the training thread waited on collectives; None
+for pytorch_ddp, whose waits happen inside autograd where the layer cannot see them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any
+
+import torch
+
+from distval import meta
+from distval.launch import JobResult, LaunchOptions
+from distval.results import Check, Report, Status, Table
+from distval.runner import execute
+from distval.train.loop import TrainConfig, train_rank
+
+STEP_COLUMNS = ["step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "comm_calls", "comm_bytes",
+                "comm_time_s", "comm_blocked_s", "mfu", "peak_mem_bytes"]
+COMPARE_COLUMNS = ["strategy", "max_rel_param_diff", "bitwise_equal", "final_loss", "step_time_p50_s", "step_time_p95_s",
+                   "tokens_per_s", "peak_mem_bytes", "comm_calls_per_step", "comm_bytes_per_step",
+                   "expected_comm_bytes_per_step", "comm_hidden_frac", "predicted_step_time_s"]
+PARITY_RTOL = 1e-5
+
+
+def steps_table(result: dict[str, Any]) -> Table:
+    table = Table("steps", STEP_COLUMNS, title="training steps (loss: mean over ranks; step time: max over ranks)",
+                  units={"step_time_s": "s", "comm_bytes": "B", "peak_mem_bytes": "B", "tokens_per_s": "tokens/s"})
+    for row in result["steps"]:
+        table.add(**{c: row[c] for c in STEP_COLUMNS})
+    return table
+
+
+def run_train(cfg: TrainConfig, opts: LaunchOptions) -> Report | None:
+    def build(job: JobResult) -> Report:
+        r0 = job.results[0]
+        checksums = {r["checksum"] for r in job.results}
+        report = Report("train", meta=meta.collect(job, cfg, param_checksum=r0["checksum"], num_params=r0["num_params"]))
+        report.tables.append(steps_table(r0))
+        first, last = r0["steps"][0]["loss"], r0["steps"][-1]["loss"]
+        report.add(Check(f"train {cfg.strategy}", Status.OK, f"{cfg.steps} steps, loss {first:.3f} -> {last:.3f}",
+                         details={"final_loss": last}))
+        report.add(Check("train replicas", Status.OK if len(checksums) == 1 else Status.FAIL,
+                         "every rank holds the same parameters" if len(checksums) == 1
+                         else f"ranks disagree on the parameters: {len(checksums)} different checksums",
+                         hint="" if len(checksums) == 1 else "the strategy does not keep replicas in sync"))
+        return report
+
+    return execute("train", train_rank, cfg, opts, build)
+
+
+def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions) -> Report:
+    world = opts.nproc or 2
+    ref_cfg = dataclasses.replace(cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world, return_params=True)
+    reference = _one(ref_cfg, dataclasses.replace(opts, nproc=1))
+    report = Report("compare", meta=meta.collect(None, cfg, world_size=world, backend=opts.backend,
+                                                 strategies=strategy_names, parity_rtol=PARITY_RTOL))
+    table = Table("strategies", COMPARE_COLUMNS, title=f"strategies on {world} ranks against a single-process reference",
+                  units={"step_time_p50_s": "s", "step_time_p95_s": "s", "peak_mem_bytes": "B",
+                         "comm_bytes_per_step": "B", "expected_comm_bytes_per_step": "B"})
+    report.tables.append(table)
+    if isinstance(reference, Report):
+        return reference
+    for name in strategy_names:
+        result = _one(dataclasses.replace(cfg, strategy=name, return_params=True), opts)
+        if isinstance(result, Report):  # the run failed: its ERROR check says why
+            report.checks += result.checks
+            continue
+        row = compare_row(name, result, reference)
+        table.add(**row)
+        report.add(parity_check(name, row))
+    return report
+
+
+def _one(cfg: TrainConfig, opts: LaunchOptions) -> dict[str, Any] | Report:
+    holder: dict[str, Any] = {}
+
+    def build(job: JobResult) -> Report:
+        holder["result"] = job.results[0]
+        return Report("train")
+
+    report = execute("train", train_rank, cfg, opts, build)
+    return holder.get("result", report)
+
+
+def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    steps = result["steps"][1:] or result["steps"]  # the first step pays for warm-up
+    times = [s["step_time_s"] for s in steps]
+    comm_time = sum(s["comm_time_s"] for s in steps)
+    blocked = sum(s["comm_blocked_s"] for s in steps)
+    diff = parity(result["params"], reference["params"])
+    return {
+        "strategy": name, "max_rel_param_diff": diff, "bitwise_equal": bool(torch.equal(result["params"], reference["params"])),
+        "final_loss": result["steps"][-1]["loss"], "step_time_p50_s": statistics.median(times),
+        "step_time_p95_s": _p95(times), "tokens_per_s": statistics.median(s["tokens_per_s"] for s in steps),
+        "peak_mem_bytes": max(s["peak_mem_bytes"] for s in steps),
+        "comm_calls_per_step": statistics.median(s["comm_calls"] for s in steps),
+        "comm_bytes_per_step": statistics.median(s["comm_bytes"] for s in steps),
+        "expected_comm_bytes_per_step": result["expected_comm_bytes_per_step"],
+        "comm_hidden_frac": None if name == "pytorch_ddp" or comm_time == 0 else max(0.0, 1 - blocked / comm_time),
+        "predicted_step_time_s": None,
+    }
+
+
+def parity(params: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |p - p_ref| / max |p_ref| over all parameters."""
+    return float((params - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
+
+
+def parity_check(name: str, row: dict[str, Any]) -> Check:
+    diff = row["max_rel_param_diff"]
+    ok = diff <= PARITY_RTOL
+    how = "bitwise equal to" if row["bitwise_equal"] else f"within {diff:.2e} (relative) of"
+    return Check(f"compare {name} parity", Status.OK if ok else Status.FAIL,
+                 f"{name}: parameters {how} the single-process run" if ok
+                 else f"{name}: parameters differ from the single-process run by {diff:.2e} (relative), above {PARITY_RTOL:g}",
+                 details={"max_rel_param_diff": diff, "bitwise_equal": row["bitwise_equal"]},
+                 hint="" if ok else "the strategy does not compute the same gradient mean: check its averaging and accumulation",
+                 where={"strategy": name})
+
+
+def _p95(values: list[float]) -> float:
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, round(0.95 * (len(xs) - 1)))]

@@ -1,0 +1,186 @@
+"""The training loop: train() -> train_step() -> forward_backward(), strategy-agnostic.
+
+Each rank builds the same model (deterministic init from the seed), the strategy named in the
+config, AdamW with linear warm-up and cosine decay, and its shard of the data. Per optimizer step
+it runs K micro-batches (`grad_accum`) through the strategy's interface (strategies/base.py),
+clips the global gradient norm, steps, and records: loss (mean over ranks), grad norm, LR,
+tokens/s, step time (max over ranks), MFU (DESIGN.md convention: 6·N + 12·L·H·Q·T FLOPs per
+token against a device peak, measured on CPU), peak memory (RSS on CPU, CUDA peak on GPU), and
+the collectives the strategy issued (calls, bytes, time, exposed time) from the collective layer.
+Metrics bookkeeping goes over the control group, never counted as the strategy's traffic.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from distval import strategies
+from distval.launch import RankContext
+from distval.plan import presets
+from distval.strategies.base import StrategyConfig
+from distval.train import data as data_mod
+from distval.train.model import build_model
+
+
+@dataclass
+class TrainConfig:
+    model: str = "tiny"
+    strategy: str = "simple_ddp"
+    steps: int = 20
+    micro_batch: int = 2  # sequences per rank per micro-batch
+    grad_accum: int = 1
+    global_batch: int | None = None  # checked against micro_batch x world x grad_accum when given
+    lr: float = 3e-3
+    warmup_steps: int = 5
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    seed: int = 0
+    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    data: str = "synthetic"
+    strategy_cfg: StrategyConfig = field(default_factory=StrategyConfig)
+    return_params: bool = False  # gather the final parameters (parity checks)
+    peak_flops: float | None = None  # per device; None: measured matmul rate on CPU
+
+    def __post_init__(self) -> None:
+        presets.model(self.model)  # unknown preset -> ValueError listing the known ones
+        strategies.check_name(self.strategy)
+        for name in ("steps", "micro_batch", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"--precision must be fp32 or bf16 (got {self.precision!r})")
+        if self.lr <= 0:
+            raise ValueError(f"--lr must be positive (got {self.lr:g})")
+
+    def check_world(self, world_size: int) -> None:
+        """The global batch must split evenly over ranks and micro-batches."""
+        if self.global_batch is None:
+            return
+        per_step = self.micro_batch * world_size * self.grad_accum
+        if self.global_batch != per_step:
+            raise ValueError(
+                f"--global-batch {self.global_batch} is not --micro-batch {self.micro_batch} x {world_size} ranks x "
+                f"--grad-accum {self.grad_accum} = {per_step}; change one of them")
+
+    def global_batch_for(self, world_size: int) -> int:
+        return self.micro_batch * world_size * self.grad_accum
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Linear warm-up to lr, then cosine decay to min_lr_ratio·lr at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(cfg.steps - cfg.warmup_steps, 1)
+    progress = min((step - cfg.warmup_steps) / span, 1.0)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def loss_of(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Next-token cross-entropy, or classification cross-entropy when the batch has labels."""
+    if "labels" in batch:
+        return F.cross_entropy(logits.float(), batch["labels"])
+    tokens = batch["tokens"]
+    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1))
+
+
+def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
+    cfg.check_world(ctx.world_size)
+    spec = presets.model(cfg.model)
+    model = build_model(spec, seed=cfg.seed).to(ctx.device)
+    strategy = strategies.build(cfg.strategy, model, ctx.comm, cfg.strategy_cfg)
+    optimizer = torch.optim.AdamW(strategy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    loader = data_mod.build_loader(cfg.data, spec, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
+                                   rank=ctx.rank, world_size=ctx.world_size, seed=cfg.seed)
+    flops_per_token = 6 * spec.flop_params() + 12 * spec.num_layers * spec.hidden_size * spec.seq_len
+    peak = cfg.peak_flops or _measured_peak(ctx)
+    ctx.comm.reset_totals()
+    steps = []
+    for step in range(cfg.steps):
+        ctx.status(f"train {cfg.strategy} step {step}")
+        steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak))
+    result: dict[str, Any] = {"steps": steps, "expected_comm_bytes_per_step": strategy.expected_comm_bytes_per_step(cfg.grad_accum),
+                              "checksum": param_checksum(model), "num_params": sum(p.numel() for p in model.parameters())}
+    if cfg.return_params and ctx.rank == 0:
+        result["params"] = torch.cat([p.detach().float().reshape(-1).cpu() for p in model.parameters()])
+    strategy.close()
+    return result
+
+
+def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer,
+               loader: Any, step: int, flops_per_token: float, peak: float) -> dict[str, Any]:
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at(cfg, step)
+    ctx.control_comm.barrier()  # start together, so step time measures this step only
+    start = time.perf_counter()
+    loss = forward_backward(cfg, strategy, loader, ctx.device)
+    strategy.sync_gradients()
+    grad_norm = strategy.clip_grad_norm(cfg.clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    strategy.after_step()
+    elapsed = time.perf_counter() - start
+    comm = {op: t for op, t in ctx.comm.totals.items()}
+    ctx.comm.reset_totals()
+    stats = torch.tensor([loss, elapsed], dtype=torch.float64)
+    loss_sum = stats[:1].clone()
+    ctx.control_comm.all_reduce(loss_sum, "sum")
+    step_time = stats[1:].clone()
+    ctx.control_comm.all_reduce(step_time, "max")
+    tokens = cfg.global_batch_for(ctx.world_size) * (presets.model(cfg.model).seq_len - 1)
+    step_s = float(step_time)
+    return {
+        "step": step, "loss": float(loss_sum) / ctx.world_size, "grad_norm": grad_norm, "lr": lr_at(cfg, step),
+        "step_time_s": step_s, "tokens_per_s": tokens / step_s,
+        "mfu": tokens / ctx.world_size * flops_per_token / step_s / peak,
+        "comm_calls": sum(t.calls for t in comm.values()), "comm_bytes": sum(t.bytes for t in comm.values()),
+        "comm_time_s": sum(t.time_s for t in comm.values()), "comm_blocked_s": sum(t.blocked_s for t in comm.values()),
+        "peak_mem_bytes": peak_memory_bytes(ctx.device),
+    }
+
+
+def forward_backward(cfg: TrainConfig, strategy: strategies.Strategy, loader: Any, device: torch.device) -> float:
+    """K micro-batches; returns this rank's mean loss over them."""
+    total = 0.0
+    for k in range(cfg.grad_accum):
+        batch = {key: t.to(device) for key, t in next(loader).items()}
+        with strategy.micro_batch(is_last=k == cfg.grad_accum - 1):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+                logits = strategy.module(batch["tokens"])
+            loss = loss_of(logits, batch) / cfg.grad_accum
+            loss.backward()
+        total += float(loss.detach())
+    return total
+
+
+def param_checksum(model: torch.nn.Module) -> str:
+    """A fingerprint of the exact parameter bits (same bits -> same checksum on every rank)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _measured_peak(ctx: RankContext) -> float:
+    from distval.plan.model import measured_cpu_peak_flops
+
+    return measured_cpu_peak_flops(n=512, reps=3)
+
+
+def config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return asdict(cfg)
