@@ -9,8 +9,8 @@ bucket to 16 bits for the all-reduce (half the bytes) and back; `powersgd` uses 
 hook (rank r low-rank approximation): its traffic bypasses the layer and is not counted.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: DDP checks the hook's `bucket` annotation at
+# run time and rejects the string form.
 import contextlib
 from typing import Iterator
 
@@ -43,7 +43,7 @@ class PytorchDDP(Strategy):
     def _hook(self, wire_dtype: torch.dtype | None):
         comm, n = self.comm, self.world_size
 
-        def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future:
+        def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
             buf = bucket.buffer()
             send = buf.div_(n) if wire_dtype is None else buf.div(n).to(wire_dtype)
             fut = comm.all_reduce_future(send)
