@@ -43,6 +43,11 @@ def launch_options(nproc, backend, expect_world, timeout, deadline) -> LaunchOpt
                          deadline_s=parse_duration(deadline, "--deadline") if deadline else None)
 
 
+def make_console() -> Console:
+    """The terminal's width on a terminal; 132 columns into a pipe or file (rich would use 80)."""
+    return Console() if sys.stdout.isatty() else Console(width=132)
+
+
 def split_list(text: str) -> list[str]:
     return [x for x in (s.strip() for s in text.split(",")) if x]
 
@@ -81,7 +86,7 @@ def comm_check(
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
     if json:
         check_writable(json, "--json")
-    return finish(check_mod.run_check(cfg, opts), json, Console())
+    return finish(check_mod.run_check(cfg, opts), json, make_console())
 
 
 def _count(text: str) -> int:
@@ -125,7 +130,7 @@ def comm_bench(
         if path:
             check_writable(path, flag)
     report = bench_mod.run_bench(cfg, opts)
-    console = Console()
+    console = make_console()
     if report is not None and report.table("bench") is not None:
         print(bench_mod.nccl_text(report.table("bench"), cfg, report.meta.get("world_size", 0), report.meta.get("copy_ceiling_gbps")))
         if csv:
@@ -182,7 +187,7 @@ def train_cmd(
     validate_source(cfg.data)
     if json:
         check_writable(json, "--json")
-    return finish(run_train(cfg, opts), json, Console())
+    return finish(run_train(cfg, opts), json, make_console(), skip_tables=("steps",) if steps > 30 else ())
 
 
 @app.command("compare")
@@ -196,7 +201,7 @@ def compare_cmd(
 ) -> int:
     """Every strategy on the same workload: parity with one process, step time, memory, traffic."""
     from distval import strategies as strategy_mod
-    from distval.train.compare import run_compare
+    from distval.train.compare import compact_table, run_compare
     from distval.train.data import validate_source
 
     names = strategy_mod.DDP_FAMILY if strategies == "all" else [strategy_mod.check_name(n) for n in split_list(strategies)]
@@ -207,7 +212,11 @@ def compare_cmd(
     validate_source(cfg.data)
     if json:
         check_writable(json, "--json")
-    return finish(run_compare(cfg, names, opts), json, Console())
+    report = run_compare(cfg, names, opts)
+    console = make_console()
+    code = finish(report, json, console, skip_tables=("strategies",))
+    console.print(compact_table(report))
+    return code
 
 
 @app.command("run")
@@ -226,7 +235,7 @@ def run_cmd(
         check_writable(json, "--json")
     out_dir = run_mod.prepare_out_dir(str(out))
     report = run_mod.run_all(cfg, opts)
-    console = Console()
+    console = make_console()
     code = finish(report, json, console, skip_tables=("bench", "check_matrix"))
     if report is not None:
         paths = run_mod.write_outputs(report, out_dir)

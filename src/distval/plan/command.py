@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 O = typer.Option  # noqa: E741  (short: the signature below is long)
 
@@ -81,7 +80,7 @@ def register(app: typer.Typer) -> None:
         if json:
             check_writable(json, "--json")
         report = plan_report.sweep_report(cfg, sweep) if sweep else plan_report.build_report(cfg)
-        console = Console()
+        console = cli.make_console()
         code = cli.finish(plan_report.readable(report), None, console)  # the terminal copy shows GB
         if json:
             write_json(report, json)

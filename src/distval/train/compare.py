@@ -127,6 +127,24 @@ def parity_check(name: str, row: dict[str, Any]) -> Check:
                  where={"strategy": name})
 
 
+def compact_table(report: Report) -> Any:
+    """The strategies table in 80-odd columns for the terminal (the JSON keeps every column)."""
+    from rich.table import Table as RichTable
+
+    t = RichTable(title="strategies vs a single-process reference", header_style="bold")
+    for col in ("strategy", "parity", "loss", "step ms", "tokens/s", "peak MiB", "calls", "MB/step (expected)", "hidden"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    table = report.table("strategies")
+    for r in table.rows if table else []:
+        expected = r["expected_comm_bytes_per_step"]
+        t.add_row(r["strategy"], "bitwise" if r["bitwise_equal"] else f"{r['max_rel_param_diff']:.1e}", f"{r['final_loss']:.3f}",
+                  f"{r['step_time_p50_s'] * 1e3:.1f}", f"{r['tokens_per_s']:,.0f}", f"{r['peak_mem_bytes'] / 2**20:,.0f}",
+                  f"{r['comm_calls_per_step']:g}",
+                  f"{r['comm_bytes_per_step'] / 1e6:.3f} ({'—' if expected is None else f'{expected / 1e6:.3f}'})",
+                  "—" if r["comm_hidden_frac"] is None else f"{r['comm_hidden_frac']:.0%}")
+    return t
+
+
 def _p95(values: list[float]) -> float:
     xs = sorted(values)
     return xs[min(len(xs) - 1, round(0.95 * (len(xs) - 1)))]

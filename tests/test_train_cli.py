@@ -1,0 +1,58 @@
+"""`distval train` and `distval compare` from the command line."""
+
+import json
+
+import pytest
+
+from conftest import run_cli
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--strategy", "zero9"], "unknown strategy 'zero9'; choose from simple_ddp"),
+    (["train", "--nproc", "2", "--global-batch", "5"], "--global-batch 5 is not --micro-batch 2 x 2 ranks x --grad-accum 1 = 4"),
+    (["train", "--data", "/nonexistent/corpus.jsonl"], "/nonexistent/corpus.jsonl"),
+    (["train", "--model", "gpt9"], "gpt9"),
+    (["train", "--precision", "fp8"], "--precision must be fp32 or bf16"),
+    (["compare", "--strategies", "simple_ddp,zero9"], "unknown strategy 'zero9'"),
+])
+def test_bad_training_input_is_one_line_exit_2(args, message, tmp_path):
+    out = tmp_path / "t.json"
+    res = run_cli(*args, "--json", str(out), timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], res.stderr
+    assert not out.exists()
+
+
+def test_train_reports_every_step(tmp_path):
+    out = tmp_path / "t.json"
+    res = run_cli("train", "--nproc", "2", "--strategy", "simple_ddp_async", "--steps", "6", "--grad-accum", "2",
+                  "--json", str(out), timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(out.read_text())
+    rows = doc["tables"]["steps"]["rows"]
+    assert [r["step"] for r in rows] == list(range(6))
+    for r in rows:
+        assert {"step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "comm_bytes", "peak_mem_bytes"} <= set(r)
+        assert r["comm_bytes"] > 0 and r["peak_mem_bytes"] > 0 and r["step_time_s"] > 0
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    assert len(doc["meta"]["param_checksum"]) == 16 and doc["meta"]["world_size"] == 2
+
+
+def test_compare_command_from_the_issue(tmp_path):
+    out = tmp_path / "c.json"
+    res = run_cli("compare", "--nproc", "2", "--model", "tiny", "--steps", "10", "--grad-accum", "2", "--json", str(out),
+                  timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(out.read_text())
+    rows = {r["strategy"]: r for r in doc["tables"]["strategies"]["rows"]}
+    assert list(rows) == ["simple_ddp", "simple_ddp_ga", "simple_ddp_hook", "simple_ddp_async", "bucket_ddp_async", "pytorch_ddp"]
+    for name, r in rows.items():
+        assert r["max_rel_param_diff"] <= 1e-5, name
+        assert r["comm_bytes_per_step"] == r["expected_comm_bytes_per_step"], name
+        assert r["step_time_p50_s"] > 0 and r["tokens_per_s"] > 0 and r["peak_mem_bytes"] > 0
+    assert rows["simple_ddp"]["comm_bytes_per_step"] == 2 * rows["simple_ddp_ga"]["comm_bytes_per_step"]  # K = 2
+    assert rows["simple_ddp"]["comm_hidden_frac"] == 0 and rows["pytorch_ddp"]["comm_hidden_frac"] is None
+    parity = [c for c in doc["checks"] if c["name"].endswith("parity")]
+    assert len(parity) == 6 and all(c["status"] == "OK" for c in parity)
+    assert "strategies vs a single-process reference" in res.stdout
