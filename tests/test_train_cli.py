@@ -25,9 +25,9 @@ def test_bad_training_input_is_one_line_exit_2(args, message, tmp_path):
 
 
 def test_train_reports_every_step(tmp_path):
-    out = tmp_path / "t.json"
+    out, log = tmp_path / "t.json", tmp_path / "steps.jsonl"
     res = run_cli("train", "--nproc", "2", "--strategy", "simple_ddp_async", "--steps", "6", "--grad-accum", "2",
-                  "--json", str(out), timeout=180)
+                  "--json", str(out), "--log-jsonl", str(log), timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(out.read_text())
     rows = doc["tables"]["steps"]["rows"]
@@ -37,6 +37,19 @@ def test_train_reports_every_step(tmp_path):
         assert r["comm_bytes"] > 0 and r["peak_mem_bytes"] > 0 and r["step_time_s"] > 0
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert len(doc["meta"]["param_checksum"]) == 16 and doc["meta"]["world_size"] == 2
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [line["step"] for line in lines] == list(range(6)) and lines[-1]["loss"] == rows[-1]["loss"]
+
+
+def test_tensorboard_events(tmp_path):
+    pytest.importorskip("tensorboard")
+    res = run_cli("train", "--nproc", "2", "--steps", "3", "--tensorboard", str(tmp_path / "tb"), timeout=180)
+    assert res.returncode == 0, res.stderr
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [0, 1, 2]
 
 
 def test_compare_command_from_the_issue(tmp_path):

@@ -17,6 +17,7 @@ from distval import __version__
 from distval.comm import bench as bench_mod
 from distval.comm import check as check_mod
 from distval.launch import LaunchOptions, planned_world_size
+from distval.plan import presets
 from distval.plan.command import register as register_plan
 from distval.report import terminal
 from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun, Report, check_writable, atomic_write_text, write_json
@@ -173,6 +174,8 @@ def train_cmd(
     global_batch: GlobalBatch = None, lr: Lr = 3e-3, warmup: Warmup = 5, clip: Clip = 1.0, seed: Seed = 0,
     precision: Precision = "fp32", data: Data = "synthetic", bucket_mb: BucketMb = 25.0, comm_hook: CommHook = "none",
     powersgd_rank: PowerSGDRank = 1,
+    log_jsonl: Annotated[Optional[Path], typer.Option("--log-jsonl", help="Append one JSON line per step (rank 0).")] = None,
+    tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Write TensorBoard scalars to this folder.")] = None,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
     deadline: Deadline = None, json: JsonOut = None,
 ) -> int:
@@ -184,9 +187,16 @@ def train_cmd(
                         data, bucket_mb, comm_hook, powersgd_rank)
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
     cfg.check_world(planned_world_size(opts))
-    validate_source(cfg.data)
-    if json:
-        check_writable(json, "--json")
+    validate_source(cfg.data, presets.model(cfg.model).vocab_size)
+    for path, flag in ((json, "--json"), (log_jsonl, "--log-jsonl")):
+        if path:
+            check_writable(path, flag)
+    if tensorboard:
+        from distval.train.metrics import check_tensorboard
+
+        check_tensorboard()
+    cfg.log_jsonl = str(log_jsonl.resolve()) if log_jsonl else None
+    cfg.tensorboard = str(tensorboard.resolve()) if tensorboard else None
     return finish(run_train(cfg, opts), json, make_console(), skip_tables=("steps",) if steps > 30 else ())
 
 
@@ -209,7 +219,7 @@ def compare_cmd(
                         data, bucket_mb, comm_hook, powersgd_rank)
     opts = launch_options(nproc, backend, None, timeout, None)
     cfg.check_world(planned_world_size(opts))
-    validate_source(cfg.data)
+    validate_source(cfg.data, presets.model(cfg.model).vocab_size)
     if json:
         check_writable(json, "--json")
     report = run_compare(cfg, names, opts)

@@ -26,6 +26,7 @@ from distval.launch import RankContext
 from distval.plan import presets
 from distval.strategies.base import StrategyConfig
 from distval.train import data as data_mod
+from distval.train.metrics import MetricsLogger
 from distval.train.model import build_model
 
 
@@ -47,6 +48,8 @@ class TrainConfig:
     data: str = "synthetic"
     strategy_cfg: StrategyConfig = field(default_factory=StrategyConfig)
     return_params: bool = False  # gather the final parameters (parity checks)
+    log_jsonl: str | None = None  # rank 0 appends one JSON line per step
+    tensorboard: str | None = None  # rank 0 writes TensorBoard scalars here
     peak_flops: float | None = None  # per device; None: measured matmul rate on CPU
 
     def __post_init__(self) -> None:
@@ -102,10 +105,15 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     flops_per_token = 6 * spec.flop_params() + 12 * spec.num_layers * spec.hidden_size * spec.seq_len
     peak = cfg.peak_flops or _measured_peak(ctx)
     ctx.comm.reset_totals()
+    logger = MetricsLogger(cfg.log_jsonl, cfg.tensorboard) if ctx.rank == 0 else MetricsLogger()
     steps = []
-    for step in range(cfg.steps):
-        ctx.status(f"train {cfg.strategy} step {step}")
-        steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak))
+    try:
+        for step in range(cfg.steps):
+            ctx.status(f"train {cfg.strategy} step {step}")
+            steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak))
+            logger.log(steps[-1], step)
+    finally:
+        logger.close()
     result: dict[str, Any] = {"steps": steps, "expected_comm_bytes_per_step": strategy.expected_comm_bytes_per_step(cfg.grad_accum),
                               "checksum": param_checksum(model), "num_params": sum(p.numel() for p in model.parameters())}
     if cfg.return_params and ctx.rank == 0:

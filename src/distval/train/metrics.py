@@ -1,0 +1,47 @@
+"""Metrics sinks: one `log(metrics, step)` interface, written by rank 0 as training goes.
+
+JSONL: one JSON object per step, appended and flushed (a crash keeps every finished step).
+TensorBoard: scalar event files through torch.utils.tensorboard (needs the optional
+`tensorboard` package; asking for it without the package is a one-line error before any worker
+starts). The console view is the report rendered at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def check_tensorboard() -> None:
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+
+
+class MetricsLogger:
+    def __init__(self, jsonl: str | None = None, tensorboard: str | None = None):
+        self._jsonl = open(jsonl, "a", encoding="utf-8") if jsonl else None
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            Path(tensorboard).mkdir(parents=True, exist_ok=True)
+            self._tb = SummaryWriter(log_dir=tensorboard)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if self._jsonl:
+            self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+            self._jsonl.flush()
+        if self._tb:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self._jsonl:
+            self._jsonl.close()
+        if self._tb:
+            self._tb.flush()
+            self._tb.close()
