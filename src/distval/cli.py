@@ -14,9 +14,7 @@ import typer
 from rich.console import Console
 
 from distval import __version__
-from distval.comm import bench as bench_mod
-from distval.comm import check as check_mod
-from distval.launch import LaunchOptions, planned_world_size
+from distval.comm.names import BENCH_OPS, CHECK_OPS
 from distval.plan import presets
 from distval.plan.command import register as register_plan
 from distval.report import terminal
@@ -38,7 +36,13 @@ Deadline = Annotated[Optional[str], typer.Option("--deadline", help="Stop the wh
 JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON (schema distval.report/1).")]
 
 
-def launch_options(nproc, backend, expect_world, timeout, deadline) -> LaunchOptions:
+# Commands import torch-backed modules (launch, comm, train) inside their bodies, so `--help` and
+# `distval plan` answer without paying for `import torch`.
+
+
+def launch_options(nproc, backend, expect_world, timeout, deadline):
+    from distval.launch import LaunchOptions
+
     return LaunchOptions(nproc=nproc, backend=backend, expect_world=expect_world,
                          timeout_s=parse_duration(timeout, "--timeout"),
                          deadline_s=parse_duration(deadline, "--deadline") if deadline else None)
@@ -73,7 +77,7 @@ def _root(version: Annotated[bool, typer.Option("--version", help="Print the ver
 
 @comm_app.command("check")
 def comm_check(
-    ops: Annotated[str, typer.Option("--ops", help=f"Comma list of {', '.join(check_mod.OPS)}, or all.")] = "all",
+    ops: Annotated[str, typer.Option("--ops", help=f"Comma list of {', '.join(CHECK_OPS)}, or all.")] = "all",
     dtypes: Annotated[str, typer.Option("-d", "--dtypes", help="Comma list of dtypes (float32,float64,float16,bfloat16,int32,int64,uint8,int8), or all.")] = "all",
     counts: Annotated[Optional[str], typer.Option("--counts", help="Comma list of element counts per rank to check (default 0,1,7,1000,65537).")] = None,
     check_iters: Annotated[int, typer.Option("-c", "--check-iters", help="Repeat every check N times with fresh inputs.")] = 1,
@@ -82,6 +86,8 @@ def comm_check(
     deadline: Deadline = None, json: JsonOut = None,
 ) -> int:
     """Exact correctness of every collective, dtype, reduce op and odd size; names the bad rank and index."""
+    from distval.comm import check as check_mod
+
     sizes = dict(check_mod.SIZES) if counts is None else {c: _count(c) for c in split_list(counts)}
     cfg = check_mod.CheckConfig(ops=split_list(ops), dtypes=split_list(dtypes), sizes=sizes, iters=check_iters, seed=seed)
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
@@ -109,7 +115,7 @@ def comm_bench(
     iters: Annotated[int, typer.Option("-n", "--iters", help="Timed iterations per size.")] = 20,
     warmup: Annotated[int, typer.Option("-w", "--warmup-iters", help="Untimed iterations per size.")] = 5,
     check: Annotated[int, typer.Option("-c", "--check", help="Correctness passes after timing (0: none).")] = 1,
-    ops: Annotated[str, typer.Option("--ops", help=f"Comma list of {', '.join(bench_mod.BENCH_OPS)}, or all.")] = "all_reduce",
+    ops: Annotated[str, typer.Option("--ops", help=f"Comma list of {', '.join(BENCH_OPS)}, or all.")] = "all_reduce",
     dtype: Annotated[str, typer.Option("-d", "--datatype", help="Element type, e.g. float32, bfloat16, int8.")] = "float32",
     redop: Annotated[str, typer.Option("-o", "--op", help="Reduce op: sum, prod, min, max, avg.")] = "sum",
     root: Annotated[int, typer.Option("-r", "--root", help="Root rank of rooted collectives.")] = 0,
@@ -119,6 +125,9 @@ def comm_bench(
     deadline: Deadline = None, json: JsonOut = None,
 ) -> int:
     """nccl-tests-compatible sweep: algbw, busbw, in/out-of-place, p50/p95, #wrong, α–β fit per op."""
+    from distval.comm import bench as bench_mod
+    from distval.launch import planned_world_size
+
     cfg = bench_mod.BenchConfig(
         ops=split_list(ops), dtype=dtype, min_bytes=parse_size(minbytes, "-b"), max_bytes=parse_size(maxbytes, "-e"),
         factor=stepfactor, step_bytes=parse_size(stepbytes, "-i") if stepbytes else None, iters=iters, warmup=warmup,
@@ -180,6 +189,7 @@ def train_cmd(
     deadline: Deadline = None, json: JsonOut = None,
 ) -> int:
     """Train the built-in decoder with one data-parallel strategy; per-step metrics."""
+    from distval.launch import planned_world_size
     from distval.train.compare import run_train
     from distval.train.data import validate_source
 
@@ -210,6 +220,7 @@ def compare_cmd(
     nproc: Nproc = None, backend: Backend = "auto", timeout: Timeout = "60s", json: JsonOut = None,
 ) -> int:
     """Every strategy on the same workload: parity with one process, step time, memory, traffic."""
+    from distval.launch import planned_world_size
     from distval import strategies as strategy_mod
     from distval.train.compare import compact_table, run_compare
     from distval.train.data import validate_source

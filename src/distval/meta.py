@@ -10,31 +10,39 @@ import platform
 import sys
 from typing import Any
 
-import torch
-import torch.distributed as dist
+from importlib import metadata
+from typing import TYPE_CHECKING
 
 import distval
-from distval.launch import JobResult
+
+if TYPE_CHECKING:
+    from distval.launch import JobResult
 
 _ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "MASTER_", "OMP_NUM_THREADS")
 
 
 def versions() -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "distval": distval.__version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "gloo": dist.is_gloo_available(),
-        "nccl": None,
-        "mpi": dist.is_mpi_available(),
-        "cuda": torch.version.cuda,
-    }
-    if dist.is_nccl_available() and torch.cuda.is_available():
-        out["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+    """Versions; backend facts only where torch is already loaded (a command that ran ranks):
+    `distval plan` reports without importing torch."""
+    out: dict[str, Any] = {"distval": distval.__version__, "python": platform.python_version(), "torch": _version("torch")}
+    if "torch" in sys.modules:
+        import torch
+        import torch.distributed as dist
+
+        out.update(gloo=dist.is_gloo_available(), mpi=dist.is_mpi_available(), cuda=torch.version.cuda, nccl=None)
+        if dist.is_nccl_available() and torch.cuda.is_available():
+            out["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
     return out
 
 
-def collect(job: JobResult | None, config: Any = None, **extra: Any) -> dict[str, Any]:
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def collect(job: "JobResult | None", config: Any = None, **extra: Any) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "argv": ["distval", *sys.argv[1:]],

@@ -24,12 +24,12 @@ from distval.comm.ops import Collective, inplace_variants
 from distval import meta
 from distval.comm.agree import Unsupported, run_agreed
 from distval.comm.layer import REDUCE_OPS
+from distval.comm.names import CHECK_OPS
 from distval.launch import JobResult, LaunchOptions, RankContext
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
 
-OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_list", "reduce_scatter",
-       "all_to_all", "gather", "scatter", "sendrecv", "barrier")
+OPS = CHECK_OPS
 # Size classes: element counts per rank (for all_gather/reduce_scatter/all_to_all, per chunk).
 SIZES = {"empty": 0, "one": 1, "odd": 7, "non_pow2": 1000, "large_odd": 65537}
 

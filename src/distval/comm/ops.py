@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from distval.comm.inputs import Mismatch, compare, input_kind, reduce_expected, values
+from distval.comm import names
 from distval.comm.layer import Comm
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ OPS: dict[str, OpSpec] = {
     "sendrecv": OpSpec((False,), lambda n: 1, lambda n: 1.0),
 }
 BENCH_OPS = tuple(OPS)
+assert BENCH_OPS == names.BENCH_OPS, "comm/names.py lists the same ops"
 _POISON = 0x5A  # byte written over outputs before an op: an untouched output then fails almost everywhere
 
 

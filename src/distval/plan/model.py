@@ -57,15 +57,18 @@ class Inputs:
 
 @functools.lru_cache(maxsize=1)
 def measured_cpu_peak_flops(n: int = 1024, reps: int = 3) -> float:
-    """This host's fp32 matmul rate: 2·n³ FLOPs ÷ the best of `reps` timed n×n products."""
-    import torch  # only when the cpu device is planned
+    """This host's fp32 matmul rate: 2·n³ FLOPs ÷ the best of `reps` timed n×n products, through
+    numpy's BLAS (planning must not wait for `import torch`; the training loop measures its MFU
+    peak the same way through torch, see train/loop.py)."""
+    import numpy as np  # only when the cpu device is planned
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    a @ b
     best = float("inf")
     for _ in range(reps):
         start = time.perf_counter()
-        torch.mm(a, b)
+        a @ b
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
 

@@ -184,10 +184,16 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _measured_peak(ctx: RankContext) -> float:
-    from distval.plan.model import measured_cpu_peak_flops
-
-    return measured_cpu_peak_flops(n=512, reps=3)
+def _measured_peak(ctx: RankContext, n: int = 512, reps: int = 3) -> float:
+    """The MFU denominator on CPU: this rank's fp32 matmul rate through torch (2·n³ / best time)."""
+    a, b = torch.randn(n, n, device=ctx.device), torch.randn(n, n, device=ctx.device)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
 
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
