@@ -69,3 +69,16 @@ def test_compare_command_from_the_issue(tmp_path):
     parity = [c for c in doc["checks"] if c["name"].endswith("parity")]
     assert len(parity) == 6 and all(c["status"] == "OK" for c in parity)
     assert "strategies vs a single-process reference" in res.stdout
+
+
+def test_compare_predicts_step_time_from_a_calibration(tmp_path):
+    bench = tmp_path / "bench.json"
+    assert run_cli("comm", "bench", "--nproc", "2", "-b", "64K", "-e", "4M", "-f", "4", "-n", "5", "--json", str(bench),
+                   timeout=120).returncode == 0
+    out = tmp_path / "c.json"
+    res = run_cli("compare", "--nproc", "2", "--steps", "4", "--strategies", "bucket_ddp_async",
+                  "--calibration", str(bench), "--json", str(out), timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (row,) = json.loads(out.read_text())["tables"]["strategies"]["rows"]
+    # same order of magnitude as measured: compute at the reference's rate plus the fitted comm
+    assert 0.2 < row["predicted_step_time_s"] / row["step_time_p50_s"] < 5

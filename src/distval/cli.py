@@ -217,6 +217,7 @@ def compare_cmd(
     global_batch: GlobalBatch = None, lr: Lr = 3e-3, warmup: Warmup = 5, clip: Clip = 1.0, seed: Seed = 0,
     precision: Precision = "fp32", data: Data = "synthetic", bucket_mb: BucketMb = 25.0, comm_hook: CommHook = "none",
     powersgd_rank: PowerSGDRank = 1,
+    calibration: Annotated[Optional[Path], typer.Option("--calibration", help="A `comm bench --json` file: adds the planner's predicted step time.")] = None,
     nproc: Nproc = None, backend: Backend = "auto", timeout: Timeout = "60s", json: JsonOut = None,
 ) -> int:
     """Every strategy on the same workload: parity with one process, step time, memory, traffic."""
@@ -233,7 +234,11 @@ def compare_cmd(
     validate_source(cfg.data, presets.model(cfg.model).vocab_size)
     if json:
         check_writable(json, "--json")
-    report = run_compare(cfg, names, opts)
+    if calibration is not None:
+        from distval.plan.calibration import load
+
+        load(str(calibration))  # a file that is not a distval bench JSON: one line, exit 2, before training
+    report = run_compare(cfg, names, opts, str(calibration) if calibration else None)
     console = make_console()
     code = finish(report, json, console, skip_tables=("strategies",))
     console.print(compact_table(report))

@@ -6,7 +6,9 @@ strategy on `nproc` ranks; per strategy the parity of the final parameters with 
 (max |p - p_ref| / max |p_ref|), step time, tokens/s, peak memory, collectives per step against
 the strategy's expected volume, and the share of communication hidden behind compute
 (1 - exposed/total, where exposed is the time the training thread waited on collectives; None
-for pytorch_ddp, whose waits happen inside autograd where the layer cannot see them).
+for pytorch_ddp, whose waits happen inside autograd where the layer cannot see them), and with
+`--calibration bench.json` the step time `distval plan` predicts (compute at the reference run's
+measured MFU, communication from the bench's α–β fit).
 """
 
 from __future__ import annotations
@@ -57,7 +59,29 @@ def run_train(cfg: TrainConfig, opts: LaunchOptions) -> Report | None:
     return execute("train", train_rank, cfg, opts, build)
 
 
-def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions) -> Report:
+# Strategies whose communication can overlap backward (the planner's --overlap).
+OVERLAPPING = {"simple_ddp_async", "bucket_ddp_async", "pytorch_ddp"}
+
+
+def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict[str, Any],
+                        calibration: str | None) -> float | None:
+    """The planner's step time for this run: compute at the rate the reference run achieved
+    (its measured MFU of the measured peak), communication from the α–β fit of a `comm bench`
+    on this fabric. None without a calibration (no link to plan with)."""
+    if calibration is None:
+        return None
+    from distval.plan import PlanConfig, evaluate
+
+    steps = reference["steps"][1:] or reference["steps"]
+    mfu = statistics.median(s["mfu"] for s in steps)
+    plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
+                      peak_tflops=reference["peak_flops"] / 1e12, mfu=min(mfu, 1.0), strategy="ddp",
+                      bucket_mb=cfg.strategy_cfg.bucket_mb, overlap=name in OVERLAPPING, calibration=calibration)
+    return evaluate(plan).step_time_s
+
+
+def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions,
+                calibration: str | None = None) -> Report:
     world = opts.nproc or 2
     ref_cfg = dataclasses.replace(cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world, return_params=True)
     reference = _one(ref_cfg, dataclasses.replace(opts, nproc=1))
@@ -75,6 +99,7 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
             report.checks += result.checks
             continue
         row = compare_row(name, result, reference)
+        row["predicted_step_time_s"] = predicted_step_time(cfg, name, world, reference, calibration)
         table.add(**row)
         report.add(parity_check(name, row))
     return report
@@ -132,13 +157,16 @@ def compact_table(report: Report) -> Any:
     from rich.table import Table as RichTable
 
     t = RichTable(title="strategies vs a single-process reference", header_style="bold")
-    for col in ("strategy", "parity", "loss", "step ms", "tokens/s", "peak MiB", "calls", "MB/step (expected)", "hidden"):
+    for col in ("strategy", "parity", "loss", "step ms", "predicted", "tokens/s", "peak MiB", "calls", "MB/step (expected)",
+                "hidden"):
         t.add_column(col, justify="left" if col == "strategy" else "right")
     table = report.table("strategies")
     for r in table.rows if table else []:
         expected = r["expected_comm_bytes_per_step"]
         t.add_row(r["strategy"], "bitwise" if r["bitwise_equal"] else f"{r['max_rel_param_diff']:.1e}", f"{r['final_loss']:.3f}",
-                  f"{r['step_time_p50_s'] * 1e3:.1f}", f"{r['tokens_per_s']:,.0f}", f"{r['peak_mem_bytes'] / 2**20:,.0f}",
+                  f"{r['step_time_p50_s'] * 1e3:.1f}",
+                  "—" if r["predicted_step_time_s"] is None else f"{r['predicted_step_time_s'] * 1e3:.1f}",
+                  f"{r['tokens_per_s']:,.0f}", f"{r['peak_mem_bytes'] / 2**20:,.0f}",
                   f"{r['comm_calls_per_step']:g}",
                   f"{r['comm_bytes_per_step'] / 1e6:.3f} ({'—' if expected is None else f'{expected / 1e6:.3f}'})",
                   "—" if r["comm_hidden_frac"] is None else f"{r['comm_hidden_frac']:.0%}")

@@ -115,7 +115,8 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     finally:
         logger.close()
     result: dict[str, Any] = {"steps": steps, "expected_comm_bytes_per_step": strategy.expected_comm_bytes_per_step(cfg.grad_accum),
-                              "checksum": param_checksum(model), "num_params": sum(p.numel() for p in model.parameters())}
+                              "checksum": param_checksum(model), "num_params": sum(p.numel() for p in model.parameters()),
+                              "peak_flops": peak}
     if cfg.return_params and ctx.rank == 0:
         result["params"] = torch.cat([p.detach().float().reshape(-1).cpu() for p in model.parameters()])
     strategy.close()
