@@ -76,9 +76,12 @@ def test_compare_predicts_step_time_from_a_calibration(tmp_path):
     assert run_cli("comm", "bench", "--nproc", "2", "-b", "64K", "-e", "4M", "-f", "4", "-n", "5", "--json", str(bench),
                    timeout=120).returncode == 0
     out = tmp_path / "c.json"
+    page = tmp_path / "c.html"
     res = run_cli("compare", "--nproc", "2", "--steps", "4", "--strategies", "bucket_ddp_async",
-                  "--calibration", str(bench), "--json", str(out), timeout=180)
+                  "--calibration", str(bench), "--json", str(out), "--html", str(page), timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
     (row,) = json.loads(out.read_text())["tables"]["strategies"]["rows"]
     # same order of magnitude as measured: compute at the reference's rate plus the fitted comm
     assert 0.2 < row["predicted_step_time_s"] / row["step_time_p50_s"] < 5
+    html = page.read_text()
+    assert "Step time by strategy" in html and "<rect" in html and "planned:" in html

@@ -150,13 +150,13 @@ def comm_bench(
 
 
 def _train_config(model, strategy, steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
-                  data, bucket_mb, comm_hook, powersgd_rank):
+                  data, task, bucket_mb, comm_hook, powersgd_rank):
     from distval.strategies.base import StrategyConfig
     from distval.train.loop import TrainConfig
 
     return TrainConfig(model=model, strategy=strategy, steps=steps, micro_batch=micro_batch, grad_accum=grad_accum,
                        global_batch=global_batch, lr=lr, warmup_steps=warmup, clip=clip, seed=seed, precision=precision,
-                       data=data, strategy_cfg=StrategyConfig(bucket_mb=bucket_mb, comm_hook=comm_hook,
+                       data=data, task=task, strategy_cfg=StrategyConfig(bucket_mb=bucket_mb, comm_hook=comm_hook,
                                                               powersgd_rank=powersgd_rank))
 
 
@@ -171,6 +171,7 @@ Clip = Annotated[float, typer.Option("--clip", help="Clip the global gradient no
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the model init and the data order.")]
 Precision = Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast).")]
 Data = Annotated[str, typer.Option("--data", help="synthetic, a .txt/.jsonl/.csv/.parquet path, or hf:NAME (offline cache).")]
+Task = Annotated[str, typer.Option("--task", help="lm (next token) or classify (label, text columns).")]
 BucketMb = Annotated[float, typer.Option("--bucket-mb", help="Bucket cap of bucket_ddp_async and pytorch_ddp.")]
 CommHook = Annotated[str, typer.Option("--comm-hook", help="pytorch_ddp: none, fp16, bf16 or powersgd.")]
 PowerSGDRank = Annotated[int, typer.Option("--powersgd-rank", help="Rank of PowerSGD's approximation.")]
@@ -181,7 +182,7 @@ def train_cmd(
     strategy: Annotated[str, typer.Option("--strategy", help="simple_ddp, simple_ddp_ga, simple_ddp_hook, simple_ddp_async, bucket_ddp_async, pytorch_ddp.")] = "pytorch_ddp",
     model: Model = "tiny", steps: Steps = 20, micro_batch: MicroBatch = 2, grad_accum: GradAccum = 1,
     global_batch: GlobalBatch = None, lr: Lr = 3e-3, warmup: Warmup = 5, clip: Clip = 1.0, seed: Seed = 0,
-    precision: Precision = "fp32", data: Data = "synthetic", bucket_mb: BucketMb = 25.0, comm_hook: CommHook = "none",
+    precision: Precision = "fp32", data: Data = "synthetic", task: Task = "lm", bucket_mb: BucketMb = 25.0, comm_hook: CommHook = "none",
     powersgd_rank: PowerSGDRank = 1,
     log_jsonl: Annotated[Optional[Path], typer.Option("--log-jsonl", help="Append one JSON line per step (rank 0).")] = None,
     tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Write TensorBoard scalars to this folder.")] = None,
@@ -194,10 +195,10 @@ def train_cmd(
     from distval.train.data import validate_source
 
     cfg = _train_config(model, strategy, steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
-                        data, bucket_mb, comm_hook, powersgd_rank)
+                        data, task, bucket_mb, comm_hook, powersgd_rank)
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
     cfg.check_world(planned_world_size(opts))
-    validate_source(cfg.data, presets.model(cfg.model).vocab_size)
+    validate_source(cfg.data_config(), presets.model(cfg.model).vocab_size)
     for path, flag in ((json, "--json"), (log_jsonl, "--log-jsonl")):
         if path:
             check_writable(path, flag)
@@ -215,9 +216,10 @@ def compare_cmd(
     strategies: Annotated[str, typer.Option("--strategies", help="Comma list of strategies (default: the DDP family).")] = "all",
     model: Model = "tiny", steps: Steps = 10, micro_batch: MicroBatch = 2, grad_accum: GradAccum = 1,
     global_batch: GlobalBatch = None, lr: Lr = 3e-3, warmup: Warmup = 5, clip: Clip = 1.0, seed: Seed = 0,
-    precision: Precision = "fp32", data: Data = "synthetic", bucket_mb: BucketMb = 25.0, comm_hook: CommHook = "none",
+    precision: Precision = "fp32", data: Data = "synthetic", task: Task = "lm", bucket_mb: BucketMb = 25.0, comm_hook: CommHook = "none",
     powersgd_rank: PowerSGDRank = 1,
     calibration: Annotated[Optional[Path], typer.Option("--calibration", help="A `comm bench --json` file: adds the planner's predicted step time.")] = None,
+    html: Annotated[Optional[Path], typer.Option("--html", help="Also write a self-contained HTML report (step-time plot).")] = None,
     nproc: Nproc = None, backend: Backend = "auto", timeout: Timeout = "60s", json: JsonOut = None,
 ) -> int:
     """Every strategy on the same workload: parity with one process, step time, memory, traffic."""
@@ -228,12 +230,13 @@ def compare_cmd(
 
     names = strategy_mod.DDP_FAMILY if strategies == "all" else [strategy_mod.check_name(n) for n in split_list(strategies)]
     cfg = _train_config(model, names[0], steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
-                        data, bucket_mb, comm_hook, powersgd_rank)
+                        data, task, bucket_mb, comm_hook, powersgd_rank)
     opts = launch_options(nproc, backend, None, timeout, None)
     cfg.check_world(planned_world_size(opts))
-    validate_source(cfg.data, presets.model(cfg.model).vocab_size)
-    if json:
-        check_writable(json, "--json")
+    validate_source(cfg.data_config(), presets.model(cfg.model).vocab_size)
+    for path, flag in ((json, "--json"), (html, "--html")):
+        if path:
+            check_writable(path, flag)
     if calibration is not None:
         from distval.plan.calibration import load
 
@@ -242,6 +245,11 @@ def compare_cmd(
     console = make_console()
     code = finish(report, json, console, skip_tables=("strategies",))
     console.print(compact_table(report))
+    if html:
+        from distval.report.html import render_html
+
+        atomic_write_text(html, render_html(report.to_dict()))
+        console.print(f"wrote {html}")
     return code
 
 

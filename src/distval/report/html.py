@@ -67,6 +67,7 @@ def render_html(report: dict[str, Any]) -> str:
         _meta_section(report.get("meta")),
         _checks_section(checks),
         _plot_section(tables),
+        _strategies_section(tables),
         _tables_section(tables),
     ]
     return (
@@ -456,3 +457,33 @@ def _plot_section(tables: dict[str, dict[str, Any]]) -> str:
     note = " Dashed: the busbw implied by each op's fitted α–β model." if curves else ""
     return (f"<h2>Bus bandwidth</h2>\n<p>busbw (nccl-tests convention) against message size; dotted lines and hollow "
             f"markers are in-place.{note}</p>\n{_plot_svg(series, curves)}")
+
+
+# --- the compare plot --------------------------------------------------------------------------
+
+def _strategies_section(tables: dict[str, dict[str, Any]]) -> str:
+    """Horizontal bars of each strategy's step time (p50), with the planner's prediction as a
+    tick where there is one."""
+    rows = [r for r in (tables.get("strategies") or {}).get("rows") or [] if isinstance(r, dict)]
+    bars = [(str(r.get("strategy")), _num(r.get("step_time_p50_s")), _num(r.get("predicted_step_time_s"))) for r in rows]
+    bars = [(name, t, p) for name, t, p in bars if t is not None and t > 0]
+    if not bars:
+        return ""
+    top = max(max(t, p or 0) for _, t, p in bars)
+    label_w, plot_w, bar_h = 150, 480, 22
+    height = bar_h * len(bars) + 30
+    parts = [f'<svg width="{label_w + plot_w + 90}" height="{height}" role="img">']
+    for i, (name, t, p) in enumerate(bars):
+        y = 5 + i * bar_h
+        w = plot_w * t / top
+        parts.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" font-size="12">{_e(name)}</text>')
+        parts.append(f'<rect class="series" x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}" fill="#4e79a7">'
+                     f'<title>{_e(name)}: {t * 1e3:.2f} ms</title></rect>')
+        parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 15}" font-size="11">{t * 1e3:.1f} ms</text>')
+        if p:
+            x = label_w + plot_w * p / top
+            parts.append(f'<line class="model" x1="{x:.1f}" x2="{x:.1f}" y1="{y + 1}" y2="{y + bar_h - 1}" stroke="#e15759" '
+                         f'stroke-width="2"><title>planned: {p * 1e3:.2f} ms</title></line>')
+    parts.append(f'<text x="{label_w}" y="{height - 4}" font-size="11">step time p50 (ms); red tick: the planner\'s prediction</text>')
+    parts.append("</svg>")
+    return "<h2>Step time by strategy</h2>\n" + "".join(parts)

@@ -46,6 +46,7 @@ class TrainConfig:
     seed: int = 0
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     data: str = "synthetic"
+    task: str = "lm"  # lm | classify (a (label, text) file or data set)
     strategy_cfg: StrategyConfig = field(default_factory=StrategyConfig)
     return_params: bool = False  # gather the final parameters (parity checks)
     log_jsonl: str | None = None  # rank 0 appends one JSON line per step
@@ -62,6 +63,9 @@ class TrainConfig:
             raise ValueError(f"--precision must be fp32 or bf16 (got {self.precision!r})")
         if self.lr <= 0:
             raise ValueError(f"--lr must be positive (got {self.lr:g})")
+
+    def data_config(self) -> data_mod.DataConfig:
+        return data_mod.DataConfig(source=self.data, task=self.task)
 
     def check_world(self, world_size: int) -> None:
         """The global batch must split evenly over ranks and micro-batches."""
@@ -97,11 +101,13 @@ def loss_of(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tenso
 def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     cfg.check_world(ctx.world_size)
     spec = presets.model(cfg.model)
-    model = build_model(spec, seed=cfg.seed).to(ctx.device)
+    loader = data_mod.build_loader(cfg.data_config(), spec, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
+                                   rank=ctx.rank, world_size=ctx.world_size, seed=cfg.seed)
+    # a (label, text) data set trains a sequence classifier, anything else the language model
+    num_classes = getattr(getattr(loader, "dataset", None), "num_classes", None)
+    model = build_model(spec, seed=cfg.seed, num_classes=num_classes).to(ctx.device)
     strategy = strategies.build(cfg.strategy, model, ctx.comm, cfg.strategy_cfg)
     optimizer = torch.optim.AdamW(strategy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
-    loader = data_mod.build_loader(cfg.data, spec, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
-                                   rank=ctx.rank, world_size=ctx.world_size, seed=cfg.seed)
     flops_per_token = 6 * spec.flop_params() + 12 * spec.num_layers * spec.hidden_size * spec.seq_len
     peak = cfg.peak_flops or _measured_peak(ctx)
     ctx.comm.reset_totals()
