@@ -85,3 +85,22 @@ def test_compare_predicts_step_time_from_a_calibration(tmp_path):
     assert 0.2 < row["predicted_step_time_s"] / row["step_time_p50_s"] < 5
     html = page.read_text()
     assert "Step time by strategy" in html and "<rect" in html and "planned:" in html
+
+
+def test_review_classification_trains_a_classifier(tmp_path):
+    data = tmp_path / "reviews.csv"
+    data.write_text("label,text\n" + "".join(f'{i % 5},"review number {i} says {"good" if i % 5 > 2 else "bad"}"\n'
+                                             for i in range(16)))
+    out = tmp_path / "c.json"
+    res = run_cli("train", "--nproc", "2", "--model", "small", "--data", str(data), "--task", "classify", "--steps", "2",
+                  "--micro-batch", "1", "--json", str(out), timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.loads(out.read_text())["tables"]["steps"]["rows"]
+    assert len(rows) == 2 and all(r["comm_bytes"] > 0 for r in rows)
+
+
+def test_classification_columns_are_checked_before_starting(tmp_path):
+    data = tmp_path / "reviews.csv"
+    data.write_text("stars,body\n1,meh\n")
+    res = run_cli("train", "--model", "small", "--data", str(data), "--task", "classify", timeout=60)
+    assert res.returncode == 2 and "label" in res.stderr and "stars" in res.stderr

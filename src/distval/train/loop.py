@@ -144,11 +144,10 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     elapsed = time.perf_counter() - start
     comm = {op: t for op, t in ctx.comm.totals.items()}
     ctx.comm.reset_totals()
-    stats = torch.tensor([loss, elapsed], dtype=torch.float64)
-    loss_sum = stats[:1].clone()
+    loss_sum = torch.tensor([loss], dtype=torch.float64)
     ctx.control_comm.all_reduce(loss_sum, "sum")
-    step_time = stats[1:].clone()
-    ctx.control_comm.all_reduce(step_time, "max")
+    step_time = torch.tensor([elapsed], dtype=torch.float64)
+    ctx.control_comm.all_reduce(step_time, "max")  # the step ends when the slowest rank ends
     tokens = cfg.global_batch_for(ctx.world_size) * (presets.model(cfg.model).seq_len - 1)
     step_s = float(step_time)
     return {
