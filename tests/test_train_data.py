@@ -134,7 +134,7 @@ def test_text_file_and_sample_cap(tmp_path):
     ("csv-cols", {"task": "classify"}, 258, r"no column 'label', 'text' \(columns found: stars, review\).*--label-column and --text-column"),
     ("csv-cols", {}, 258, r"columns found: stars, review"),
     ("txt", {"task": "classify"}, 258, "classification needs"),
-    ("csv", {}, 256, "--vocab 258"),
+    ("csv", {}, 256, "larger vocabulary"),
     ("empty.csv", {}, 258, "empty"),
     ("bad.jsonl", {}, 258, "line 1 is not JSON"),
 ])

@@ -395,9 +395,6 @@ def validate_data_source(cfg: DataConfig | str, vocab_size: int | None = None) -
     source kind ("synthetic", "file", "hf"); raises a one-line ValueError naming the fix."""
     cfg = cfg if isinstance(cfg, DataConfig) else DataConfig(source=cfg)
     kind = cfg.kind
-    if kind != "synthetic" and vocab_size is not None and vocab_size < TEXT_VOCAB_SIZE:
-        raise ValueError(f"text data uses the byte tokenizer ({TEXT_VOCAB_SIZE} ids) but the model vocab is {vocab_size}; "
-                         f"use --vocab {TEXT_VOCAB_SIZE} or a larger model preset")
     if kind == "file":
         path = _source_file(cfg)
         if path.suffix.lower() == ".txt":
@@ -407,6 +404,10 @@ def validate_data_source(cfg: DataConfig | str, vocab_size: int | None = None) -
             _check_columns(file_columns(path), cfg, str(path))
     elif kind == "hf":
         _check_columns(list(hf_dataset(cfg).column_names), cfg, f"data set {cfg.hf_name!r}")
+    # after the source itself: a missing file is the first thing to fix
+    if kind != "synthetic" and vocab_size is not None and vocab_size < TEXT_VOCAB_SIZE:
+        raise ValueError(f"text data uses the byte tokenizer ({TEXT_VOCAB_SIZE} ids) but the model vocab is {vocab_size}; "
+                         f"use a model preset with a larger vocabulary (e.g. --model small)")
     return kind
 
 
