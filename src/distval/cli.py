@@ -160,6 +160,18 @@ def _train_config(model, strategy, steps, micro_batch, grad_accum, global_batch,
                                                               powersgd_rank=powersgd_rank))
 
 
+def _check_training(cfg, opts, outputs: dict[str, Optional[Path]]) -> None:
+    """Everything a user can get wrong, before any worker starts: batch split, data, outputs."""
+    from distval.launch import planned_world_size
+    from distval.train.data import validate_source
+
+    cfg.check_world(planned_world_size(opts))
+    validate_source(cfg.data_config(), presets.model(cfg.model).vocab_size)
+    for flag, path in outputs.items():
+        if path:
+            check_writable(path, flag)
+
+
 Model = Annotated[str, typer.Option("--model", help="Model preset: tiny, small, gpt2, smollm2-135m, ...")]
 Steps = Annotated[int, typer.Option("--steps", help="Optimizer steps.")]
 MicroBatch = Annotated[int, typer.Option("--micro-batch", help="Sequences per rank per micro-batch.")]
@@ -190,18 +202,12 @@ def train_cmd(
     deadline: Deadline = None, json: JsonOut = None,
 ) -> int:
     """Train the built-in decoder with one data-parallel strategy; per-step metrics."""
-    from distval.launch import planned_world_size
     from distval.train.compare import run_train
-    from distval.train.data import validate_source
 
     cfg = _train_config(model, strategy, steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
                         data, task, bucket_mb, comm_hook, powersgd_rank)
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
-    cfg.check_world(planned_world_size(opts))
-    validate_source(cfg.data_config(), presets.model(cfg.model).vocab_size)
-    for path, flag in ((json, "--json"), (log_jsonl, "--log-jsonl")):
-        if path:
-            check_writable(path, flag)
+    _check_training(cfg, opts, {"--json": json, "--log-jsonl": log_jsonl})
     if tensorboard:
         from distval.train.metrics import check_tensorboard
 
@@ -223,20 +229,14 @@ def compare_cmd(
     nproc: Nproc = None, backend: Backend = "auto", timeout: Timeout = "60s", json: JsonOut = None,
 ) -> int:
     """Every strategy on the same workload: parity with one process, step time, memory, traffic."""
-    from distval.launch import planned_world_size
     from distval import strategies as strategy_mod
     from distval.train.compare import compact_table, run_compare
-    from distval.train.data import validate_source
 
     names = strategy_mod.DDP_FAMILY if strategies == "all" else [strategy_mod.check_name(n) for n in split_list(strategies)]
     cfg = _train_config(model, names[0], steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
                         data, task, bucket_mb, comm_hook, powersgd_rank)
     opts = launch_options(nproc, backend, None, timeout, None)
-    cfg.check_world(planned_world_size(opts))
-    validate_source(cfg.data_config(), presets.model(cfg.model).vocab_size)
-    for path, flag in ((json, "--json"), (html, "--html")):
-        if path:
-            check_writable(path, flag)
+    _check_training(cfg, opts, {"--json": json, "--html": html})
     if calibration is not None:
         from distval.plan.calibration import load
 

@@ -91,6 +91,30 @@ class Strategy:
         """Remove hooks; the model is usable again without the strategy."""
 
 
-def average_(grads: list[torch.Tensor], world_size: int) -> None:
-    for g in grads:
-        g.div_(world_size)
+class HookStrategy(Strategy):
+    """A strategy that acts on each gradient as autograd finishes accumulating it, on the last
+    micro-batch of a step only (post-accumulate-grad hooks on every trainable parameter)."""
+
+    def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
+        super().__init__(model, comm, cfg)
+        self._sync = False
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in model.parameters() if p.requires_grad]
+
+    def _hook(self, p: nn.Parameter) -> None:
+        if self._sync:
+            self.on_grad(p)
+
+    def on_grad(self, p: nn.Parameter) -> None:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def micro_batch(self, is_last: bool) -> Iterator[None]:
+        self._sync = is_last
+        try:
+            yield
+        finally:
+            self._sync = False
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()

@@ -13,48 +13,36 @@ Communication: one all_reduce per bucket per optimizer step, total = the gradien
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from distval.comm.layer import Comm
-from distval.strategies.base import Strategy, StrategyConfig
+from distval.strategies.base import HookStrategy, StrategyConfig
 
 
-class BucketDDPAsync(Strategy):
+class BucketDDPAsync(HookStrategy):
     name = "bucket_ddp_async"
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
-        super().__init__(model, comm, cfg)
         self.buckets = plan_buckets([p for p in model.parameters() if p.requires_grad], int(cfg.bucket_mb * 1e6))
         self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
-        self._sync = False
         self._ready: list[set[int]] = [set() for _ in self.buckets]
         self._next = 0  # the next bucket to launch
         self._inflight: list[tuple[Any, torch.Tensor, list[nn.Parameter]]] = []
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in model.parameters() if p.requires_grad]
+        super().__init__(model, comm, cfg)
 
-    def _on_grad(self, p: nn.Parameter) -> None:
-        if self._sync:
-            self._ready[self._bucket_of[id(p)]].add(id(p))
-            while self._next < len(self.buckets) and len(self._ready[self._next]) == len(self.buckets[self._next]):
-                self._launch(self._next)
+    def on_grad(self, p: nn.Parameter) -> None:
+        self._ready[self._bucket_of[id(p)]].add(id(p))
+        while self._next < len(self.buckets) and len(self._ready[self._next]) == len(self.buckets[self._next]):
+            self._launch(self._next)
 
     def _launch(self, i: int) -> None:
         params = self.buckets[i]
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         self._inflight.append((self.comm.all_reduce(flat, async_op=True), flat, params))
         self._next = i + 1
-
-    @contextlib.contextmanager
-    def micro_batch(self, is_last: bool) -> Iterator[None]:
-        self._sync = is_last
-        try:
-            yield
-        finally:
-            self._sync = False
 
     def sync_gradients(self) -> None:
         while self._next < len(self.buckets):  # buckets whose parameters got no gradient hook
@@ -70,10 +58,6 @@ class BucketDDPAsync(Strategy):
         self._inflight.clear()
         self._ready = [set() for _ in self.buckets]
         self._next = 0
-
-    def close(self) -> None:
-        for h in self._handles:
-            h.remove()
 
 
 def plan_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[list[nn.Parameter]]:

@@ -7,42 +7,26 @@ all_reduce per parameter per optimizer step, overlapping with the rest of backwa
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 from torch import nn
 
 from distval.comm.layer import Comm
-from distval.strategies.base import Strategy, StrategyConfig
+from distval.strategies.base import HookStrategy, StrategyConfig
 
 
-class SimpleDDPAsync(Strategy):
+class SimpleDDPAsync(HookStrategy):
     name = "simple_ddp_async"
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
-        super().__init__(model, comm, cfg)
-        self._sync = False
         self._pending: list[tuple[Any, nn.Parameter]] = []
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in model.parameters() if p.requires_grad]
+        super().__init__(model, comm, cfg)
 
-    def _on_grad(self, p: nn.Parameter) -> None:
-        if self._sync:
-            self._pending.append((self.comm.all_reduce(p.grad, async_op=True), p))
-
-    @contextlib.contextmanager
-    def micro_batch(self, is_last: bool) -> Iterator[None]:
-        self._sync = is_last
-        try:
-            yield
-        finally:
-            self._sync = False
+    def on_grad(self, p: nn.Parameter) -> None:
+        self._pending.append((self.comm.all_reduce(p.grad, async_op=True), p))
 
     def sync_gradients(self) -> None:
         for handle, p in self._pending:
             handle.wait()
             p.grad.div_(self.world_size)
         self._pending.clear()
-
-    def close(self) -> None:
-        for h in self._handles:
-            h.remove()

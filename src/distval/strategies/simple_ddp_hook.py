@@ -9,36 +9,14 @@ hidden; `simple_ddp_async` makes the same calls asynchronous.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
 from torch import nn
 
-from distval.comm.layer import Comm
-from distval.strategies.base import Strategy, StrategyConfig
+from distval.strategies.base import HookStrategy
 
 
-class SimpleDDPHook(Strategy):
+class SimpleDDPHook(HookStrategy):
     name = "simple_ddp_hook"
 
-    def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
-        super().__init__(model, comm, cfg)
-        self._sync = False
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in model.parameters() if p.requires_grad]
-
-    def _on_grad(self, p: nn.Parameter) -> None:
-        if self._sync:
-            self.comm.all_reduce(p.grad)
-            p.grad.div_(self.world_size)
-
-    @contextlib.contextmanager
-    def micro_batch(self, is_last: bool) -> Iterator[None]:
-        self._sync = is_last
-        try:
-            yield
-        finally:
-            self._sync = False
-
-    def close(self) -> None:
-        for h in self._handles:
-            h.remove()
+    def on_grad(self, p: nn.Parameter) -> None:
+        self.comm.all_reduce(p.grad)
+        p.grad.div_(self.world_size)

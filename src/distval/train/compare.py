@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from distval import meta
+from distval.comm.bench import percentile
 from distval.launch import JobResult, LaunchOptions
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
@@ -125,7 +126,7 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
     return {
         "strategy": name, "max_rel_param_diff": diff, "bitwise_equal": bool(torch.equal(result["params"], reference["params"])),
         "final_loss": result["steps"][-1]["loss"], "step_time_p50_s": statistics.median(times),
-        "step_time_p95_s": _p95(times), "tokens_per_s": statistics.median(s["tokens_per_s"] for s in steps),
+        "step_time_p95_s": percentile(times, 95), "tokens_per_s": statistics.median(s["tokens_per_s"] for s in steps),
         "peak_mem_bytes": max(s["peak_mem_bytes"] for s in steps),
         "comm_calls_per_step": statistics.median(s["comm_calls"] for s in steps),
         "comm_bytes_per_step": statistics.median(s["comm_bytes"] for s in steps),
@@ -172,7 +173,3 @@ def compact_table(report: Report) -> Any:
                   "—" if r["comm_hidden_frac"] is None else f"{r['comm_hidden_frac']:.0%}")
     return t
 
-
-def _p95(values: list[float]) -> float:
-    xs = sorted(values)
-    return xs[min(len(xs) - 1, round(0.95 * (len(xs) - 1)))]
