@@ -276,7 +276,7 @@ def _quiet_elastic_logs() -> None:
 
 
 class _DeadlineExpired(Exception):
-    pass
+    """The --deadline timer fired before torch's agent had installed its own signal handlers."""
 
 
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -415,7 +415,7 @@ def _log_tail(run_dir: str, rank: int, lines: int = 5) -> list[str]:
         try:
             return [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-lines:]
         except OSError:
-            pass
+            return []  # the log vanished with its worker: nothing to show
     return []
 
 

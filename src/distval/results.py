@@ -131,10 +131,7 @@ def atomic_write_text(path: str | os.PathLike, text: str, fsync: bool = True) ->
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 

@@ -55,22 +55,26 @@ class Inputs:
         return self.micro_batch * self.grad_accum * self.world_size
 
 
+def matmul_flops(matmul, a, b, n: int, reps: int = 3) -> float:
+    """2·n³ FLOPs ÷ the best of `reps` timed `matmul(a, b)` of n×n operands (one untimed first)."""
+    matmul(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        matmul(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
 @functools.lru_cache(maxsize=1)
 def measured_cpu_peak_flops(n: int = 1024, reps: int = 3) -> float:
-    """This host's fp32 matmul rate: 2·n³ FLOPs ÷ the best of `reps` timed n×n products, through
-    numpy's BLAS (planning must not wait for `import torch`; the training loop measures its MFU
-    peak the same way through torch, see train/loop.py)."""
+    """This host's fp32 matmul rate through numpy's BLAS (planning must not wait for
+    `import torch`; the training loop measures its MFU peak through torch with `matmul_flops`)."""
     import numpy as np  # only when the cpu device is planned
 
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
-    a @ b
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+    return matmul_flops(np.matmul, a, b, n, reps)
 
 
 def host_memory_bytes() -> int:
@@ -135,8 +139,7 @@ def flops_per_token(model: ModelInfo) -> float | None:
     """6·N + 12·L·H·Q·T (None without a sequence length)."""
     if model.seq_len is None:
         return None
-    spec = model.spec
-    attention = 12 * spec.num_layers * spec.hidden_size * model.seq_len if spec is not None else 0
+    attention = model.spec.attention_flops_per_token(model.seq_len) if model.spec is not None else 0
     return 6 * model.flop_params + attention
 
 

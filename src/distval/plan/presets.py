@@ -117,6 +117,14 @@ class ModelSpec:
     def num_params(self) -> int:
         return self.num_layers * self.layer_params() + self.root_params()
 
+    def attention_flops_per_token(self, seq_len: int | None = None) -> int:
+        """The 12·L·H·Q·T term of the training FLOPs per token (DESIGN.md, PaLM convention)."""
+        return 12 * self.num_layers * self.hidden_size * (seq_len or self.seq_len)
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token: 6·N + 12·L·H·Q·T."""
+        return 6 * self.flop_params() + self.attention_flops_per_token(seq_len)
+
     def flop_params(self) -> int:
         """N of the 6·N FLOPs per token (PaLM / nanoGPT convention): the parameters that take part
         in matmuls, i.e. the layers, the final norm and the output projection V·h (the tied token

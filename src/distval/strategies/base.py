@@ -19,6 +19,7 @@ bytes per step are counted by the collective layer.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 from dataclasses import dataclass
 from typing import ClassVar, Iterator
@@ -65,7 +66,8 @@ class Strategy:
         yield
 
     def sync_gradients(self) -> None:
-        pass
+        """Make p.grad the global mean. Strategies that synchronise in hooks or per micro-batch
+        have nothing left to do here."""
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """The parameters this rank's optimizer updates."""
@@ -78,7 +80,7 @@ class Strategy:
         return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
 
     def after_step(self) -> None:
-        pass
+        """After optimizer.step(): data parallelism keeps full replicas, so nothing to restore."""
 
     def grad_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters() if p.requires_grad)
@@ -91,7 +93,7 @@ class Strategy:
         """Remove hooks; the model is usable again without the strategy."""
 
 
-class HookStrategy(Strategy):
+class HookStrategy(Strategy, abc.ABC):
     """A strategy that acts on each gradient as autograd finishes accumulating it, on the last
     micro-batch of a step only (post-accumulate-grad hooks on every trainable parameter)."""
 
@@ -104,8 +106,9 @@ class HookStrategy(Strategy):
         if self._sync:
             self.on_grad(p)
 
+    @abc.abstractmethod
     def on_grad(self, p: nn.Parameter) -> None:
-        raise NotImplementedError
+        """What to do with p.grad once autograd has finished accumulating it."""
 
     @contextlib.contextmanager
     def micro_batch(self, is_last: bool) -> Iterator[None]:

@@ -108,7 +108,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     model = build_model(spec, seed=cfg.seed, num_classes=num_classes).to(ctx.device)
     strategy = strategies.build(cfg.strategy, model, ctx.comm, cfg.strategy_cfg)
     optimizer = torch.optim.AdamW(strategy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
-    flops_per_token = 6 * spec.flop_params() + 12 * spec.num_layers * spec.hidden_size * spec.seq_len
+    flops_per_token = spec.flops_per_token()
     peak = cfg.peak_flops or _measured_peak(ctx)
     ctx.comm.reset_totals()
     logger = MetricsLogger(cfg.log_jsonl, cfg.tensorboard) if ctx.rank == 0 else MetricsLogger()
@@ -148,7 +148,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     ctx.control_comm.all_reduce(loss_sum, "sum")
     step_time = torch.tensor([elapsed], dtype=torch.float64)
     ctx.control_comm.all_reduce(step_time, "max")  # the step ends when the slowest rank ends
-    tokens = cfg.global_batch_for(ctx.world_size) * (presets.model(cfg.model).seq_len - 1)
+    tokens = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1)
     step_s = float(step_time)
     return {
         "step": step, "loss": float(loss_sum) / ctx.world_size, "grad_norm": grad_norm, "lr": lr_at(cfg, step),
@@ -191,15 +191,11 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 def _measured_peak(ctx: RankContext, n: int = 512, reps: int = 3) -> float:
-    """The MFU denominator on CPU: this rank's fp32 matmul rate through torch (2·n³ / best time)."""
+    """The MFU denominator on CPU: this rank's fp32 matmul rate through torch."""
+    from distval.plan.model import matmul_flops
+
     a, b = torch.randn(n, n, device=ctx.device), torch.randn(n, n, device=ctx.device)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+    return matmul_flops(torch.mm, a, b, n, reps)
 
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:

@@ -87,7 +87,7 @@ class Embedding(nn.Embedding):
     device, nn.Embedding's normal_ would pull in torch's reference-op machinery, ~1 s)."""
 
     def reset_parameters(self) -> None:
-        pass
+        """Deliberately empty: `Decoder.init_weights` initialises the weights from its own generator."""
 
 
 class Attention(nn.Module):
