@@ -239,9 +239,15 @@ def test_only_checks_report_shows_error_verdict():
 
 
 def test_missing_keys_and_odd_shapes_render():
-    parse(render_html({}))
-    parse(render_html({"command": "x", "tables": None, "checks": None, "meta": None, "summary": None}))
-    parse(render_html({"tables": [{"name": "listed", "rows": [{"a": 1, "b": None}]}]}))  # list, no columns
+    doc = render_html({})
+    parse(doc)
+    assert "<title>distval distval" in doc and "<svg" not in doc
+    doc = render_html({"command": "x", "tables": None, "checks": None, "meta": None, "summary": None})
+    parse(doc)
+    assert "<h1>distval x" in doc
+    doc = render_html({"tables": [{"name": "listed", "rows": [{"a": 1, "b": None}]}]})  # list, no columns
+    parse(doc)
+    assert "listed" in doc
 
 
 def test_empty_and_bad_values_in_bench():
