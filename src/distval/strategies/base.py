@@ -12,6 +12,17 @@ inside it or branches on its name:
     optimizer.step(); optimizer.zero_grad(set_to_none=True)
     strategy.after_step()                                # e.g. ZeRO: all-gather updated params
 
+Checkpoints go through `state_dict(optimizer)` / `load_state_dict(optimizer, state)`, a portable
+full form every strategy reads and writes the same way (so a checkpoint from one strategy or
+world size loads into another):
+
+    {"model": {name: full tensor, ... (persistent buffers too)},
+     "optim": {param name: {"step": tensor, "exp_avg": tensor, "exp_avg_sq": tensor}}}
+
+Both are collective for sharded strategies (every rank calls them; every rank gets the full
+state). `model_state_tensors(optimizer)` yields what this rank actually holds (parameters,
+gradients, optimizer state, shards) for the model-state memory accounting.
+
 Gradient averaging is SUM then divide by the world size (the same result on every backend).
 Every collective a hand-written strategy issues goes through the `Comm` it is given, so calls and
 bytes per step are counted by the collective layer.
@@ -22,7 +33,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import Any, ClassVar, Iterator
 
 import torch
 from torch import nn
@@ -88,6 +99,40 @@ class Strategy:
     def expected_comm_bytes_per_step(self, grad_accum: int) -> int | None:
         """Bytes the collective layer should count per optimizer step (nccl-tests' S summed)."""
         return self.grad_bytes() * (grad_accum if self.syncs_every_micro_batch else 1)
+
+    # -- checkpoint state (portable full form) and model-state memory --------------------------------
+
+    def state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The full model and optimizer state, keyed by parameter name (copies)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        optim = {names[id(p)]: {k: v.detach().clone() for k, v in st.items()}
+                 for p, st in optimizer.state.items() if st}
+        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()}, "optim": optim}
+
+    def load_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        params = dict(self.model.named_parameters())
+        optimizer.state.clear()
+        for name, st in state["optim"].items():
+            optimizer.state[params[name]] = {k: v.detach().clone() for k, v in st.items()}
+
+    def full_parameters(self) -> torch.Tensor:
+        """Every parameter, flattened in registration order, as fp32 (collective for sharded strategies)."""
+        return torch.cat([p.detach().float().reshape(-1).cpu() for p in self.model.parameters()])
+
+    def model_state_tensors(self, optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+        """What this rank holds of the model state: parameters, gradients, optimizer state."""
+        for p in self.model.parameters():
+            yield p
+            if p.grad is not None:
+                yield p.grad
+        for st in optimizer.state.values():
+            yield from (v for v in st.values() if isinstance(v, torch.Tensor))
+
+    def expected_model_state_bytes(self, optimizer: torch.optim.Optimizer) -> int | None:
+        """The formula for this rank: full replicas of fp32 parameters, gradients and Adam's two
+        moments, 16 bytes per parameter (16Ψ; the fp32 'step' scalars are not counted)."""
+        return 16 * sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
     def close(self) -> None:
         """Remove hooks; the model is usable again without the strategy."""

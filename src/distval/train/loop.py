@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from distval import strategies
+from distval.comm.ops import busbw_factor
 from distval.launch import RankContext
 from distval.plan import presets
 from distval.strategies.base import StrategyConfig
@@ -120,11 +121,14 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
             logger.log(steps[-1], step)
     finally:
         logger.close()
+    full = strategy.full_parameters()  # collective for sharded strategies
+    expected_state = torch.tensor([strategy.expected_model_state_bytes(optimizer) or -1], dtype=torch.float64)
+    ctx.control_comm.all_reduce(expected_state, "max")  # the largest rank, as measured
     result: dict[str, Any] = {"steps": steps, "expected_comm_bytes_per_step": strategy.expected_comm_bytes_per_step(cfg.grad_accum),
-                              "checksum": param_checksum(model), "num_params": sum(p.numel() for p in model.parameters()),
-                              "peak_flops": peak}
+                              "expected_model_state_bytes": int(expected_state) if float(expected_state) >= 0 else None,
+                              "checksum": _checksum(full), "num_params": full.numel(), "peak_flops": peak}
     if cfg.return_params and ctx.rank == 0:
-        result["params"] = torch.cat([p.detach().float().reshape(-1).cpu() for p in model.parameters()])
+        result["params"] = full
     strategy.close()
     return result
 
@@ -139,6 +143,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     strategy.sync_gradients()
     grad_norm = strategy.clip_grad_norm(cfg.clip)
     optimizer.step()
+    held = held_bytes(strategy.model_state_tensors(optimizer))  # everything of the model state exists now
     optimizer.zero_grad(set_to_none=True)
     strategy.after_step()
     elapsed = time.perf_counter() - start
@@ -146,17 +151,19 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     ctx.comm.reset_totals()
     loss_sum = torch.tensor([loss], dtype=torch.float64)
     ctx.control_comm.all_reduce(loss_sum, "sum")
-    step_time = torch.tensor([elapsed], dtype=torch.float64)
-    ctx.control_comm.all_reduce(step_time, "max")  # the step ends when the slowest rank ends
+    # the step ends when the slowest rank ends; model state: the rank holding the most
+    maxima = torch.tensor([elapsed, held], dtype=torch.float64)
+    ctx.control_comm.all_reduce(maxima, "max")
     tokens = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1)
-    step_s = float(step_time)
+    step_s = float(maxima[0])
     return {
         "step": step, "loss": float(loss_sum) / ctx.world_size, "grad_norm": grad_norm, "lr": lr_at(cfg, step),
         "step_time_s": step_s, "tokens_per_s": tokens / step_s,
         "mfu": tokens / ctx.world_size * flops_per_token / step_s / peak,
         "comm_calls": sum(t.calls for t in comm.values()), "comm_bytes": sum(t.bytes for t in comm.values()),
+        "comm_wire_bytes": round(sum(t.bytes * busbw_factor(op, ctx.world_size) for op, t in comm.items())),
         "comm_time_s": sum(t.time_s for t in comm.values()), "comm_blocked_s": sum(t.blocked_s for t in comm.values()),
-        "peak_mem_bytes": peak_memory_bytes(ctx.device),
+        "peak_mem_bytes": peak_memory_bytes(ctx.device), "model_state_bytes": int(maxima[1]),
     }
 
 
@@ -174,14 +181,23 @@ def forward_backward(cfg: TrainConfig, strategy: strategies.Strategy, loader: An
     return total
 
 
-def param_checksum(model: torch.nn.Module) -> str:
+def _checksum(flat: torch.Tensor) -> str:
     """A fingerprint of the exact parameter bits (same bits -> same checksum on every rank)."""
     import hashlib
 
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
+    return hashlib.sha256(flat.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+
+
+def held_bytes(tensors: Any) -> int:
+    """Bytes of the distinct storages behind these tensors (a view into a flat buffer counts the
+    buffer once; a DTensor counts its local shard)."""
+    storages: dict[int, int] = {}
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        st = local.untyped_storage()
+        if st.nbytes():
+            storages[st.data_ptr()] = st.nbytes()
+    return sum(storages.values())
 
 
 def peak_memory_bytes(device: torch.device) -> int:
