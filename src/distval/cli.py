@@ -150,14 +150,15 @@ def comm_bench(
 
 
 def _train_config(model, strategy, steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
-                  data, task, bucket_mb, comm_hook, powersgd_rank):
+                  data, task, bucket_mb, comm_hook, powersgd_rank, mixed_precision):
     from distval.strategies.base import StrategyConfig
     from distval.train.loop import TrainConfig
 
     return TrainConfig(model=model, strategy=strategy, steps=steps, micro_batch=micro_batch, grad_accum=grad_accum,
                        global_batch=global_batch, lr=lr, warmup_steps=warmup, clip=clip, seed=seed, precision=precision,
                        data=data, task=task, strategy_cfg=StrategyConfig(bucket_mb=bucket_mb, comm_hook=comm_hook,
-                                                              powersgd_rank=powersgd_rank))
+                                                              powersgd_rank=powersgd_rank,
+                                                              mixed_precision=mixed_precision))
 
 
 def _check_training(cfg, opts, outputs: dict[str, Optional[Path]]) -> None:
@@ -187,6 +188,7 @@ Task = Annotated[str, typer.Option("--task", help="lm (next token) or classify (
 BucketMb = Annotated[float, typer.Option("--bucket-mb", help="Bucket cap of bucket_ddp_async and pytorch_ddp.")]
 CommHook = Annotated[str, typer.Option("--comm-hook", help="pytorch_ddp: none, fp16, bf16 or powersgd.")]
 PowerSGDRank = Annotated[int, typer.Option("--powersgd-rank", help="Rank of PowerSGD's approximation.")]
+MixedPrecision = Annotated[str, typer.Option("--mixed-precision", help="fsdp2: none or bf16 (bf16 parameters for compute, fp32 gradient reduction).")]
 
 
 @app.command("train")
@@ -195,7 +197,7 @@ def train_cmd(
     model: Model = "tiny", steps: Steps = 20, micro_batch: MicroBatch = 2, grad_accum: GradAccum = 1,
     global_batch: GlobalBatch = None, lr: Lr = 3e-3, warmup: Warmup = 5, clip: Clip = 1.0, seed: Seed = 0,
     precision: Precision = "fp32", data: Data = "synthetic", task: Task = "lm", bucket_mb: BucketMb = 25.0, comm_hook: CommHook = "none",
-    powersgd_rank: PowerSGDRank = 1,
+    powersgd_rank: PowerSGDRank = 1, mixed_precision: MixedPrecision = "none",
     log_jsonl: Annotated[Optional[Path], typer.Option("--log-jsonl", help="Append one JSON line per step (rank 0).")] = None,
     tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Write TensorBoard scalars to this folder.")] = None,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
@@ -205,7 +207,7 @@ def train_cmd(
     from distval.train.compare import run_train
 
     cfg = _train_config(model, strategy, steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
-                        data, task, bucket_mb, comm_hook, powersgd_rank)
+                        data, task, bucket_mb, comm_hook, powersgd_rank, mixed_precision)
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
     _check_training(cfg, opts, {"--json": json, "--log-jsonl": log_jsonl})
     if tensorboard:
@@ -223,7 +225,7 @@ def compare_cmd(
     model: Model = "tiny", steps: Steps = 10, micro_batch: MicroBatch = 2, grad_accum: GradAccum = 1,
     global_batch: GlobalBatch = None, lr: Lr = 3e-3, warmup: Warmup = 5, clip: Clip = 1.0, seed: Seed = 0,
     precision: Precision = "fp32", data: Data = "synthetic", task: Task = "lm", bucket_mb: BucketMb = 25.0, comm_hook: CommHook = "none",
-    powersgd_rank: PowerSGDRank = 1,
+    powersgd_rank: PowerSGDRank = 1, mixed_precision: MixedPrecision = "none",
     calibration: Annotated[Optional[Path], typer.Option("--calibration", help="A `comm bench --json` file: adds the planner's predicted step time.")] = None,
     html: Annotated[Optional[Path], typer.Option("--html", help="Also write a self-contained HTML report (step-time plot).")] = None,
     nproc: Nproc = None, backend: Backend = "auto", timeout: Timeout = "60s", json: JsonOut = None,
@@ -234,7 +236,7 @@ def compare_cmd(
 
     names = strategy_mod.DDP_FAMILY if strategies == "all" else [strategy_mod.check_name(n) for n in split_list(strategies)]
     cfg = _train_config(model, names[0], steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
-                        data, task, bucket_mb, comm_hook, powersgd_rank)
+                        data, task, bucket_mb, comm_hook, powersgd_rank, mixed_precision)
     opts = launch_options(nproc, backend, None, timeout, None)
     _check_training(cfg, opts, {"--json": json, "--html": html})
     if calibration is not None:

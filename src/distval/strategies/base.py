@@ -46,6 +46,7 @@ class StrategyConfig:
     bucket_mb: float = 25.0  # bucket_ddp_async, pytorch_ddp
     comm_hook: str = "none"  # pytorch_ddp: none | fp16 | bf16 | powersgd
     powersgd_rank: int = 1
+    mixed_precision: str = "none"  # fsdp2: none | bf16 (bf16 parameters in compute, fp32 reduction)
 
     def __post_init__(self) -> None:
         if self.bucket_mb <= 0:
@@ -54,6 +55,8 @@ class StrategyConfig:
             raise ValueError(f"--comm-hook must be none, fp16, bf16 or powersgd (got {self.comm_hook!r})")
         if self.powersgd_rank < 1:
             raise ValueError(f"--powersgd-rank must be at least 1 (got {self.powersgd_rank})")
+        if self.mixed_precision not in ("none", "bf16"):
+            raise ValueError(f"--mixed-precision must be none or bf16 (got {self.mixed_precision!r})")
 
 
 class Strategy:
