@@ -87,6 +87,10 @@ class Strategy:
         """The parameters this rank's optimizer updates."""
         return self.model.parameters()
 
+    def build_optimizer(self, optimizer_class: type[torch.optim.Optimizer], **kwargs: Any) -> torch.optim.Optimizer:
+        """The optimizer over `parameters()` (a strategy may wrap it, as ZeroRedundancyOptimizer)."""
+        return optimizer_class(self.parameters(), **kwargs)
+
     def clip_grad_norm(self, max_norm: float) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if max_norm > 0:

@@ -108,7 +108,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     num_classes = getattr(getattr(loader, "dataset", None), "num_classes", None)
     model = build_model(spec, seed=cfg.seed, num_classes=num_classes).to(ctx.device)
     strategy = strategies.build(cfg.strategy, model, ctx.comm, cfg.strategy_cfg)
-    optimizer = torch.optim.AdamW(strategy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    optimizer = strategy.build_optimizer(torch.optim.AdamW, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     flops_per_token = spec.flops_per_token()
     peak = cfg.peak_flops or _measured_peak(ctx)
     ctx.comm.reset_totals()
