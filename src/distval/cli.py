@@ -17,6 +17,8 @@ from distval import __version__
 from distval.comm.names import BENCH_OPS, CHECK_OPS
 from distval.plan import presets
 from distval.plan.command import register as register_plan
+from distval.emulate.command import register as register_emulate
+from distval.slurm import register as register_slurm
 from distval.report import terminal
 from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun, Report, check_writable, atomic_write_text, write_json
 from distval.units import parse_duration, parse_size
@@ -26,6 +28,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 comm_app = typer.Typer(no_args_is_help=True, help="Collective correctness and bandwidth.")
 app.add_typer(comm_app, name="comm")
 register_plan(app)
+register_emulate(app)
+register_slurm(app)
 
 # -- options shared by every command that launches ranks ------------------------------------------------
 Nproc = Annotated[Optional[int], typer.Option("--nproc", help="Local workers to start (default: number of GPUs, else 2). Ignored under torchrun/Slurm.")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import platform
 import sys
@@ -53,6 +54,8 @@ def collect(job: "JobResult | None", config: Any = None, **extra: Any) -> dict[s
     if job is not None:
         meta.update(world_size=job.world_size, backend=job.backend, launch=job.mode, hosts=job.hosts,
                     devices=sorted({r["device"] for r in job.ranks}))
+    if os.environ.get("DISTVAL_EMULATED"):  # set by `distval emulate` on every node: the emulated topology
+        meta["emulated"] = json.loads(os.environ["DISTVAL_EMULATED"])
     if config is not None and dataclasses.is_dataclass(config):
         meta["config"] = dataclasses.asdict(config)
     meta.update(extra)

@@ -1,0 +1,39 @@
+"""What torchrun starts on an emulated node: the distval CLI, plus a note of this rank's exit code.
+
+torchrun folds every worker failure into its own exit code 1, so `distval emulate` would otherwise
+not know whether a rank reported a FAIL (1), bad input (2) or could not run (3). Each rank writes
+`exit.<rank>.json` into DISTVAL_EMULATE_DIR (a folder of the host's file system, which every
+namespace shares) when it ends by itself; a rank killed by a signal leaves none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+
+def main() -> None:
+    from distval import cli
+
+    code: int = 1  # an exception that escapes cli.main ends the process with 1
+    try:
+        cli.main(sys.argv[1:])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        raise
+    finally:
+        folder = os.environ.get("DISTVAL_EMULATE_DIR")
+        if folder:
+            rank = os.environ.get("RANK", "x")
+            note = {"rank": int(rank) if rank.isdigit() else None, "code": code, "host": socket.gethostname()}
+            path = os.path.join(folder, f"exit.{rank}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump(note, f)
+            os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    main()
