@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from distval import strategies
+from distval.ckpt.checkpointer import Checkpointer
+from distval.ckpt.faults import StepFault
 from distval.comm.ops import busbw_factor
 from distval.launch import RankContext
 from distval.plan import presets
@@ -53,6 +55,12 @@ class TrainConfig:
     log_jsonl: str | None = None  # rank 0 appends one JSON line per step
     tensorboard: str | None = None  # rank 0 writes TensorBoard scalars here
     peak_flops: float | None = None  # per device; None: measured matmul rate on CPU
+    ckpt_dir: str | None = None  # checkpoints (docs/checkpointing.md); None: no checkpoints
+    ckpt_every: int = 10  # save after every N optimizer steps (and after the last)
+    ckpt_keep: int = 3  # keep the newest K checkpoints
+    ckpt_async: bool = True  # write in a background thread; the loop only waits for the snapshot
+    resume: str | None = None  # "auto" (newest valid checkpoint in ckpt_dir, or start at 0), a checkpoint path, or None
+    run_id: str | None = None  # names the run journal in ckpt_dir/runs (None: the elastic agent's run id)
 
     def __post_init__(self) -> None:
         presets.model(self.model)  # unknown preset -> ValueError listing the known ones
@@ -64,6 +72,11 @@ class TrainConfig:
             raise ValueError(f"--precision must be fp32 or bf16 (got {self.precision!r})")
         if self.lr <= 0:
             raise ValueError(f"--lr must be positive (got {self.lr:g})")
+        for name in ("ckpt_every", "ckpt_keep"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+        if self.resume == "auto" and not self.ckpt_dir:
+            raise ValueError("--resume auto needs --ckpt-dir (where to look for checkpoints)")
 
     def data_config(self) -> data_mod.DataConfig:
         return data_mod.DataConfig(source=self.data, task=self.task)
@@ -111,16 +124,29 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     optimizer = strategy.build_optimizer(torch.optim.AdamW, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     flops_per_token = spec.flops_per_token()
     peak = cfg.peak_flops or _measured_peak(ctx)
+    # checkpoints (distval/ckpt): resume restores model, optimizer, RNG, data position and metrics so far
+    ckpt = Checkpointer(ctx, cfg, strategy, optimizer, loader) if cfg.ckpt_dir or cfg.resume else None
+    start, steps = ckpt.resume() if ckpt else (0, [])
+    fault = StepFault.from_env()  # drills and tests only
     ctx.comm.reset_totals()
     logger = MetricsLogger(cfg.log_jsonl, cfg.tensorboard) if ctx.rank == 0 else MetricsLogger()
-    steps = []
+    finished = False
     try:
-        for step in range(cfg.steps):
+        for step in range(start, cfg.steps):
             ctx.status(f"train {cfg.strategy} step {step}")
+            if ckpt:
+                ckpt.before_step(step)
+            elif fault:
+                fault.at_step(step, ctx.rank)
             steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak))
             logger.log(steps[-1], step)
+            if ckpt:
+                ckpt.after_step(step + 1)
+        finished = True
     finally:
         logger.close()
+        if ckpt:
+            ckpt.close(ok=finished)
     full = strategy.full_parameters()  # collective for sharded strategies
     expected_state = torch.tensor([strategy.expected_model_state_bytes(optimizer) or -1], dtype=torch.float64)
     ctx.control_comm.all_reduce(expected_state, "max")  # the largest rank, as measured

@@ -1,0 +1,374 @@
+"""The checkpointer the training loop calls: resume, periodic saves (sync or async), a final save
+on SIGTERM, and the run journal.
+
+    ckpt = Checkpointer(ctx, cfg, strategy, optimizer, loader)   # every rank (creates a Gloo group)
+    start, history = ckpt.resume()                                # step to start at, metrics so far
+    for step in range(start, cfg.steps):
+        ckpt.before_step(step)             # SIGTERM seen on any rank -> final save, Preempted
+        history.append(train_step(...))
+        ckpt.after_step(step + 1)          # every --ckpt-every steps and at the end: save
+    ckpt.close(ok=True)                    # finish a save still in flight
+
+Model and optimizer state go only through the strategy's portable full form
+(`strategy.state_dict(optimizer)` / `load_state_dict`, collective for sharded strategies, so they
+are called on every rank from the main thread). Async saves: the main thread takes the snapshot
+(the full form is a copy; on GPU it is moved to host memory) and hands it to one writer thread; a
+second save first waits for the first (at most one in flight). The writer's own collectives (file
+lists, commit outcome) go over a dedicated Gloo group, so they never interleave with the main
+thread's control-group traffic. A save running when training ends is finished; one running when a
+rank fails is abandoned: its files stay in a `.tmp-*` directory that is never loaded and is
+removed when the next attempt starts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distval.ckpt import state as ckpt_state
+from distval.ckpt import store
+from distval.ckpt.faults import StepFault, attempt_number
+from distval.results import atomic_write_text
+
+GRACE_S = 20.0  # after SIGTERM, a rank that reaches no step boundary in this time exits as before
+NO_RESTART_FILE = "no_restart.json"  # in the local run directory: tells distval's agent to stop retrying
+
+
+class Preempted(RuntimeError):
+    """SIGTERM was received and a final checkpoint saved: the job stops, a restart resumes."""
+
+
+class CrashLoop(RuntimeError):
+    """Two attempts in a row resumed from the same checkpoint and failed at the same step."""
+
+
+@dataclass
+class _Job:
+    step: int
+    state: dict[str, Any] | None  # rank 0: the full form on the host; others: None
+    trainer: dict[str, Any] | None
+    rank_state: dict[str, Any]
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Journal:
+    """Rank 0's record of one run (all its restart attempts), DIR/runs/<run id>.json."""
+
+    def __init__(self, ckpt_dir: Path, run_id: str):
+        self.path = ckpt_dir / "runs" / f"{run_id}.json"
+        self.path.parent.mkdir(exist_ok=True)
+        try:
+            self.doc = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.doc = {"run_id": run_id, "attempts": [], "saves": [], "warnings": []}
+
+    def write(self) -> None:
+        atomic_write_text(self.path, json.dumps(self.doc), fsync=False)
+
+    @property
+    def current(self) -> dict[str, Any]:
+        return self.doc["attempts"][-1]
+
+
+class Checkpointer:
+    def __init__(self, ctx: Any, cfg: Any, strategy: Any, optimizer: torch.optim.Optimizer, loader: Any,
+                 timeout_s: float = 120.0):
+        self.ctx, self.cfg, self.strategy, self.optimizer, self.loader = ctx, cfg, strategy, optimizer, loader
+        self.rank = ctx.rank
+        self.dir = Path(cfg.ckpt_dir) if cfg.ckpt_dir else None
+        self.fields = ckpt_state.fingerprint_fields(cfg, ctx.world_size)
+        self.fingerprint = ckpt_state.fingerprint(self.fields)
+        self.attempt = attempt_number()
+        self.fault = StepFault.from_env()
+        self.history: list[dict[str, Any]] = []
+        self.stop_requested = False
+        self._thread: threading.Thread | None = None
+        self._thread_error: BaseException | None = None
+        self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        run_id = cfg.run_id or os.environ.get("TORCHELASTIC_RUN_ID") or "run"
+        self.journal = Journal(self.dir, run_id) if self.dir and self.rank == 0 else None
+        if self.dir and self.rank == 0:
+            store.clean_temporary(self.dir)
+        dist.barrier(group=self.group)  # nobody writes into a .tmp directory before the clean-up
+        self._previous_handler = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    # -- SIGTERM: a final save at the next step boundary -----------------------------------------
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.stop_requested:
+            self._give_up(signum)
+        self.stop_requested = True
+        # a rank stuck in a collective never reaches the boundary: after the grace, behave as
+        # before (the launcher's handler notes where this rank was, then exits)
+        timer = threading.Timer(GRACE_S, self._give_up, args=(signum,))
+        timer.daemon = True
+        timer.start()
+
+    def _give_up(self, signum: int) -> None:
+        if callable(self._previous_handler):
+            self._previous_handler(signum, None)
+        os._exit(128 + signum)
+
+    # -- resume ------------------------------------------------------------------------------------
+
+    def resume(self) -> tuple[int, list[dict[str, Any]]]:
+        """Load the checkpoint --resume names (auto: the newest valid one); returns the step to
+        start at and the per-step metrics of the steps already done. Every rank calls this."""
+        box: list[Any] = [self._choose() if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        choice = box[0]
+        if choice["error"]:
+            self._no_restart(choice["error"], 2)
+            raise ValueError(choice["error"])
+        if choice["crash_loop"]:
+            self._no_restart(choice["crash_loop"], 3)
+            raise CrashLoop(choice["crash_loop"])
+        step = 0
+        if choice["path"]:
+            step = self._load(Path(choice["path"]))
+        if self.journal:
+            self.journal.doc["attempts"].append({
+                "attempt": self.attempt, "resumed_from_step": step if choice["path"] else None,
+                "checkpoint": Path(choice["path"]).name if choice["path"] else None, "start_time": time.time(),
+                "first_step_time": None, "last_step": None, "last_step_time": None, "outcome": "running"})
+            self.journal.doc["warnings"] += choice["warnings"]
+            self.journal.write()
+        return step, self.history
+
+    def _choose(self) -> dict[str, Any]:
+        """Rank 0: which checkpoint, or why not (a usage error, a crash loop)."""
+        out: dict[str, Any] = {"path": None, "error": None, "crash_loop": None, "warnings": []}
+        try:
+            found = None
+            if self.cfg.resume == "auto":
+                found = store.find_latest(self.dir, out["warnings"]) if self.dir else None
+            elif self.cfg.resume:
+                found = store.load_found(Path(self.cfg.resume))
+            if found is not None:
+                check_compatible(found, self.fields)
+                out["path"] = str(found.path)
+        except ValueError as e:
+            out["error"] = str(e)
+            return out
+        out["crash_loop"] = self._crash_loop(found.step if found else 0)
+        return out
+
+    def _crash_loop(self, resume_step: int) -> str | None:
+        """No progress across restarts: the last two attempts resumed from this same step and
+        both failed at the same step."""
+        if self.journal is None:
+            return None
+        failed = [a for a in self.journal.doc["attempts"] if a["outcome"] == "running"]
+        if len(failed) < 2:
+            return None
+        a, b = failed[-2], failed[-1]
+        if (a["resumed_from_step"] or 0) == (b["resumed_from_step"] or 0) == resume_step and a["last_step"] == b["last_step"]:
+            return (f"no progress across restarts: attempts {a['attempt']} and {b['attempt']} both resumed from step "
+                    f"{resume_step} and failed at step {b['last_step']}; not restarting again (fix the cause, then "
+                    f"rerun with --resume auto)")
+        return None
+
+    def _no_restart(self, message: str, exit_code: int) -> None:
+        """Local mode: ask distval's agent to stop instead of restarting into the same error."""
+        if self.rank == 0 and self.ctx.run_dir:
+            atomic_write_text(Path(self.ctx.run_dir) / NO_RESTART_FILE,
+                              json.dumps({"message": message, "exit_code": exit_code}), fsync=False)
+
+    def _load(self, path: Path) -> int:
+        trainer = json.loads((path / "trainer.json").read_text())
+        self.strategy.load_state_dict(self.optimizer, store.load_tensors(path, "model.pt"))
+        mine = path / f"rank-{self.rank}.json"
+        if mine.exists():
+            rank_state = json.loads(mine.read_text())
+            ckpt_state.set_rng_state(rank_state["rng"], self.ctx.device)
+        else:  # saved with fewer ranks: data positions are global, RNG streams are not
+            rank_state = json.loads((path / "rank-0.json").read_text())
+        self.loader.load_state_dict(rank_state["data"])
+        self.history = list(trainer["steps"])
+        return int(trainer["step"])
+
+    # -- per step ------------------------------------------------------------------------------------
+
+    def before_step(self, step: int) -> None:
+        if self.journal:
+            self.journal.current.update(last_step=step, last_step_time=time.time())
+            self.journal.write()
+        if self.fault:
+            self.fault.at_step(step, self.rank)
+        # every rank learns whether any rank got SIGTERM, so all stop at the same boundary
+        if max(self.ctx.exchange(int(self.stop_requested))):
+            path = self.save(step, final=True)
+            if self.journal:
+                self.journal.current["outcome"] = "preempted"
+                self.journal.write()
+            raise Preempted(f"SIGTERM received: saved {path or 'no checkpoint (see warnings)'} before step {step}; "
+                            f"rerun with --resume auto to continue")
+
+    def after_step(self, done: int) -> None:
+        if self.journal and self.journal.current["first_step_time"] is None:
+            self.journal.current["first_step_time"] = time.time()
+            self.journal.write()
+        if self.dir and (done % self.cfg.ckpt_every == 0 or done == self.cfg.steps):
+            self.save(done)
+
+    # -- saving ----------------------------------------------------------------------------------------
+
+    def save(self, step: int, final: bool = False) -> str | None:
+        """Snapshot now (every rank), write in the background unless sync or final. Returns the
+        checkpoint's name when it was committed synchronously."""
+        if self.dir is None:
+            return None
+        start = time.perf_counter()
+        self.wait()  # at most one save in flight
+        job = self._snapshot(step)
+        if self.cfg.ckpt_async and not final:
+            self._thread = threading.Thread(target=self._background, args=(job,), name="distval-ckpt", daemon=True)
+            self._thread.start()
+            self._record(job, None, time.perf_counter() - start)
+            return None
+        outcome = self._write(job)
+        self._record(job, outcome, time.perf_counter() - start)
+        return outcome["name"] if outcome["ok"] else None
+
+    def _snapshot(self, step: int) -> _Job:
+        full = self.strategy.state_dict(self.optimizer)  # a copy; collective for sharded strategies
+        rank_state = {"rng": ckpt_state.rng_state(self.ctx.device), "data": self.loader.state_dict()}
+        if self.rank != 0:
+            return _Job(step, None, None, rank_state)
+        from distval.train.loop import lr_at
+
+        trainer = {"step": step, "lr_next": lr_at(self.cfg, step) if step < self.cfg.steps else None,
+                   "fingerprint": self.fingerprint, "fields": self.fields, "steps": list(self.history[:step])}
+        return _Job(step, _to_host(full), trainer, rank_state)
+
+    def _background(self, job: _Job) -> None:
+        try:
+            outcome = self._write(job)
+            if self.journal:
+                self.journal.doc["saves"][-1].update(outcome)
+                self.journal.doc["saves"][-1]["write_s"] = time.perf_counter() - job.started
+                self._warn_failed(outcome)
+                self.journal.write()
+        except BaseException as e:  # a peer died mid-save: the main thread re-raises it
+            self._thread_error = e
+
+    def _write(self, job: _Job) -> dict[str, Any]:
+        """Every rank writes its files into the shared temporary directory; rank 0 commits once
+        all agree they succeeded, or removes it. Returns the outcome (the same on every rank)."""
+        tmp = store.tmp_path(self.dir, job.step, f"a{self.attempt}")
+        files: dict[str, Any] = {}
+        error = None
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            if self.fault and self.fault.in_save(job.step, self.rank):
+                _die_mid_write(tmp, store.tensors_bytes(job.state) if job.state else store.json_bytes(job.rank_state))
+            if job.state is not None:
+                files["model.pt"] = store.write_file(tmp, "model.pt", store.tensors_bytes(job.state))
+                files["trainer.json"] = store.write_file(tmp, "trainer.json", store.json_bytes(job.trainer))
+            files[f"rank-{self.rank}.json"] = store.write_file(tmp, f"rank-{self.rank}.json", store.json_bytes(job.rank_state))
+        except OSError as e:
+            error = f"rank {self.rank}: {e.strerror or e} ({getattr(e, 'filename', None) or tmp})"
+        gathered: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(gathered, (files, error), group=self.group)
+        outcome: dict[str, Any] | None = None
+        if self.rank == 0:
+            errors = [e for _, e in gathered if e]
+            name = store.step_name(job.step)
+            if not errors:
+                try:
+                    merged = {k: v for f, _ in gathered for k, v in f.items()}
+                    store.commit(tmp, self.dir, job.step, merged, {
+                        "fingerprint": self.fingerprint, "fields": self.fields, "world_size": self.ctx.world_size,
+                        "strategy": self.cfg.strategy, "time": time.time()})
+                    store.prune(self.dir, self.cfg.ckpt_keep)
+                except OSError as e:
+                    errors.append(f"rank 0: commit: {e.strerror or e}")
+            if errors:
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+            outcome = {"ok": not errors, "name": name, "error": "; ".join(errors) or None}
+        box = [outcome]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def _record(self, job: _Job, outcome: dict[str, Any] | None, stall_s: float) -> None:
+        if not self.journal:
+            return
+        entry = {"step": job.step, "attempt": self.attempt, "async": outcome is None, "stall_s": stall_s,
+                 "write_s": None if outcome is None else stall_s, "ok": None, "name": store.step_name(job.step), "error": None}
+        if outcome is not None:
+            entry.update(outcome)
+        self.journal.doc["saves"].append(entry)
+        if outcome is not None:
+            self._warn_failed(outcome)
+        self.journal.write()
+
+    def _warn_failed(self, outcome: dict[str, Any]) -> None:
+        if not outcome["ok"]:
+            latest = next((s["name"] for s in reversed(self.journal.doc["saves"]) if s.get("ok")), None)
+            self.journal.doc["warnings"].append(
+                f"checkpoint {outcome['name']} not saved: {outcome['error']}; the latest valid checkpoint stays "
+                f"{latest or 'the one resumed from (or none)'}")
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed or given up."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._thread_error is not None:
+            error, self._thread_error = self._thread_error, None
+            raise error
+
+    def close(self, ok: bool) -> None:
+        """ok: finish the save in flight. Failing: give it a moment, then abandon it (its files
+        stay in a .tmp directory that nothing loads)."""
+        try:
+            if ok:
+                self.wait()
+                if self.journal:
+                    self.journal.current["outcome"] = "finished"
+                    self.journal.write()
+            elif self._thread is not None:
+                self._thread.join(timeout=10)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, self._previous_handler)
+
+
+def check_compatible(found: store.Found, fields: dict[str, Any]) -> None:
+    saved = found.manifest.get("fields", {})
+    diff = ckpt_state.differences(saved, fields)
+    if diff:
+        raise ValueError(f"checkpoint {found.path} is from a different config: {'; '.join(diff)}; "
+                         f"resume with the same settings or use another --ckpt-dir")
+
+
+def _to_host(tree: Any) -> Any:
+    """The full form's tensors in host memory (they are copies already; on GPU, copy to CPU)."""
+    if isinstance(tree, dict):
+        return {k: _to_host(v) for k, v in tree.items()}
+    if isinstance(tree, torch.Tensor):
+        return tree if tree.device.type == "cpu" else tree.to("cpu")
+    return tree
+
+
+def _die_mid_write(tmp: Path, data: bytes) -> None:
+    """Drill fault: half of this rank's first file reaches the disk, then the process is killed."""
+    with open(tmp / ("model.pt" if data[:2] == b"PK" else "partial.json"), "wb") as f:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)
