@@ -48,6 +48,7 @@ class LaunchOptions:
     expect_world: int | None = None
     timeout_s: float = 60.0  # each collective, and rendezvous
     deadline_s: float | None = None  # the whole local job; None = no limit beyond timeouts
+    max_restarts: int = 0  # local mode: the elastic agent restarts all workers up to N times after a failure
 
     def __post_init__(self) -> None:
         if self.nproc is not None and self.nproc < 1:
@@ -58,6 +59,8 @@ class LaunchOptions:
             raise ValueError(f"--timeout must be positive (got {self.timeout_s:g})")
         if self.deadline_s is not None and self.deadline_s <= 0:
             raise ValueError(f"--deadline must be positive (got {self.deadline_s:g})")
+        if self.max_restarts < 0:
+            raise ValueError(f"--max-restarts must be 0 or more (got {self.max_restarts})")
         self.backend = devices.check_backend(self.backend)
 
 
@@ -210,6 +213,9 @@ def run(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult | None:
 
 def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None, mode: str) -> JobResult | None:
     rank = int(os.environ["RANK"])
+    if mode != "local":  # an advertised address no peer can reach: one ERROR line now, not a hang at init
+        from distval.netcheck import preflight
+        preflight(os.environ, timeout_s=min(opts.timeout_s, 5.0))
     ctx: RankContext | None = None
     try:
         timeout = datetime.timedelta(seconds=opts.timeout_s)
@@ -223,6 +229,7 @@ def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None,
                           socket.gethostname(), run_dir)
         ctx.control_comm = Comm(group=control, name="control", fault=None)
         if run_dir:
+            Path(run_dir, f"state.{rank}.json").unlink(missing_ok=True)  # a previous attempt's, after a restart
             _dump_state_on_sigterm(ctx)
         ctx.status("running")
         result = rank_fn(ctx, cfg)
@@ -293,7 +300,7 @@ def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult:
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"distval-{os.getpid()}",
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"timeout": int(max(opts.timeout_s, 30))},
-        max_restarts=0, monitor_interval=0.05, start_method="spawn", local_addr="127.0.0.1",
+        max_restarts=opts.max_restarts, monitor_interval=0.05, start_method="spawn", local_addr="127.0.0.1",
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL),
     )
     # torch's agent installs handlers for these that it never restores; ours stand in until it
@@ -301,18 +308,30 @@ def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult:
     saved_handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
     timed_out = threading.Event()
     timer = None
-    if opts.deadline_s:
+    if opts.deadline_s or opts.max_restarts:
         def _raise_deadline(signum: int, frame: Any) -> None:
             raise _DeadlineExpired()
 
+        signal.signal(signal.SIGTERM, _raise_deadline)
+    if opts.deadline_s:
         def _expire() -> None:
             timed_out.set()
             os.kill(os.getpid(), signal.SIGTERM)  # the agent's handler stops every worker
 
-        signal.signal(signal.SIGTERM, _raise_deadline)
         timer = threading.Timer(opts.deadline_s, _expire)
         timer.daemon = True
         timer.start()
+    # A worker that knows a restart cannot help (bad checkpoint, crash loop) leaves a note; the
+    # agent would restart anyway, so we stop it the way the deadline does.
+    stop_watching = threading.Event()
+    if opts.max_restarts:
+        def _watch() -> None:
+            while not stop_watching.wait(0.05):
+                if Path(run_dir, _NO_RESTART).exists():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+
+        threading.Thread(target=_watch, daemon=True).start()
     # As torchrun does: one intra-op thread per worker unless the user chose, so N workers do
     # not fight over the cores (spawned workers inherit the environment at start).
     saved_omp = os.environ.get("OMP_NUM_THREADS")
@@ -322,14 +341,17 @@ def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult:
         try:
             results = elastic_launch(config, _local_entry)(rank_fn, cfg, opts, run_dir)
         finally:
+            stop_watching.set()
             if timer:
                 timer.cancel()
             for sig, handler in saved_handlers.items():
                 signal.signal(sig, handler)
         return results[0]
     except ChildFailedError as e:
+        _raise_no_restart(run_dir, nproc)
         raise _diagnose(run_dir, nproc, {r: f.exitcode for r, f in e.failures.items()}) from None
     except (SignalException, _DeadlineExpired):
+        _raise_no_restart(run_dir, nproc)
         if timed_out.is_set():
             raise _diagnose(run_dir, nproc, {}, deadline_s=opts.deadline_s) from None
         raise KeyboardInterrupt from None
@@ -337,6 +359,21 @@ def _run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult:
         if saved_omp is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+_NO_RESTART = "no_restart.json"  # written by distval.ckpt.checkpointer (NO_RESTART_FILE)
+
+
+def _raise_no_restart(run_dir: str, nproc: int) -> None:
+    """A worker's note that restarting cannot help: a usage error (exit 2, one line) or a failure
+    naming the cause (exit 3)."""
+    note = _read_json(Path(run_dir) / _NO_RESTART)
+    if note is None:
+        return
+    if note.get("exit_code") == 2:
+        raise ValueError(note["message"])
+    failure = _diagnose(run_dir, nproc, {})
+    raise WorkerFailure(None, note["message"], "", failure.details)
 
 
 _SECONDARY = ("timed out", "timeout", "connection closed", "pair closure", "connection reset", "broken pipe",
@@ -411,7 +448,9 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _log_tail(run_dir: str, rank: int, lines: int = 5) -> list[str]:
-    for path in Path(run_dir, "logs").rglob(f"attempt_0/{rank}/stderr.log"):
+    # the last attempt's log (the agent numbers attempts 0, 1, ... when it restarts workers)
+    for path in sorted(Path(run_dir, "logs").rglob(f"attempt_*/{rank}/stderr.log"),
+                       key=lambda p: int(p.parent.parent.name.split("_")[1]), reverse=True):
         try:
             return [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-lines:]
         except OSError:

@@ -41,7 +41,7 @@ _OUTER = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", 
 class NodeRun:
     index: int
     proc: subprocess.Popen
-    last_error: str = ""  # the node's last "distval: error:" line (or any stderr line, if none)
+    last_error: str = ""  # the node's last "distval: error:" line
     threads: list[threading.Thread] = field(default_factory=list)
 
 
@@ -115,7 +115,7 @@ def run(topo: Topology, inner: list[str], keep_going: bool = False, out: TextIO 
         for node in nodes:
             for t in node.threads:
                 t.join(timeout=5)
-        code, message = _exit_code(nodes, first_failed, run_dir, cluster)
+        code, message = _exit_code(nodes, first_failed, run_dir, cluster, stopped=not keep_going and topo.num_nodes > 1)
         if message:
             print(f"distval: error: {message}", file=err, flush=True)
         return code
@@ -134,9 +134,8 @@ def _pump(node: NodeRun, stream: TextIO, sink: TextIO, lock: threading.Lock, is_
     def loop() -> None:
         for line in stream:
             line = line.rstrip("\n")
-            if is_err and line.strip():
-                if "distval: error:" in line or not node.last_error.startswith("distval: error:"):
-                    node.last_error = line.strip()
+            if "distval: error:" in line:  # the node's own one-line error (torchrun's chatter is not kept)
+                node.last_error = line.strip()
             with lock:
                 print(f"n{node.index} | {line}", file=sink, flush=True)
     t = threading.Thread(target=loop, daemon=True)
@@ -181,7 +180,8 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         return
 
 
-def _exit_code(nodes: list[NodeRun], first_failed: NodeRun | None, run_dir: str, cluster: Cluster) -> tuple[int, str]:
+def _exit_code(nodes: list[NodeRun], first_failed: NodeRun | None, run_dir: str, cluster: Cluster,
+               stopped: bool) -> tuple[int, str]:
     """(exit code, error line or ""). All nodes fine: rank 0's code. Otherwise the code of the first
     node that failed, from its ranks' notes (a rank that left none died or was killed: 3); an error
     line names that node unless it is rank 0 reporting a FAIL (the report says it)."""
@@ -202,6 +202,7 @@ def _exit_code(nodes: list[NodeRun], first_failed: NodeRun | None, run_dir: str,
     if first_failed.index == 0 and rank0 == 1:
         return 1, ""
     how = (f"exit code {code}" if codes else f"torchrun exit code {first_failed.proc.returncode}, no rank note")
-    detail = first_failed.last_error.removeprefix("distval: error: ")
-    return code, (f"emulated node n{first_failed.index} failed first ({how})" + (f": {detail}" if detail else "")
-                  + ("" if cluster.topo.num_nodes == 1 else "; the other nodes were stopped"))
+    detail = first_failed.last_error.split("distval: error: ", 1)[-1]
+    return code, (f"emulated node n{first_failed.index} failed first ({how})"
+                  + (f": {detail}" if detail else f"; see the lines of n{first_failed.index} above")
+                  + ("; the other nodes were stopped" if stopped else ""))
