@@ -17,6 +17,7 @@ from distval import __version__
 from distval.comm.names import BENCH_OPS, CHECK_OPS
 from distval.plan import presets
 from distval.plan.command import register as register_plan
+from distval.doctor.command import register as register_doctor
 from distval.emulate.command import register as register_emulate
 from distval.slurm import register as register_slurm
 from distval.report import terminal
@@ -28,6 +29,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 comm_app = typer.Typer(no_args_is_help=True, help="Collective correctness and bandwidth.")
 app.add_typer(comm_app, name="comm")
 register_plan(app)
+register_doctor(app)
 register_emulate(app)
 register_slurm(app)
 

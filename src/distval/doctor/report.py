@@ -1,0 +1,156 @@
+"""One doctor Report: host checks (here, or on the first rank of every host), the comparison
+across ranks, the topology matrix and the NCCL log. Facts go into meta: interfaces, routes, the
+route to the master, versions, the topology and a summary of the NCCL log."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from distval import meta
+from distval.doctor import net, system
+from distval.doctor.nccl_log import NcclLog, nccl_checks, nccl_table
+from distval.doctor.topo import Topo, topo_checks, topo_tables
+from distval.results import Check, Report, Status, Table
+
+
+@dataclass
+class DoctorConfig:
+    master_addr: str
+    master_port: int | None = None
+    ifname_overrides: dict[str, str] = field(default_factory=dict)  # GLOO_/NCCL_SOCKET_IFNAME to check instead of env
+    expect_world: int | None = None
+    under_launcher: bool = False  # a worker of torchrun/srun/mpirun: the store on MASTER_PORT must be up
+
+    def __post_init__(self) -> None:
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ValueError(f"--master-port {self.master_port} is not a TCP port (1-65535)")
+        if self.expect_world is not None and self.expect_world < 1:
+            raise ValueError(f"--expect-world must be at least 1 (got {self.expect_world})")
+        for var, value in self.ifname_overrides.items():
+            # a flag is input: bad grammar is a usage error here, a FAIL check when it comes from the environment
+            (net.parse_gloo_ifname if var.startswith("GLOO") else net.parse_nccl_ifname)(value)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, **self.ifname_overrides}
+
+
+def default_master_addr() -> str:
+    """MASTER_ADDR, else the address the host name resolves to, else 127.0.0.1."""
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    addrs = net.resolve(socket.gethostname())
+    return addrs[0] if addrs else "127.0.0.1"
+
+
+def _torch_cuda_devices() -> int | None:
+    import sys
+
+    if "torch" not in sys.modules:
+        return None
+    from distval import device as devices
+
+    return devices.default_nproc() if devices.cuda_usable() else 0  # default_nproc is the CUDA device count there
+
+
+def host_checks(cfg: DoctorConfig) -> tuple[list[Check], dict[str, Any]]:
+    """Every check about this host, and its facts."""
+    env = cfg.env()
+    host = socket.gethostname()
+    ifaces = net.interfaces()
+    route_check, route = net.check_master_route(cfg.master_addr, ifaces)
+    gpu_rows = system.gpus()
+    rdma = system.rdma_devices()
+    checks = [system.check_versions(system.versions(), gpu_rows), system.check_devices(gpu_rows, _torch_cuda_devices()),
+              net.check_hostname(ifaces, host), route_check, *net.check_socket_ifname(env, ifaces, route),
+              net.check_decoys(ifaces, route, env)]
+    if cfg.master_port:
+        checks.append(net.check_port(cfg.master_addr, cfg.master_port, cfg.under_launcher))
+    checks += [system.check_shm(), system.check_memlock(rdma), system.check_nofile()]
+    for c in checks:
+        c.where = {**c.where, "host": host}
+    facts = {"hostname": host, "interfaces": [i.to_dict() for i in ifaces], "routes": net.routes(),
+             "route_to_master": route, "gpus": gpu_rows, "rdma_devices": rdma}
+    return checks, facts
+
+
+def interfaces_table(facts: dict[str, Any], title: str) -> Table:
+    t = Table("interfaces", ["host", "name", "state", "mtu", "speed_mbps", "addresses", "role"], title=title,
+              units={"speed_mbps": "Mb/s"})
+    route = facts.get("route_to_master") or {}
+    for i in facts["interfaces"]:
+        role = ("route to master" if i["name"] == route.get("dev") else "loopback" if i["loopback"]
+                else "not on the route" if i["up"] and i["addresses"] else "")
+        t.add(host=facts["hostname"], name=i["name"], state=i["state"], mtu=i["mtu"], speed_mbps=i["speed_mbps"],
+              addresses=", ".join(i["addresses"]) or None, role=role or None)
+    return t
+
+
+def _host_meta(facts: dict[str, Any]) -> dict[str, Any]:
+    return {k: facts[k] for k in ("interfaces", "routes", "route_to_master", "gpus", "rdma_devices")}
+
+
+def single_report(cfg: DoctorConfig) -> Report:
+    """The doctor in this process alone (no ranks launched)."""
+    checks, facts = host_checks(cfg)
+    report = Report("doctor", meta=meta.collect(None, cfg, launch="none", hostname=facts["hostname"],
+                                                 master_addr=cfg.master_addr, master_port=cfg.master_port, **_host_meta(facts)))
+    report.checks.extend(checks)
+    report.add(Check("doctor.ranks", Status.SKIP, "one process: nothing to compare; run with --nproc N, or under "
+                     "torchrun/srun on every node, to compare ranks and probe the rendezvous",
+                     details={"reason": "single process"}))
+    report.tables.append(interfaces_table(facts, "interfaces"))
+    return report
+
+
+def build_ranks_report(job: Any, cfg: DoctorConfig) -> Report:
+    from distval.doctor import ranks
+
+    hosts: dict[str, dict[str, Any]] = {}
+    for res in job.results:
+        if res["host"] is not None and res["host"]["facts"]["hostname"] not in hosts:
+            hosts[res["host"]["facts"]["hostname"]] = res["host"]
+    first = next(iter(hosts.values()))
+    report = Report("doctor", meta=meta.collect(job, cfg, master_addr=cfg.master_addr, master_port=cfg.master_port,
+                                                hostname=first["facts"]["hostname"], **_host_meta(first["facts"]),
+                                                nodes={h: _host_meta(v["facts"]) for h, v in hosts.items()}))
+    for v in hosts.values():
+        report.checks.extend(v["checks"])
+    checks, table = ranks.compare(job.results, job.ranks, job.world_size, cfg.expect_world)
+    report.checks.extend(checks)
+    for h, v in hosts.items():
+        report.tables.append(interfaces_table(v["facts"], f"interfaces ({h})") if len(hosts) > 1 else
+                             interfaces_table(v["facts"], "interfaces"))
+    report.tables.append(table)
+    return report
+
+
+def world_mismatch_report(cfg: DoctorConfig, world_size: int, mode: str) -> Report:
+    """--expect-world says N but this process would join a world of another size: no launch; the
+    host checks still run, since they usually say why (the world of one)."""
+    report = single_report(cfg)
+    report.meta.update(launch=mode, world_size=world_size)
+    report.checks = [c for c in report.checks if c.name != "doctor.ranks"]
+    alone = " (each process alone: the world of one)" if world_size == 1 else ""
+    report.add(Check("doctor.rendezvous", Status.FAIL, f"this process would join a world of {world_size} rank(s), "
+                     f"expected {cfg.expect_world}{alone}", details={"world_size": world_size, "expected": cfg.expect_world},
+                     hint="launch with `torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint HOST:PORT`, "
+                          "`srun --ntasks N distval doctor`, or `distval doctor --nproc N`",
+                     where={"world_size": world_size}))
+    return report
+
+
+def add_file_checks(report: Report, topo: Topo | None, nccl: NcclLog | None, env: dict[str, str]) -> None:
+    if topo is not None:
+        report.checks.extend(topo_checks(topo, env))
+        report.tables.extend(topo_tables(topo))
+        report.meta["topology"] = topo.to_dict()
+    else:
+        report.add(Check("doctor.topo", Status.SKIP, "no nvidia-smi on this host and no --topo-file",
+                         details={"reason": "no topology"}))
+    if nccl is not None:
+        report.checks.extend(nccl_checks(nccl, topo))
+        report.tables.append(nccl_table(nccl, topo))
+        report.meta["nccl_log"] = nccl.summary()
