@@ -55,13 +55,14 @@ class StrategyConfig:
             raise ValueError(f"--comm-hook must be none, fp16, bf16 or powersgd (got {self.comm_hook!r})")
         if self.powersgd_rank < 1:
             raise ValueError(f"--powersgd-rank must be at least 1 (got {self.powersgd_rank})")
-        if self.mixed_precision not in ("none", "bf16"):
-            raise ValueError(f"--mixed-precision must be none or bf16 (got {self.mixed_precision!r})")
+        if self.mixed_precision not in ("none", "bf16", "fp16"):
+            raise ValueError(f"--mixed-precision must be none, bf16 or fp16 (got {self.mixed_precision!r})")
 
 
 class Strategy:
     name: ClassVar[str]
     syncs_every_micro_batch: ClassVar[bool] = False
+    counts_all_comm: ClassVar[bool] = True  # False: some collectives are torch's own, not counted
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         self.model, self.comm, self.cfg = model, comm, cfg

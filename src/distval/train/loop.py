@@ -72,6 +72,12 @@ class TrainConfig:
             raise ValueError(f"--precision must be fp32 or bf16 (got {self.precision!r})")
         if self.lr <= 0:
             raise ValueError(f"--lr must be positive (got {self.lr:g})")
+        mp = self.strategy_cfg.mixed_precision
+        if mp != "none" and self.strategy != "fsdp2":
+            raise ValueError(f"--mixed-precision {mp} is fsdp2's parameter/reduce policy; {self.strategy} computes in "
+                             f"--precision: use --strategy fsdp2, or --precision bf16 (autocast) with {self.strategy}")
+        if mp == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+            raise ValueError("--mixed-precision bf16: this GPU has no bf16 support; use --mixed-precision fp16")
         for name in ("ckpt_every", "ckpt_keep"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
@@ -82,7 +88,11 @@ class TrainConfig:
         return data_mod.DataConfig(source=self.data, task=self.task)
 
     def check_world(self, world_size: int) -> None:
-        """The global batch must split evenly over ranks and micro-batches."""
+        """The global batch must split evenly over ranks and micro-batches; a sharded strategy
+        needs at least one element per rank."""
+        if self.strategy in strategies.SHARDED and world_size > presets.model(self.model).num_params():
+            raise ValueError(f"{world_size} ranks is more than the {presets.model(self.model).num_params()} parameters of "
+                             f"{self.model} to shard; use fewer ranks or a larger --model")
         if self.global_batch is None:
             return
         per_step = self.micro_batch * world_size * self.grad_accum

@@ -1,0 +1,84 @@
+"""fsdp2: PyTorch's FSDP2, `fully_shard` on each transformer block and then on the root.
+
+Each parameter becomes a DTensor sharded on dim 0 over the ranks (padded to a multiple of N);
+FSDP2 all-gathers a block's parameters before its forward and again before its backward, frees
+them after, and reduce-scatters the gradients. `--mixed-precision bf16` computes with bf16
+parameters and reduces gradients in fp32 (MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32)). Gradient accumulation: set_requires_gradient_sync(False) on the first
+K-1 micro-batches keeps unsharded gradients locally, the last one reduce-scatters. FSDP2's
+collectives are torch's own: they bypass the layer and are not counted.
+
+Per rank (fp32 Adam): sharded parameters, gradients and Adam moments, 16Ψ/N (+ padding of each
+tensor's first dimension).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from distval.comm.layer import Comm
+from distval.strategies.base import Strategy, StrategyConfig
+
+
+class FSDP2(Strategy):
+    name = "fsdp2"
+    counts_all_comm = False
+
+    def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
+        super().__init__(model, comm, cfg)
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        device = next(model.parameters()).device.type
+        self.mesh = DeviceMesh.from_group(comm.group or dist.group.WORLD, device)
+        policy = MixedPrecisionPolicy(param_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.mixed_precision], reduce_dtype=torch.float32) \
+            if cfg.mixed_precision != "none" else MixedPrecisionPolicy()
+        for block in getattr(model, "blocks", []):
+            fully_shard(block, mesh=self.mesh, mp_policy=policy)
+        fully_shard(model, mesh=self.mesh, mp_policy=policy)
+
+    @contextlib.contextmanager
+    def micro_batch(self, is_last: bool) -> Iterator[None]:
+        self.model.set_requires_gradient_sync(is_last)
+        yield
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def full_parameters(self) -> torch.Tensor:
+        return torch.cat([p.full_tensor().detach().float().reshape(-1).cpu() for p in self.model.parameters()])
+
+    def expected_comm_bytes_per_step(self, grad_accum: int) -> int | None:
+        return None  # not counted by the layer
+
+    def expected_model_state_bytes(self, optimizer: torch.optim.Optimizer) -> int:
+        n = self.world_size
+        return 16 * sum(math.ceil(p.shape[0] / n) * (p.numel() // p.shape[0]) for p in self.model.parameters())
+
+    def state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        model = {n: p.full_tensor().detach().clone() for n, p in self.model.named_parameters()}
+        optim = {names[id(p)]: {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+                                for k, v in st.items()} for p, st in optimizer.state.items() if st}
+        return {"model": model, "optim": optim}
+
+    def load_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        from torch.distributed.tensor import distribute_tensor
+
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, p in params.items():
+                p.to_local().copy_(distribute_tensor(state["model"][name], self.mesh, p.placements).to_local())
+        optimizer.state.clear()
+        for name, st in state["optim"].items():
+            p = params[name]
+            optimizer.state[p] = {k: distribute_tensor(v, self.mesh, p.placements) if v.dim() else v.clone()
+                                  for k, v in st.items()}

@@ -1,0 +1,77 @@
+"""pytorch_zero1: torch's ZeroRedundancyOptimizer over DistributedDataParallel.
+
+DDP all-reduces the full gradients (through distval's comm hook, so those bytes are counted, see
+pytorch_ddp); ZeroRedundancyOptimizer partitions the optimizer state by handing whole parameter
+tensors to ranks (a greedy balance by size, so shards are only as even as the tensor sizes allow)
+and after its local step broadcasts each parameter from its owner. Those broadcasts are torch's
+own collectives and bypass the layer: the counted traffic is DDP's all-reduce only.
+
+Per rank (fp32 Adam): parameters 4Ψ + gradients 4Ψ + Adam 8·(the parameters this rank owns),
+8Ψ/N when the partition is even.
+"""
+
+from typing import Any, Iterator
+
+import torch
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from distval.strategies.pytorch_ddp import PytorchDDP
+
+
+class PytorchZero1(PytorchDDP):
+    name = "pytorch_zero1"
+    counts_all_comm = False  # the owners' parameter broadcasts bypass the layer
+
+    def build_optimizer(self, optimizer_class: type[torch.optim.Optimizer], **kwargs: Any) -> torch.optim.Optimizer:
+        self.zero = ZeroRedundancyOptimizer(self.model.parameters(), optimizer_class=optimizer_class,
+                                            process_group=self.comm.group, **kwargs)
+        return self.zero
+
+    def _owned_state(self) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.zero.optim.state
+
+    def model_state_tensors(self, optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
+        for p in self.model.parameters():
+            yield p
+            if p.grad is not None:
+                yield p.grad
+        for st in self._owned_state().values():
+            yield from (v for v in st.values() if isinstance(v, torch.Tensor))
+
+    def expected_model_state_bytes(self, optimizer: torch.optim.Optimizer) -> int:
+        psi = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        return 8 * psi + 8 * psi // self.world_size
+
+    def state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Each parameter's Adam state is broadcast from the rank that owns it."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        owner, local = self.zero._param_to_rank, self._owned_state()
+        optim = {}
+        step = torch.zeros((), dtype=torch.float32)
+        for p in self.model.parameters():
+            st = local.get(p)
+            if st:
+                step = st["step"]
+            moments = {k: (st[k].clone() if st else torch.empty_like(p)) for k in ("exp_avg", "exp_avg_sq")}
+            for t in moments.values():
+                self.comm.broadcast(t, src=owner[p])
+            optim[names[id(p)]] = moments
+        has_state = torch.tensor([1.0 if local else 0.0])
+        self.comm.all_reduce(has_state, "max")
+        steps = step.reshape(1).clone()
+        self.comm.all_reduce(steps, "max")
+        if not float(has_state):
+            optim = {}
+        for st in optim.values():
+            st["step"] = steps.reshape(()).clone()
+        return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()}, "optim": optim}
+
+    def load_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        params = dict(self.model.named_parameters())
+        local = self._owned_state()
+        local.clear()
+        for name, st in state["optim"].items():
+            p = params[name]
+            if self.zero._param_to_rank[p] == self.comm.rank:
+                local[p] = {k: v.detach().clone() for k, v in st.items()}
