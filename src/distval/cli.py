@@ -17,6 +17,7 @@ from distval import __version__
 from distval.comm.names import BENCH_OPS, CHECK_OPS
 from distval.plan import presets
 from distval.plan.command import register as register_plan
+from distval.ckpt.drill import register as register_drill
 from distval.doctor.command import register as register_doctor
 from distval.emulate.command import register as register_emulate
 from distval.slurm import register as register_slurm
@@ -29,6 +30,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 comm_app = typer.Typer(no_args_is_help=True, help="Collective correctness and bandwidth.")
 app.add_typer(comm_app, name="comm")
 register_plan(app)
+register_drill(app)
 register_doctor(app)
 register_emulate(app)
 register_slurm(app)
@@ -156,7 +158,7 @@ def comm_bench(
 
 
 def _train_config(model, strategy, steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
-                  data, task, bucket_mb, comm_hook, powersgd_rank, mixed_precision):
+                  data, task, bucket_mb, comm_hook, powersgd_rank, mixed_precision, ckpt=None):
     from distval.strategies.base import StrategyConfig
     from distval.train.loop import TrainConfig
 
@@ -164,7 +166,8 @@ def _train_config(model, strategy, steps, micro_batch, grad_accum, global_batch,
                        global_batch=global_batch, lr=lr, warmup_steps=warmup, clip=clip, seed=seed, precision=precision,
                        data=data, task=task, strategy_cfg=StrategyConfig(bucket_mb=bucket_mb, comm_hook=comm_hook,
                                                               powersgd_rank=powersgd_rank,
-                                                              mixed_precision=mixed_precision))
+                                                              mixed_precision=mixed_precision),
+                       **(ckpt or {}))
 
 
 def _check_training(cfg, opts, outputs: dict[str, Optional[Path]]) -> None:
@@ -206,23 +209,38 @@ def train_cmd(
     powersgd_rank: PowerSGDRank = 1, mixed_precision: MixedPrecision = "none",
     log_jsonl: Annotated[Optional[Path], typer.Option("--log-jsonl", help="Append one JSON line per step (rank 0).")] = None,
     tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Write TensorBoard scalars to this folder.")] = None,
+    ckpt_dir: Annotated[Optional[Path], typer.Option("--ckpt-dir", help="Save checkpoints in this existing folder (docs/checkpointing.md).")] = None,
+    ckpt_every: Annotated[int, typer.Option("--ckpt-every", help="Save every N steps, and after the last.")] = 10,
+    ckpt_keep: Annotated[int, typer.Option("--ckpt-keep", help="Keep the newest K checkpoints.")] = 3,
+    ckpt_async: Annotated[bool, typer.Option("--ckpt-async/--no-ckpt-async", help="Write checkpoints in a background thread.")] = True,
+    resume: Annotated[Optional[str], typer.Option("--resume", help="auto (newest valid checkpoint in --ckpt-dir, none: step 0) or a checkpoint folder.")] = None,
+    max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restart the workers up to N times after a failure, each time from the latest valid checkpoint (local; under torchrun give it to torchrun).")] = 0,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
     deadline: Deadline = None, json: JsonOut = None,
 ) -> int:
-    """Train the built-in decoder with one data-parallel strategy; per-step metrics."""
+    """Train the built-in decoder with one data-parallel strategy; per-step metrics; checkpoints, resume, restarts."""
+    import dataclasses
+
+    from distval.ckpt import command as ckpt_cmd
+    from distval.launch import detect_mode, planned_world_size
     from distval.train.compare import run_train
 
     cfg = _train_config(model, strategy, steps, micro_batch, grad_accum, global_batch, lr, warmup, clip, seed, precision,
-                        data, task, bucket_mb, comm_hook, powersgd_rank, mixed_precision)
-    opts = launch_options(nproc, backend, expect_world, timeout, deadline)
+                        data, task, bucket_mb, comm_hook, powersgd_rank, mixed_precision,
+                        ckpt={"ckpt_dir": str(ckpt_dir) if ckpt_dir else None, "ckpt_every": ckpt_every,
+                              "ckpt_keep": ckpt_keep, "ckpt_async": ckpt_async, "resume": resume})
+    opts = dataclasses.replace(launch_options(nproc, backend, expect_world, timeout, deadline), max_restarts=max_restarts)
     _check_training(cfg, opts, {"--json": json, "--log-jsonl": log_jsonl})
+    ckpt_cmd.prepare(cfg, planned_world_size(opts), detect_mode())
     if tensorboard:
         from distval.train.metrics import check_tensorboard
 
         check_tensorboard()
     cfg.log_jsonl = str(log_jsonl.resolve()) if log_jsonl else None
     cfg.tensorboard = str(tensorboard.resolve()) if tensorboard else None
-    return finish(run_train(cfg, opts), json, make_console(), skip_tables=("steps",) if steps > 30 else ())
+    report = run_train(cfg, opts)
+    ckpt_cmd.annotate(report, cfg)
+    return finish(report, json, make_console(), skip_tables=("steps",) if steps > 30 else ())
 
 
 @app.command("compare")

@@ -7,6 +7,7 @@ default 0, the first attempt only; -1: every attempt, a fault that comes back af
     kill          SIGKILL this rank (a lost process: OOM killer, dead host)
     raise         raise RuntimeError on this rank (a crashing rank)
     sigterm       SIGTERM this rank (a preemption notice to one worker)
+    sigterm_job   SIGTERM this rank's whole process group: the launcher and every worker (a job preempted)
     kill_in_save  SIGKILL this rank halfway through writing its files of the next checkpoint save
 The comm-level hook (DISTVAL_FAULT in comm/layer.py) faults individual collectives instead.
 """
@@ -17,7 +18,7 @@ import os
 import signal
 from dataclasses import dataclass
 
-ACTIONS = ("kill", "raise", "sigterm", "kill_in_save")
+ACTIONS = ("kill", "raise", "sigterm", "sigterm_job", "kill_in_save")
 ENV = "DISTVAL_STEP_FAULT"
 
 
@@ -58,6 +59,8 @@ class StepFault:
             raise RuntimeError(f"{ENV}: injected failure at step {step} on rank {rank}")
         elif self.action == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
+        elif self.action == "sigterm_job":
+            os.killpg(os.getpgrp(), signal.SIGTERM)
 
     def in_save(self, step: int, rank: int) -> bool:
         """True when this save (the first one at or after `step`) must be killed mid-write."""

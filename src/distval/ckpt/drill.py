@@ -1,0 +1,354 @@
+"""`distval drill`: inject the faults a long training job meets and assert it survives each one.
+
+One uninterrupted baseline run, then one drill per fault, each a real `distval train` job (its
+own process group, real workers, real files) with checkpoints every E steps:
+
+  kill9_rank        SIGKILL of rank 1 at step k; --max-restarts restarts every worker
+  exception_rank    rank 1 raises at step k; restarted likewise
+  sigterm_job       SIGTERM to the whole job (launcher and workers) at step k: a final checkpoint
+                    at the step boundary, exit 130; a second run with --resume auto continues
+  kill_during_save  rank 0 SIGKILLed halfway through writing the first checkpoint at or after step k;
+                    the restart must resume from the previous checkpoint, never the partial one
+  corrupt_file      a run stopped at step k, one byte of its newest checkpoint's model.pt flipped;
+                    --resume auto must warn naming the file and use the one before
+  disk_full         checkpoints on a small tmpfs (root only, else SKIP) that holds one checkpoint:
+                    the next saves fail with ENOSPC and are reported, training goes on; a kill at
+                    step k then resumes from the one checkpoint that fits
+
+Each drill asserts detection, the step resumed from (the newest checkpoint committed before the
+fault, read from the run journal), and that the per-step losses of the whole run are bitwise equal
+to the baseline's. Row: drill, status (PASS/FAIL/SKIP), detected, recovery_s (from the failed
+attempt's last step start to the end of the first resumed step, restart or rerun included),
+steps_lost (steps done after the checkpoint resumed from, so done twice), resumed_from_step,
+loss_identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from distval.results import Check, Report, Status, Table
+
+DRILL_COLUMNS = ["drill", "status", "detected", "recovery_s", "steps_lost", "resumed_from_step", "loss_identical"]
+DRILLS = ("kill9_rank", "exception_rank", "sigterm_job", "kill_during_save", "corrupt_file", "disk_full")
+
+
+@dataclass
+class DrillConfig:
+    nproc: int = 2
+    model: str = "tiny"
+    strategy: str = "simple_ddp"
+    steps: int = 12
+    ckpt_every: int = 3
+    fault_step: int = 7
+    timeout_s: float = 240.0  # each train run
+    drills: tuple[str, ...] = DRILLS
+
+    def __post_init__(self) -> None:
+        if self.nproc < 2:
+            raise ValueError(f"--nproc must be at least 2 for the drills (rank 1 is the one faulted; got {self.nproc})")
+        if not 0 < self.fault_step < self.steps:
+            raise ValueError(f"--fault-step must be between 1 and --steps - 1 (got {self.fault_step})")
+        if self.ckpt_every >= self.fault_step:
+            raise ValueError(f"--ckpt-every {self.ckpt_every} must be below --fault-step {self.fault_step}, so a checkpoint "
+                             f"exists before the fault")
+        unknown = sorted(set(self.drills) - set(DRILLS))
+        if unknown:
+            raise ValueError(f"unknown drill(s) {', '.join(unknown)}; choose from {', '.join(DRILLS)}")
+
+
+@dataclass
+class Run:
+    code: int
+    report: dict[str, Any] | None
+    stderr: str
+    journal: dict[str, Any] | None
+
+    def table(self, name: str) -> list[dict[str, Any]]:
+        return ((self.report or {}).get("tables", {}).get(name) or {}).get("rows", [])
+
+    @property
+    def losses(self) -> list[float]:
+        return [r["loss"] for r in self.table("steps")]
+
+
+@dataclass
+class Outcome:
+    detected: bool = False
+    resumed_from_step: int | None = None
+    expected_resume: int | None = None
+    steps_lost: int | None = None
+    recovery_s: float | None = None
+    losses: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    skip: str | None = None
+
+
+class Driller:
+    def __init__(self, cfg: DrillConfig, work: Path):
+        self.cfg, self.work = cfg, work
+        self.baseline: list[float] = []
+
+    def train(self, name: str, ckpt_dir: Path, *extra: str, fault: str | None = None,
+              new_session: bool = True) -> Run:
+        out = self.work / f"{name}.json"
+        out.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "distval", "train", "--nproc", str(self.cfg.nproc), "--model", self.cfg.model,
+               "--strategy", self.cfg.strategy, "--steps", str(self.cfg.steps), "--ckpt-dir", str(ckpt_dir),
+               "--ckpt-every", str(self.cfg.ckpt_every), "--timeout", "30s", "--json", str(out), *extra]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTVAL_STEP_FAULT", "DISTVAL_FAULT", "TORCHELASTIC"))}
+        if fault:
+            env["DISTVAL_STEP_FAULT"] = fault
+        before = set((ckpt_dir / "runs").glob("*.json")) if (ckpt_dir / "runs").exists() else set()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=new_session)
+        try:
+            _, stderr = proc.communicate(timeout=self.cfg.timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, stderr = proc.communicate()
+            stderr += f"\n(drill: killed after {self.cfg.timeout_s:g}s)"
+        report = json.loads(out.read_text()) if out.exists() else None
+        new = sorted(set((ckpt_dir / "runs").glob("*.json")) - before) if (ckpt_dir / "runs").exists() else []
+        journal = json.loads(new[-1].read_text()) if new else None
+        return Run(proc.returncode, report, stderr.strip(), journal)
+
+    def fresh_dir(self, name: str) -> Path:
+        path = self.work / name
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return path
+
+    # -- the drills ------------------------------------------------------------------------------
+
+    def run_baseline(self) -> Run:
+        run = self.train("baseline", self.fresh_dir("baseline"))
+        if run.code != 0 or len(run.losses) != self.cfg.steps:
+            raise RuntimeError(f"the uninterrupted baseline run failed (exit {run.code}): {run.stderr[-500:]}")
+        self.baseline = run.losses
+        return run
+
+    def restarted(self, name: str, fault: str) -> Outcome:
+        """One job with --max-restarts: the fault fires in attempt 0, attempt 1 must resume."""
+        ckpt = self.fresh_dir(name)
+        run = self.train(name, ckpt, "--max-restarts", "2", "--resume", "auto", fault=fault)
+        out = Outcome(losses=run.losses)
+        attempts = run.table("attempts")
+        if run.code != 0 or len(attempts) < 2:
+            out.notes.append(f"exit {run.code}, {len(attempts)} attempt(s): {run.stderr[-300:]}")
+            return out
+        first, second = attempts[0], attempts[1]
+        out.detected = first["outcome"] == "failed"
+        out.resumed_from_step = second["resumed_from_step"] or 0
+        out.expected_resume = committed_before(run.journal, attempt=0)
+        out.steps_lost = (first["last_step"] or 0) - out.resumed_from_step
+        out.recovery_s = second["recovery_s"]
+        return out
+
+    def kill9_rank(self) -> Outcome:
+        return self.restarted("kill9_rank", f"step={self.cfg.fault_step},rank=1,action=kill")
+
+    def exception_rank(self) -> Outcome:
+        return self.restarted("exception_rank", f"step={self.cfg.fault_step},rank=1,action=raise")
+
+    def kill_during_save(self) -> Outcome:
+        out = self.restarted("kill_during_save", f"step={self.cfg.fault_step},rank=0,action=kill_in_save")
+        if out.detected:  # the killed save must be the one after the fault step, and never loaded
+            killed = next(s for s in out_journal(self.work / "kill_during_save")["saves"] if s["step"] >= self.cfg.fault_step)
+            out.detected = killed["attempt"] == 0 and not killed["ok"]
+            if (out.resumed_from_step or 0) >= killed["step"]:
+                out.notes.append(f"resumed from step {out.resumed_from_step}: the partial checkpoint {killed['name']} was used")
+                out.detected = False
+        return out
+
+    def sigterm_job(self) -> Outcome:
+        ckpt = self.fresh_dir("sigterm_job")
+        first = self.train("sigterm_job_1", ckpt, "--resume", "auto", fault=f"step={self.cfg.fault_step},rank=0,action=sigterm_job")
+        attempt = (first.journal or {}).get("attempts", [{}])[-1]
+        saved = [s for s in (first.journal or {}).get("saves", []) if s.get("ok")]
+        out = Outcome()
+        out.detected = first.code == 130 and attempt.get("outcome") == "preempted" and bool(saved) \
+            and saved[-1]["step"] == attempt.get("last_step")
+        if not out.detected:
+            out.notes.append(f"first run: exit {first.code}, outcome {attempt.get('outcome')}, saves {[s['step'] for s in saved]}: "
+                             f"{first.stderr[-300:]}")
+        out.expected_resume = saved[-1]["step"] if saved else 0
+        second = self.train("sigterm_job_2", ckpt, "--resume", "auto")
+        return self.rerun_outcome(out, first, second)
+
+    def rerun_outcome(self, out: Outcome, first: Run, second: Run) -> Outcome:
+        out.losses = second.losses
+        rows = second.table("attempts")
+        if second.code != 0 or not rows:
+            out.notes.append(f"the resumed run failed (exit {second.code}): {second.stderr[-300:]}")
+            out.detected = False
+            return out
+        out.resumed_from_step = rows[0]["resumed_from_step"] or 0
+        last = (first.journal or {}).get("attempts", [{}])[-1]
+        out.steps_lost = (last.get("last_step") or 0) - out.resumed_from_step
+        resumed = (second.journal or {}).get("attempts", [{}])[0]
+        if resumed.get("first_step_time") and last.get("last_step_time"):
+            out.recovery_s = resumed["first_step_time"] - last["last_step_time"]
+        return out
+
+    def corrupt_file(self) -> Outcome:
+        ckpt = self.fresh_dir("corrupt_file")
+        first = self.train("corrupt_file_1", ckpt, "--resume", "auto", fault=f"step={self.cfg.fault_step},rank=1,action=kill")
+        from distval.ckpt import store
+
+        committed = [p for p in store.candidates(ckpt) if (p / store.MANIFEST).exists()]
+        out = Outcome()
+        if first.code == 0 or not committed:
+            out.notes.append(f"the first run should fail with a checkpoint on disk: exit {first.code}, {len(committed)} checkpoint(s)")
+            return out
+        target = committed[0] / "model.pt"
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        target.write_bytes(bytes(data))
+        out.expected_resume = int(committed[1].name.split("-")[1]) if len(committed) > 1 else 0
+        second = self.train("corrupt_file_2", ckpt, "--resume", "auto")
+        warns = [c["summary"] for c in (second.report or {}).get("checks", []) if c["status"] == "WARN"]
+        out.detected = any(str(target) in w and "SHA-256" in w for w in warns)
+        if not out.detected:
+            out.notes.append(f"no WARN naming {target}: {warns}")
+        return self.rerun_outcome(out, first, second)
+
+    def disk_full(self) -> Outcome:
+        if os.geteuid() != 0:
+            return Outcome(skip="needs root to mount a small tmpfs for the checkpoint directory")
+        mount = self.fresh_dir("disk_full")
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "distval-drill", str(mount)], capture_output=True, text=True)
+        if res.returncode != 0:
+            return Outcome(skip=f"cannot mount a tmpfs ({res.stderr.strip() or res.returncode})")
+        try:
+            # leave room for one checkpoint and a half: the first save fits, the second cannot
+            one = checkpoint_bytes(self.work / "baseline")
+            free = shutil.disk_usage(mount).free
+            (mount / "ballast").write_bytes(b"\0" * max(free - int(1.5 * one), 0))
+            run = self.train("disk_full", mount, "--max-restarts", "1", "--resume", "auto", "--ckpt-keep", "1",
+                             fault=f"step={self.cfg.fault_step},rank=1,action=kill")
+            out = Outcome(losses=run.losses)
+            attempts = run.table("attempts")
+            warns = [c["summary"] for c in (run.report or {}).get("checks", []) if c["status"] == "WARN"]
+            out.detected = any("No space left on device" in w for w in warns)
+            if not out.detected:
+                out.notes.append(f"no WARN about the full disk (exit {run.code}): {warns} {run.stderr[-300:]}")
+            if len(attempts) >= 2:
+                out.resumed_from_step = attempts[1]["resumed_from_step"] or 0
+                out.steps_lost = (attempts[0]["last_step"] or 0) - out.resumed_from_step
+                out.recovery_s = attempts[1]["recovery_s"]
+            else:
+                out.notes.append(f"expected a restart after the kill: exit {run.code}")
+            out.expected_resume = committed_before(run.journal, attempt=0)
+            return out
+        finally:
+            subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+    def row(self, name: str, fn: Callable[[], Outcome]) -> tuple[dict[str, Any], Check]:
+        start = time.perf_counter()
+        try:
+            out = fn()
+        except Exception as e:  # a drill that could not even run is a FAIL with the reason, not a crash
+            out = Outcome(notes=[f"{type(e).__name__}: {e}"])
+        if out.skip:
+            return ({"drill": name, "status": "SKIP"}, Check(f"drill {name}", Status.SKIP, out.skip, where={"drill": name}))
+        identical = bool(out.losses) and out.losses == self.baseline
+        resumed_ok = out.resumed_from_step is not None and out.resumed_from_step == out.expected_resume
+        if out.resumed_from_step is not None and not resumed_ok:
+            out.notes.append(f"resumed from step {out.resumed_from_step}, expected {out.expected_resume} (the newest "
+                             f"checkpoint committed before the fault)")
+        if not identical and out.losses:
+            first = next((i for i, (a, b) in enumerate(zip(out.losses, self.baseline)) if a != b), min(len(out.losses), len(self.baseline)))
+            out.notes.append(f"losses differ from the baseline from step {first}")
+        ok = out.detected and resumed_ok and identical
+        row = {"drill": name, "status": "PASS" if ok else "FAIL", "detected": out.detected, "recovery_s": out.recovery_s,
+               "steps_lost": out.steps_lost, "resumed_from_step": out.resumed_from_step, "loss_identical": identical}
+        summary = (f"{name}: detected, resumed from step {out.resumed_from_step} ({out.steps_lost} step(s) redone), "
+                   f"losses bitwise equal to the uninterrupted run" if ok else f"{name}: " + "; ".join(out.notes or ["not detected"]))
+        return row, Check(f"drill {name}", Status.OK if ok else Status.FAIL, summary,
+                          details={**row, "notes": out.notes, "drill_s": time.perf_counter() - start},
+                          hint="" if ok else "see details.notes; rerun `distval train` with the same DISTVAL_STEP_FAULT to look closer",
+                          where={"drill": name})
+
+
+def committed_before(journal: dict[str, Any] | None, attempt: int) -> int:
+    """The newest checkpoint attempt `attempt` committed: where a restart must resume."""
+    saves = [s["step"] for s in (journal or {}).get("saves", []) if s.get("attempt") == attempt and s.get("ok")]
+    return max(saves, default=0)
+
+
+def out_journal(ckpt: Path) -> dict[str, Any]:
+    return json.loads(sorted((ckpt / "runs").glob("*.json"))[-1].read_text())
+
+
+def checkpoint_bytes(ckpt: Path) -> int:
+    from distval.ckpt import store
+
+    newest = store.candidates(ckpt)[0]
+    return sum(p.stat().st_size for p in newest.iterdir())
+
+
+def run_drills(cfg: DrillConfig, work: Path | None = None) -> Report:
+    from distval import meta
+
+    own = work is None
+    work = Path(tempfile.mkdtemp(prefix="distval-drill-")) if own else work
+    report = Report("drill", meta=meta.collect(None, cfg, world_size=cfg.nproc, backend="auto"))
+    table = Table("drills", DRILL_COLUMNS, title=f"fault drills on {cfg.nproc} ranks ({cfg.model}, {cfg.strategy}, "
+                  f"{cfg.steps} steps, checkpoint every {cfg.ckpt_every}, fault at step {cfg.fault_step})",
+                  units={"recovery_s": "s"})
+    report.tables.append(table)
+    driller = Driller(cfg, work)
+    try:
+        base = driller.run_baseline()
+        report.meta["baseline_final_loss"] = base.losses[-1]
+        for name in cfg.drills:
+            row, check = driller.row(name, getattr(driller, name))
+            table.add(**row)
+            report.add(check)
+    except RuntimeError as e:
+        report.add(Check("drill baseline", Status.ERROR, str(e), hint="`distval train` itself fails here; run it alone"))
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("drill")
+    def drill_cmd(
+        nproc: Annotated[int, typer.Option("--nproc", help="Ranks of each drill job (at least 2).")] = 2,
+        model: Annotated[str, typer.Option("--model", help="Model preset.")] = "tiny",
+        strategy: Annotated[str, typer.Option("--strategy", help="Strategy of the drilled training.")] = "simple_ddp",
+        steps: Annotated[int, typer.Option("--steps", help="Steps of each run.")] = 12,
+        ckpt_every: Annotated[int, typer.Option("--ckpt-every", help="Checkpoint every N steps.")] = 3,
+        fault_step: Annotated[int, typer.Option("--fault-step", help="The step k the faults fire at.")] = 7,
+        only: Annotated[Optional[str], typer.Option("--only", help=f"Comma list of drills ({', '.join(DRILLS)}).")] = None,
+        json: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON (schema distval.report/1).")] = None,
+    ) -> int:
+        """Fault drills: kill -9, exception, SIGTERM, kill mid-save, corrupt file, full disk; each must recover bitwise."""
+        from distval import strategies
+        from distval.cli import finish, make_console
+        from distval.plan import presets
+        from distval.results import check_writable
+
+        presets.model(model)
+        strategies.check_name(strategy)
+        drills = tuple(x.strip() for x in only.split(",") if x.strip()) if only else DRILLS
+        cfg = DrillConfig(nproc=nproc, model=model, strategy=strategy, steps=steps, ckpt_every=ckpt_every,
+                          fault_step=fault_step, drills=drills)
+        if json:
+            check_writable(json, "--json")
+        return finish(run_drills(cfg), json, make_console())
