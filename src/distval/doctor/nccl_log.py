@@ -198,7 +198,7 @@ def check_transports(log: NcclLog) -> Check:
     if log.rings:
         extra.append(f"{len(log.rings)} ring channel(s)")
     if log.num_trees:
-        extra.append(f"{log.num_trees} tree line(s)")
+        extra.append("trees")
     if log.gdr is not None or any(c.gdr for c in log.connections):
         extra.append("GDR " + ("on" if log.gdr or any(c.gdr for c in log.connections) else "off"))
     version = f"NCCL {log.version}: " if log.version else ""
@@ -217,8 +217,8 @@ def check_network(log: NcclLog) -> Check:
     if not chosen and not log.ib_hcas:
         return Check(name, Status.SKIP, f"{log.source}: no 'NET/Socket : Using', 'NET/IB : Using' or 'Bootstrap : Using' line",
                      details=details | {"reason": "no interface lines"})
-    ifs = ", ".join(f"{s['interface']} ({s['address']})" for s in log.socket_ifs) or ", ".join(chosen)
-    hcas = ", ".join(f"{h['hca']}:{h['port']}/{h['link']}" for h in log.ib_hcas)
+    ifs = ", ".join(dict.fromkeys(f"{s['interface']} ({s['address']})" for s in log.socket_ifs)) or ", ".join(dict.fromkeys(chosen))
+    hcas = ", ".join(dict.fromkeys(f"{h['hca']}:{h['port']}/{h['link']}" for h in log.ib_hcas))
     text = (f"network {log.network}; " if log.network else "") + (f"sockets over {ifs}" if ifs else "") + \
         (f"; IB over {hcas}" if hcas else "")
     multi = (log.num_nodes or 1) > 1
@@ -226,7 +226,7 @@ def check_network(log: NcclLog) -> Check:
     if multi and "lo" in chosen:
         return Check(name, Status.FAIL, f"{text}: NCCL uses lo with {log.num_nodes} nodes: other nodes cannot reach it",
                      details=details, hint=fix, where={"interface": "lo"})
-    decoys = [n for n in chosen if is_decoy_name(n)]
+    decoys = list(dict.fromkeys(n for n in chosen if is_decoy_name(n)))
     if decoys:
         return Check(name, Status.WARN, f"{text}: {', '.join(decoys)} looks like a container/VPN/bridge interface; "
                      "if the job hangs at init or is slow, NCCL picked the wrong interface", details=details, hint=fix,
@@ -272,7 +272,7 @@ def check_p2p_paths(log: NcclLog, topo: Topo | None) -> Check:
                           f"{','.join(f'{c:02d}' for c in b['channels'])}" for b in bad)
         return Check(name, Status.FAIL, f"P2P between GPUs whose path is SYS (across NUMA nodes){where_host}: {conns}; "
                      "the pattern of seed 002's hang (kernels spin at 100% with no progress)",
-                     details={"connections": bad, "paths": paths, "isolated_topology": topo.source},
+                     details={"connections": bad, "paths": paths, "topology": topo.source},
                      hint="NCCL_P2P_DISABLE=1 (traffic goes through SHM/NET), or NCCL_P2P_LEVEL=NODE so P2P stops at the "
                           "socket boundary; check ACS/IOMMU (iommu=pt, ACS off) if P2P should work",
                      where={"host": first["host"], "rank": first["src_rank"], "peer": first["dst_rank"], "gpus": first["gpus"],

@@ -32,9 +32,10 @@ import shutil
 import socket
 import struct
 import subprocess
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from distval.results import Check, Status
 
@@ -78,7 +79,7 @@ def _ip_json(*args: str) -> Any | None:
     if shutil.which("ip") is None:
         return None
     try:
-        out = subprocess.run(["ip", "-j", *args], capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["ip", "-j", *args], check=False, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0 or not out.stdout.strip():
@@ -493,7 +494,7 @@ def check_port(addr: str, port: int, listening_expected: bool, timeout_s: float 
         try:
             s.connect((ips[0], port))
             return Check(name, Status.OK, f"{addr}:{port} accepts TCP connections", where=where)
-        except socket.timeout:
+        except TimeoutError:
             return Check(name, Status.FAIL, f"{addr}:{port}: no answer within {timeout_s:g}s (packets dropped: a firewall?)",
                          where=where, hint=f"open TCP {port} and the ephemeral ports between the nodes "
                                            "(e.g. ufw allow from <cluster subnet>)")

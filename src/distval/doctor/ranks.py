@@ -118,13 +118,6 @@ def rank_probe(ctx: Any, cfg: Any) -> dict[str, Any]:
 # -- comparison on rank 0 -------------------------------------------------------------------------
 
 
-def _groups(values: dict[int, Any]) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = defaultdict(list)
-    for rank, value in sorted(values.items()):
-        out[repr(value)].append(rank)
-    return dict(out)
-
-
 def _ranks_text(ranks: list[int]) -> str:
     return "rank " + str(ranks[0]) if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))}"
 

@@ -31,7 +31,11 @@ class DoctorConfig:
             raise ValueError(f"--expect-world must be at least 1 (got {self.expect_world})")
         for var, value in self.ifname_overrides.items():
             # a flag is input: bad grammar is a usage error here, a FAIL check when it comes from the environment
-            (net.parse_gloo_ifname if var.startswith("GLOO") else net.parse_nccl_ifname)(value)
+            try:
+                (net.parse_gloo_ifname if var.startswith("GLOO") else net.parse_nccl_ifname)(value)
+            except ValueError as e:
+                flag = "--" + var.lower().replace("_", "-")
+                raise ValueError(str(e).replace(f"{var}={value!r}", f"{flag} {value!r}", 1)) from None
 
     def env(self) -> dict[str, str]:
         return {**os.environ, **self.ifname_overrides}
@@ -144,7 +148,8 @@ def world_mismatch_report(cfg: DoctorConfig, world_size: int, mode: str) -> Repo
 
 def add_file_checks(report: Report, topo: Topo | None, nccl: NcclLog | None, env: dict[str, str]) -> None:
     if topo is not None:
-        report.checks.extend(topo_checks(topo, env))
+        # the log's NCCL_* settings are the job's: NCCL_P2P_DISABLE=1 there keeps P2P off the SYS pairs
+        report.checks.extend(topo_checks(topo, {**env, **(nccl.env if nccl is not None else {})}))
         report.tables.extend(topo_tables(topo))
         report.meta["topology"] = topo.to_dict()
     else:

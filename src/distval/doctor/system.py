@@ -8,7 +8,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ def gpus() -> list[dict[str, Any]]:
         return []
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version,pci.bus_id",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
+                              "--format=csv,noheader,nounits"], check=False, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return []
     rows = []
@@ -125,7 +124,3 @@ def check_nofile() -> Check:
         return Check("doctor.system nofile", Status.WARN, f"open files limited to {soft}: large worlds and data loaders "
                      "fail with 'Too many open files'", details=details, hint=f"ulimit -n to {raise_to}")
     return Check("doctor.system nofile", Status.OK, f"open files: {_limit_text(soft)} (hard {_limit_text(hard)})", details=details)
-
-
-def python_executable() -> str:
-    return sys.executable
