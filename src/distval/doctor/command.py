@@ -52,12 +52,13 @@ def register(app: typer.Typer) -> None:
         if master_port is None and os.environ.get("MASTER_PORT", "").isdigit():
             master_port = int(os.environ["MASTER_PORT"])
 
+        cfg = doctor_report.DoctorConfig(master_addr=master_addr or doctor_report.default_master_addr(), master_port=master_port,
+                                         ifname_overrides=overrides, expect_world=expect_world)
+
         from distval import launch, runner  # torch from here on
 
         mode = launch.detect_mode()
-        cfg = doctor_report.DoctorConfig(master_addr=master_addr or doctor_report.default_master_addr(), master_port=master_port,
-                                         ifname_overrides=overrides, expect_world=expect_world,
-                                         under_launcher=mode != "local")
+        cfg.under_launcher = mode != "local"
         opts = cli.launch_options(nproc, backend, None, timeout, None)
         if topo is None and (text := run_nvidia_smi()) is not None:
             topo = parse_topo(text, "nvidia-smi topo -m")

@@ -376,7 +376,7 @@ def _check_nccl(value: str | None, ifaces: list[Interface], route: dict[str, Any
     if remote and master_dev not in selected:
         return Check(name, Status.WARN, f"NCCL_SOCKET_IFNAME={value} selects {', '.join(selected)}, not {master_dev}, "
                      f"the interface the route to MASTER_ADDR {route['addr']} leaves by", details=details, hint=fix, where=where)
-    if remote and (stray := [n for n in selected if n == "lo" or is_decoy_name(n)]):
+    if remote and (stray := [n for n in selected if n != master_dev and (n == "lo" or is_decoy_name(n))]):
         return Check(name, Status.WARN, f"NCCL_SOCKET_IFNAME={value} also selects {', '.join(stray)}; NCCL may use it for "
                      f"traffic between hosts", details=details, hint=fix, where=where)
     return Check(name, Status.OK, f"NCCL_SOCKET_IFNAME={value} selects {', '.join(selected)}", details=details, where=where)
