@@ -293,3 +293,12 @@ def test_bound_sockets_reads_this_processes_listener_from_the_kernel():
             assert f"127.0.0.1:{port}" in got["listen"] and "127.0.0.1" in got["addresses"]
             assert ranks.bound_sockets(store_port=port)["store"] == "127.0.0.1"
             assert client.getsockname()[0] == "127.0.0.1"
+
+
+def test_check_socket_ifname_finds_the_route_from_master_addr():
+    """What the launcher's pre-flight calls: only the environment."""
+    gloo, nccl = net.check_socket_ifname({"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "=lo"})
+    assert gloo.status is Status.OK and nccl.status is Status.OK
+    assert net.interface_for("127.0.0.1") == "lo" and net.interface_for("no-such-host.invalid") is None
+    gloo, _ = net.check_socket_ifname({"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "no-such-if0"})
+    assert gloo.status is Status.FAIL and "no interface no-such-if0" in gloo.summary

@@ -299,13 +299,20 @@ def nccl_auto_candidates(ifaces: list[Interface]) -> list[str]:
     return []
 
 
+_FROM_ENV: Any = object()
+
+
 def check_socket_ifname(env: Mapping[str, str] | None = None, ifaces: list[Interface] | None = None,
-                        route: dict[str, Any] | None = None) -> list[Check]:
+                        route: dict[str, Any] | None = _FROM_ENV) -> list[Check]:
     """One check per variable (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) from `env` (default
-    os.environ): its grammar, the interfaces it selects on this host, and, with `route` (from
-    `route_to(MASTER_ADDR)`), whether it selects the interface that reaches the master."""
+    os.environ): its grammar, the interfaces it selects on this host, and whether it selects the
+    interface the route to the master leaves by (`route` from `route_to`; by default the route to
+    env's MASTER_ADDR when it is set; None: no route known)."""
     env = os.environ if env is None else env
     ifaces = interfaces() if ifaces is None else ifaces
+    if route is _FROM_ENV:
+        ips = resolve(env["MASTER_ADDR"]) if env.get("MASTER_ADDR") else []
+        route = route_to(ips[0], ifaces) if ips else None
     return [_check_gloo(env.get("GLOO_SOCKET_IFNAME"), ifaces, route),
             _check_nccl(env.get("NCCL_SOCKET_IFNAME"), ifaces, route)]
 
