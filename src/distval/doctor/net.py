@@ -452,7 +452,7 @@ def check_decoys(ifaces: list[Interface], route: dict[str, Any] | None, env: Map
     listing = ", ".join(f"{i.name} ({i.routable_ips[0]})" for i in others)
     if not remote:
         return Check(name, Status.OK, f"MASTER_ADDR is on this host's loopback: a single-host job; {listing} "
-                     "matter only once other hosts join", details=details)
+                     f"{'matter' if len(others) > 1 else 'matters'} only once other hosts join", details=details)
     gloo, nccl = env.get("GLOO_SOCKET_IFNAME"), env.get("NCCL_SOCKET_IFNAME")
     pinned_gloo = bool(gloo) and _names_or_none(parse_gloo_ifname, gloo) == [master_dev]
     pinned_nccl = bool(nccl) and _selects_only(nccl, ifaces, master_dev)
