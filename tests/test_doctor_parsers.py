@@ -302,3 +302,21 @@ def test_check_socket_ifname_finds_the_route_from_master_addr():
     assert net.interface_for("127.0.0.1") == "lo" and net.interface_for("no-such-host.invalid") is None
     gloo, _ = net.check_socket_ifname({"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "no-such-if0"})
     assert gloo.status is Status.FAIL and "no interface no-such-if0" in gloo.summary
+
+
+def test_without_iproute2_the_same_interfaces_and_routes(monkeypatch):
+    """The fallback (socket module, /sys, /proc, ioctls, a connected UDP socket) against `ip -j`."""
+    with_ip = net.interfaces()
+    which = net.shutil.which
+    monkeypatch.setattr(net.shutil, "which", lambda name: None if name == "ip" else which(name))
+    without = net.interfaces()
+    assert [(i.name, i.up, i.mtu, i.loopback) for i in without] == [(i.name, i.up, i.mtu, i.loopback) for i in with_ip]
+    for a, b in zip(with_ip, without):
+        v4 = [x for x in a.addresses if ":" not in x]
+        assert [x for x in b.addresses if ":" not in x] == v4[:1]  # the ioctl gives the first IPv4 address with its prefix
+        assert {x for x in b.addresses if ":" in x} == {x for x in a.addresses if ":" in x}
+    monkeypatch.setattr(net.shutil, "which", which)
+    targets = ["127.0.0.1"] + [i.ips[0] for i in with_ip if i.up and i.ips and not i.loopback]
+    expected = [net.route_to(t, with_ip)["dev"] for t in targets]
+    monkeypatch.setattr(net.shutil, "which", lambda name: None if name == "ip" else which(name))
+    assert [net.route_to(t, without)["dev"] for t in targets] == expected

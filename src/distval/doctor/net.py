@@ -137,19 +137,23 @@ def _interfaces_without_ip() -> list[Interface]:
         mtu = _sys_read(name, "mtu")
         out.append(Interface(name=name, up=bool(flags & 0x1), state=(_sys_read(name, "operstate") or "unknown").upper(),
                              mtu=int(mtu) if mtu and mtu.isdigit() else None,
-                             addresses=([f"{v4}/32"] if v4 else []) + v6.get(name, []),
+                             addresses=([v4] if v4 else []) + v6.get(name, []),
                              speed_mbps=_speed(name), loopback=bool(flags & 0x8)))
     return out
 
 
 def _ipv4_of(name: str) -> str | None:
-    SIOCGIFADDR = 0x8915
+    """'addr/prefixlen' of an interface's (first) IPv4 address, from the SIOCGIFADDR and
+    SIOCGIFNETMASK ioctls; None if it has none."""
+    SIOCGIFADDR, SIOCGIFNETMASK = 0x8915, 0x891B
+    request = struct.pack("256s", name.encode()[:15])
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            res = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFADDR, request)[20:24])
+            mask = socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFNETMASK, request)[20:24])
         except OSError:
             return None
-    return socket.inet_ntoa(res[20:24])
+    return f"{addr}/{ipaddress.IPv4Network(f'0.0.0.0/{mask}').prefixlen}"
 
 
 def routes() -> list[dict[str, Any]]:
