@@ -202,7 +202,7 @@ MixedPrecision = Annotated[str, typer.Option("--mixed-precision", help="fsdp2: n
 
 @app.command("train")
 def train_cmd(
-    strategy: Annotated[str, typer.Option("--strategy", help="simple_ddp, simple_ddp_ga, simple_ddp_hook, simple_ddp_async, bucket_ddp_async, pytorch_ddp.")] = "pytorch_ddp",
+    strategy: Annotated[str, typer.Option("--strategy", help="simple_ddp, simple_ddp_ga, simple_ddp_hook, simple_ddp_async, bucket_ddp_async, pytorch_ddp, zero1, zero2, zero3, pytorch_zero1, fsdp2.")] = "pytorch_ddp",
     model: Model = "tiny", steps: Steps = 20, micro_batch: MicroBatch = 2, grad_accum: GradAccum = 1,
     global_batch: GlobalBatch = None, lr: Lr = 3e-3, warmup: Warmup = 5, clip: Clip = 1.0, seed: Seed = 0,
     precision: Precision = "fp32", data: Data = "synthetic", task: Task = "lm", bucket_mb: BucketMb = 25.0, comm_hook: CommHook = "none",

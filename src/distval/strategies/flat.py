@@ -157,7 +157,8 @@ class ShardedStrategy(Strategy):
         self.after_load()
 
     def after_load(self) -> None:
-        """Bring the model's parameters in line with the shards just loaded."""
+        """Bring the model's parameters in line with the shards just loaded (ZeRO-1/2: gather)."""
+        self._gather_replicated()
 
     # -- memory ---------------------------------------------------------------------------------------
 

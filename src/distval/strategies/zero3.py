@@ -116,6 +116,9 @@ class Zero3(ShardedStrategy):
         return torch.cat([full[id(p)].float().reshape(-1) if id(p) in full else p.detach().float().reshape(-1)
                           for p in self.model.parameters()])
 
+    def after_load(self) -> None:
+        """Nothing to gather: the next forward all-gathers each unit from the loaded shards."""
+
     def expected_comm_bytes_per_step(self, grad_accum: int) -> int:
         return 3 * grad_accum * self.full_bytes() + self.norm_bytes()
 

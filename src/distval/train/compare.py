@@ -6,7 +6,9 @@ strategy on `nproc` ranks; per strategy the parity of the final parameters with 
 (max |p - p_ref| / max |p_ref|), step time, tokens/s, peak memory, collectives per step against
 the strategy's expected volume, and the share of communication hidden behind compute
 (1 - exposed/total, where exposed is the time the training thread waited on collectives; None
-for pytorch_ddp, whose waits happen inside autograd where the layer cannot see them), and with
+for pytorch_ddp, pytorch_zero1 and fsdp2, whose waits happen inside autograd or torch where the
+layer cannot see them), the model state each rank holds (parameters, gradients, optimizer state,
+shards: the largest rank) against the strategy's formula and the planner's prediction, and with
 `--calibration bench.json` the step time `distval plan` predicts (compute at the reference run's
 measured MFU, communication from the bench's α–β fit).
 """
@@ -29,8 +31,10 @@ from distval.train.loop import TrainConfig, train_rank
 STEP_COLUMNS = ["step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "comm_calls", "comm_bytes",
                 "comm_time_s", "comm_blocked_s", "mfu", "peak_mem_bytes"]
 COMPARE_COLUMNS = ["strategy", "max_rel_param_diff", "bitwise_equal", "final_loss", "step_time_p50_s", "step_time_p95_s",
-                   "tokens_per_s", "peak_mem_bytes", "comm_calls_per_step", "comm_bytes_per_step",
-                   "expected_comm_bytes_per_step", "comm_hidden_frac", "predicted_step_time_s"]
+                   "tokens_per_s", "peak_mem_bytes", "model_state_bytes", "expected_model_state_bytes",
+                   "predicted_model_state_bytes", "predicted_peak_mem_bytes", "comm_calls_per_step", "comm_bytes_per_step",
+                   "expected_comm_bytes_per_step", "comm_wire_bytes_per_step", "comm_hidden_frac", "predicted_step_time_s"]
+MEMORY_RTOL = 0.10  # measured model state against the formula
 PARITY_RTOL = 1e-5
 
 
@@ -76,9 +80,25 @@ def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict
     steps = reference["steps"][1:] or reference["steps"]
     mfu = statistics.median(s["mfu"] for s in steps)
     plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
-                      peak_tflops=reference["peak_flops"] / 1e12, mfu=min(mfu, 1.0), strategy="ddp",
+                      peak_tflops=reference["peak_flops"] / 1e12, mfu=min(mfu, 1.0), strategy=PLAN_STRATEGY.get(name, "ddp"),
                       bucket_mb=cfg.strategy_cfg.bucket_mb, overlap=name in OVERLAPPING, calibration=calibration)
     return evaluate(plan).step_time_s
+
+
+# The planner's name for the memory and traffic model each strategy follows (the rest: ddp).
+PLAN_STRATEGY = {"zero1": "zero1", "pytorch_zero1": "zero1", "zero2": "zero2", "zero3": "zero3", "fsdp2": "fsdp"}
+
+
+def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float]:
+    """The planner's model-state and peak bytes per rank for this run (fp32 parameters, gradients
+    and Adam state; activations of one micro-batch; communication buffers)."""
+    from distval.plan import PlanConfig, memory_rows, resolve
+
+    plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
+                      strategy=PLAN_STRATEGY.get(name, "ddp"), bucket_mb=cfg.strategy_cfg.bucket_mb,
+                      param_dtype="fp32", optim_dtype="fp32")
+    row = next(r for r in memory_rows(resolve(plan)) if r["chosen"])
+    return {"predicted_model_state_bytes": row["model_state_bytes"], "predicted_peak_mem_bytes": row["total_bytes"]}
 
 
 def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions,
@@ -101,8 +121,10 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
             continue
         row = compare_row(name, result, reference)
         row["predicted_step_time_s"] = predicted_step_time(cfg, name, world, reference, calibration)
+        row.update(predicted_memory(cfg, name, world))
         table.add(**row)
         report.add(parity_check(name, row))
+        report.add(memory_check(name, row))
     return report
 
 
@@ -123,17 +145,39 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
     comm_time = sum(s["comm_time_s"] for s in steps)
     blocked = sum(s["comm_blocked_s"] for s in steps)
     diff = parity(result["params"], reference["params"])
+    counted = statistics.median(s["comm_bytes"] for s in steps)
+    uncounted = not result["counts_all_comm"] and counted == 0  # every collective is torch's own
     return {
         "strategy": name, "max_rel_param_diff": diff, "bitwise_equal": bool(torch.equal(result["params"], reference["params"])),
         "final_loss": result["steps"][-1]["loss"], "step_time_p50_s": statistics.median(times),
         "step_time_p95_s": percentile(times, 95), "tokens_per_s": statistics.median(s["tokens_per_s"] for s in steps),
         "peak_mem_bytes": max(s["peak_mem_bytes"] for s in steps),
-        "comm_calls_per_step": statistics.median(s["comm_calls"] for s in steps),
-        "comm_bytes_per_step": statistics.median(s["comm_bytes"] for s in steps),
+        "model_state_bytes": result["steps"][-1]["model_state_bytes"],
+        "expected_model_state_bytes": result["expected_model_state_bytes"],
+        "comm_calls_per_step": None if uncounted else statistics.median(s["comm_calls"] for s in steps),
+        "comm_bytes_per_step": None if uncounted else counted,
         "expected_comm_bytes_per_step": result["expected_comm_bytes_per_step"],
-        "comm_hidden_frac": None if name == "pytorch_ddp" or comm_time == 0 else max(0.0, 1 - blocked / comm_time),
+        "comm_wire_bytes_per_step": None if uncounted else statistics.median(s["comm_wire_bytes"] for s in steps),
+        "comm_hidden_frac": None if name in HIDDEN_UNKNOWN or comm_time == 0 else max(0.0, 1 - blocked / comm_time),
         "predicted_step_time_s": None,
     }
+
+
+# Strategies whose waits on communication happen inside autograd or torch, out of the layer's sight.
+HIDDEN_UNKNOWN = {"pytorch_ddp", "pytorch_zero1", "fsdp2"}
+
+
+def memory_check(name: str, row: dict[str, Any]) -> Check:
+    measured, expected = row["model_state_bytes"], row["expected_model_state_bytes"]
+    rel = abs(measured - expected) / expected
+    ok = rel <= MEMORY_RTOL
+    return Check(f"compare {name} model state", Status.OK if ok else Status.WARN,
+                 f"{name}: {measured / 2**20:.2f} MiB of parameters, gradients and optimizer state on the largest rank, "
+                 f"{rel:.1%} from the formula's {expected / 2**20:.2f} MiB",
+                 details={"model_state_bytes": measured, "expected_model_state_bytes": expected, "rel_diff": rel},
+                 hint="" if ok else "the strategy holds more (or less) than its sharding promises: look for unfreed gradients "
+                                    "or unevenly split shards",
+                 where={"strategy": name})
 
 
 def parity(params: torch.Tensor, reference: torch.Tensor) -> float:
@@ -158,18 +202,23 @@ def compact_table(report: Report) -> Any:
     from rich.table import Table as RichTable
 
     t = RichTable(title="strategies vs a single-process reference", header_style="bold")
-    for col in ("strategy", "parity", "loss", "step ms", "predicted", "tokens/s", "peak MiB", "calls", "MB/step (expected)",
-                "hidden"):
-        t.add_column(col, justify="left" if col == "strategy" else "right")
     table = report.table("strategies")
-    for r in table.rows if table else []:
-        expected = r["expected_comm_bytes_per_step"]
+    rows = table.rows if table else []
+    predicted = any(r["predicted_step_time_s"] is not None for r in rows)
+    for col in ("strategy", "parity", "loss", "step ms", *(["plan ms"] if predicted else []), "tokens/s", "peak MiB",
+                "state MiB (plan)", "calls", "MB/step (exp.)", "wire MB", "hidden"):
+        t.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=col == "strategy")
+
+    def num(value: float | None, fmt: str, scale: float = 1.0) -> str:
+        return "—" if value is None else format(value * scale, fmt)
+
+    for r in rows:
         t.add_row(r["strategy"], "bitwise" if r["bitwise_equal"] else f"{r['max_rel_param_diff']:.1e}", f"{r['final_loss']:.3f}",
-                  f"{r['step_time_p50_s'] * 1e3:.1f}",
-                  "—" if r["predicted_step_time_s"] is None else f"{r['predicted_step_time_s'] * 1e3:.1f}",
-                  f"{r['tokens_per_s']:,.0f}", f"{r['peak_mem_bytes'] / 2**20:,.0f}",
-                  f"{r['comm_calls_per_step']:g}",
-                  f"{r['comm_bytes_per_step'] / 1e6:.3f} ({'—' if expected is None else f'{expected / 1e6:.3f}'})",
-                  "—" if r["comm_hidden_frac"] is None else f"{r['comm_hidden_frac']:.0%}")
+                  num(r["step_time_p50_s"], ".1f", 1e3), *([num(r["predicted_step_time_s"], ".1f", 1e3)] if predicted else []),
+                  num(r["tokens_per_s"], ",.0f"), num(r["peak_mem_bytes"], ",.0f", 2**-20),
+                  f"{num(r['model_state_bytes'], '.2f', 2**-20)} ({num(r['predicted_model_state_bytes'], '.2f', 2**-20)})",
+                  num(r["comm_calls_per_step"], "g"),
+                  f"{num(r['comm_bytes_per_step'], '.3f', 1e-6)} ({num(r['expected_comm_bytes_per_step'], '.3f', 1e-6)})",
+                  num(r["comm_wire_bytes_per_step"], ".3f", 1e-6), num(r["comm_hidden_frac"], ".0%"))
     return t
 
