@@ -176,7 +176,9 @@ def test_decoy_nic_named_error_fast(no_leftovers):
     text = res.stdout + res.stderr
     assert "Gloo will advertise 10.78.0.2 on interface decoy0" in " ".join(text.split())
     assert "set GLOO_SOCKET_IFNAME=eth0" in " ".join(text.split())
-    assert res.stderr.rstrip().splitlines()[-1].startswith("distval: error: emulated node n1 failed first (exit code 3)")
+    last = res.stderr.rstrip().splitlines()[-1]  # emulate's summary carries rank 1's one-line error
+    assert last.startswith("distval: error: emulated node n1 failed first (exit code 3): rank 1 failed: "
+                           "NetworkPreflightError: dv-") and "decoy0" in last and "GLOO_SOCKET_IFNAME=eth0" in last
 
 
 @needs_netns

@@ -137,6 +137,6 @@ def test_unreachable_master_names_the_interface_in_a_namespace():
         shutil.rmtree(etc, ignore_errors=True)
     assert res.returncode == 3, res.stdout + res.stderr
     text = res.stdout
-    assert text.startswith("NetworkPreflightError rank 1 on decoyhost: Gloo will advertise 10.78.0.2 on interface decoy0")
+    assert text.startswith("NetworkPreflightError decoyhost: Gloo will advertise 10.78.0.2 on interface decoy0")
     assert "hostname decoyhost resolves to it" in text and "MASTER_ADDR 10.79.0.1:29400 is unreachable" in text
     assert "set GLOO_SOCKET_IFNAME=eth0" in text and "leaves by eth0 10.79.0.2" in text

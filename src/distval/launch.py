@@ -213,14 +213,14 @@ def run(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult | None:
 
 def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None, mode: str) -> JobResult | None:
     rank = int(os.environ["RANK"])
-    if mode != "local":  # an advertised address no peer can reach: one ERROR line now, not a hang at init
-        from distval.netcheck import preflight
-        preflight(os.environ, timeout_s=min(opts.timeout_s, 5.0))
     ctx: RankContext | None = None
     try:
         timeout = datetime.timedelta(seconds=opts.timeout_s)
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         device = devices.device_for(opts.backend, local_rank)
+        if mode != "local":  # an advertised address no peer can reach: an ERROR naming it now, not a hang at init
+            from distval.netcheck import preflight
+            preflight(os.environ, timeout_s=min(opts.timeout_s, 5.0))
         dist.init_process_group(opts.backend, timeout=timeout)
         # Bookkeeping (agreeing, gathering results, timing barriers) always goes over its own
         # Gloo group, so it can never pair with, or be counted as, the traffic being measured.

@@ -181,7 +181,7 @@ def preflight(env: Mapping[str, str] | None = None, timeout_s: float = 5.0, warn
     master, port = env.get("MASTER_ADDR"), int(env.get("MASTER_PORT", "0") or 0)
     if not master or not port:
         return
-    where = f"rank {env.get('RANK', '?')} on {socket.gethostname()}"
+    where = socket.gethostname()
     try:
         master_ip = socket.getaddrinfo(master, port, type=socket.SOCK_STREAM)[0][4][0]
     except socket.gaierror as e:
@@ -202,7 +202,7 @@ def preflight(env: Mapping[str, str] | None = None, timeout_s: float = 5.0, warn
                 f"from it ({how}); init would hang: {fix} (the route to MASTER_ADDR leaves by {route_if or '?'}"
                 f"{' ' + source if source else ''})")
         if route_if and adv.interface and adv.interface != route_if and route_if != "lo":
-            (warn or _warn)(f"distval: warning: {where}: Gloo will advertise {label} ({adv.why}) but MASTER_ADDR "
+            (warn or _warn)(f"distval: warning: rank {env.get('RANK', '?')} on {where}: Gloo will advertise {label} ({adv.why}) but MASTER_ADDR "
                             f"{master} is reached via {route_if}; if ranks hang at init, {fix}")
 
 

@@ -242,6 +242,9 @@ class Cluster:
         addr = self.decoy_address if self.topo.decoy else self.address
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
         lines += [f"{addr(i)}\t{self.node(i)}" for i in range(self.topo.num_nodes)]
+        # c10d names each peer from its IPv4-mapped IPv6 address; without these the lookup falls
+        # through to DNS, which no namespace can reach (a warning per connection)
+        lines += [f"::ffff:{addr(i)}\t{self.node(i)}" for i in range(self.topo.num_nodes)]
         return "\n".join(lines) + "\n"
 
     def node_argv(self, i: int, argv: list[str]) -> list[str]:
