@@ -92,6 +92,34 @@ def test_seed_002_files_and_a_listening_master_port(tmp_path):
     assert "doctor.nccl p2p-paths" in res.stdout and "FAIL" in res.stdout
 
 
+FAKE_NVIDIA_SMI = """#!/bin/sh
+# stands in for the driver's tool on this GPU-less host: the two outputs doctor asks for
+case "$*" in
+  "topo -m") cat "{topo}" ;;
+  --query-gpu=*) printf '0, NVIDIA L4, 23034, 550.54.15, 00000000:01:00.0\\n1, NVIDIA L4, 23034, 550.54.15, 00000000:81:00.0\\n' ;;
+  *) exit 9 ;;
+esac
+"""
+
+
+def test_nvidia_smi_output_is_read_when_the_tool_is_there(tmp_path):
+    """Without --topo-file doctor runs `nvidia-smi topo -m` and `--query-gpu` itself."""
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text(FAKE_NVIDIA_SMI.format(topo=DATA / "topo_2xL4_sys.txt"))
+    tool.chmod(0o755)
+    out = tmp_path / "d.json"
+    res = run_cli("doctor", "--json", str(out), env=clean_env(PATH=f"{tool.parent}:{os.environ['PATH']}"), timeout=60)
+    doc = json.loads(out.read_text())
+    checks = checks_of(doc)
+    assert doc["meta"]["topology"]["source"] == "nvidia-smi topo -m", res.stderr
+    assert checks["doctor.topo gpu-paths"]["status"] == "WARN" and checks["doctor.topo gpu-paths"]["where"] == {"pairs": ["GPU0-GPU1"]}
+    devices = checks["doctor.devices"]
+    assert [g["name"] for g in devices["details"]["gpus"]] == ["NVIDIA L4", "NVIDIA L4"]
+    assert devices["status"] == "WARN" and "torch sees none" in devices["summary"]  # this torch is a CPU build
+    assert checks["doctor.versions"]["status"] == "WARN" and "NCCL is not usable" in checks["doctor.versions"]["summary"]
+
+
 def test_port_that_nothing_listens_on():
     port = free_port()
     check = net.check_port("127.0.0.1", port, listening_expected=False)

@@ -60,15 +60,17 @@ def register(app: typer.Typer) -> None:
         mode = launch.detect_mode()
         cfg.under_launcher = mode != "local"
         opts = cli.launch_options(nproc, backend, None, timeout, None)
+        topo_error = None
         if topo is None and (text := run_nvidia_smi()) is not None:
-            topo = parse_topo(text, "nvidia-smi topo -m")
-        if mode == "local" and nproc is None:
-            world = None if expect_world is None else 1
-        else:
-            world = launch.planned_world_size(opts)
-        if world is not None and expect_world is not None and world != expect_world:
+            try:
+                topo = parse_topo(text, "nvidia-smi topo -m")
+            except ValueError as e:  # not the user's input: a finding, not a usage error
+                topo_error = str(e)
+        single = mode == "local" and nproc is None  # this process alone: a world of one
+        world = 1 if single else launch.planned_world_size(opts)
+        if expect_world is not None and world != expect_world:
             report = doctor_report.world_mismatch_report(cfg, world, mode)
-        elif world is None:
+        elif single:
             report = doctor_report.single_report(cfg)
         else:
             report = runner.execute("doctor", _probe(), cfg, opts, lambda job: doctor_report.build_ranks_report(job, cfg))
@@ -80,7 +82,7 @@ def register(app: typer.Typer) -> None:
                 report.checks.extend(checks)
                 report.tables.append(doctor_report.interfaces_table(facts, "interfaces"))
                 report.meta.update(interfaces=facts["interfaces"], routes=facts["routes"], route_to_master=facts["route_to_master"])
-        doctor_report.add_file_checks(report, topo, log, cfg.env())
+        doctor_report.add_file_checks(report, topo, log, cfg.env(), topo_error)
         return cli.finish(report, json, cli.make_console())
 
 

@@ -146,12 +146,17 @@ def world_mismatch_report(cfg: DoctorConfig, world_size: int, mode: str) -> Repo
     return report
 
 
-def add_file_checks(report: Report, topo: Topo | None, nccl: NcclLog | None, env: dict[str, str]) -> None:
+def add_file_checks(report: Report, topo: Topo | None, nccl: NcclLog | None, env: dict[str, str],
+                    topo_error: str | None = None) -> None:
     if topo is not None:
         # the log's NCCL_* settings are the job's: NCCL_P2P_DISABLE=1 there keeps P2P off the SYS pairs
         report.checks.extend(topo_checks(topo, {**env, **(nccl.env if nccl is not None else {})}))
         report.tables.extend(topo_tables(topo))
         report.meta["topology"] = topo.to_dict()
+    elif topo_error is not None:
+        report.add(Check("doctor.topo", Status.WARN, f"cannot read this host's topology: {topo_error}",
+                         details={"reason": topo_error},
+                         hint="save `nvidia-smi topo -m` to a file and pass it with --topo-file"))
     else:
         report.add(Check("doctor.topo", Status.SKIP, "no nvidia-smi on this host and no --topo-file",
                          details={"reason": "no topology"}))
