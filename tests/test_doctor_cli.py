@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, free_port, run_cli
+
 from distval.doctor import net
 from distval.results import Status
 
@@ -237,11 +237,11 @@ GLOO_SOCKET_IFNAME=veth0 NCCL_SOCKET_IFNAME==veth0 "$PY" -m distval doctor --mas
 
 def test_decoy_bridge_in_a_network_namespace(tmp_path):
     """A namespace with the route to the master on veth0 and an up docker0 bridge beside it."""
-    if UNSHARE is None or subprocess.run([UNSHARE, "-n", "-m", "true"], capture_output=True).returncode != 0:
+    if UNSHARE is None or subprocess.run([UNSHARE, "-n", "-m", "true"], check=False, capture_output=True).returncode != 0:
         pytest.skip("cannot create a network namespace here (needs root and unshare)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", *CLEAN))}
     env.update(PY=sys.executable, OUT=str(tmp_path))
-    res = subprocess.run([UNSHARE, "-n", "-m", "sh", "-c", NETNS_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run([UNSHARE, "-n", "-m", "sh", "-c", NETNS_SCRIPT], check=False, env=env, capture_output=True, text=True, timeout=120)
     if res.returncode != 0 and "Operation not supported" in res.stderr:
         pytest.skip(f"namespace set-up not supported: {res.stderr.strip()}")
     assert res.returncode == 0, res.stderr
