@@ -221,7 +221,7 @@ def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None,
         if mode != "local":  # an advertised address no peer can reach: an ERROR naming it now, not a hang at init
             from distval.netcheck import preflight
             preflight(os.environ, timeout_s=min(opts.timeout_s, 5.0))
-        dist.init_process_group(opts.backend, timeout=timeout)
+        _init_process_group(opts.backend, timeout)
         # Bookkeeping (agreeing, gathering results, timing barriers) always goes over its own
         # Gloo group, so it can never pair with, or be counted as, the traffic being measured.
         control = dist.new_group(backend="gloo", timeout=timeout)
@@ -248,6 +248,21 @@ def _worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, run_dir: str | None,
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _init_process_group(backend: str, timeout: datetime.timedelta) -> None:
+    """init_process_group, except after an elastic restart: the agent's store outlives the
+    attempt, and the previous attempt's Gloo addresses in it would be read as this one's
+    (connection refused). Keys of attempt N go under their own prefix."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    world_size = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"/distval/attempt_{attempt}", store),
+                            rank=int(os.environ["RANK"]), world_size=world_size, timeout=timeout)
 
 
 def _dump_state(run_dir: str, rank: int, ctx: RankContext | None, error: str | None = None,
