@@ -320,3 +320,32 @@ def test_without_iproute2_the_same_interfaces_and_routes(monkeypatch):
     expected = [net.route_to(t, with_ip)["dev"] for t in targets]
     monkeypatch.setattr(net.shutil, "which", lambda name: None if name == "ip" else which(name))
     assert [net.route_to(t, without)["dev"] for t in targets] == expected
+
+
+def test_report_of_two_hosts_keeps_every_hosts_checks_and_interfaces():
+    """Rank 0's report from what two hosts' first ranks sent (their facts as this host has them)."""
+    import copy
+
+    from distval.doctor.report import DoctorConfig, build_ranks_report, host_checks
+    from distval.launch import JobResult
+
+    cfg = DoctorConfig(master_addr="127.0.0.1")
+    checks, host_facts = host_checks(cfg)
+    results, infos = [], []
+    for rank, host in enumerate(("node-a", "node-b")):
+        hf = copy.deepcopy(host_facts) | {"hostname": host}
+        hc = [copy.deepcopy(c) for c in checks]
+        for c in hc:
+            c.where["host"] = host
+        results.append({"facts": facts(host, dev="lo"), "seen": [0, 1], "world_size": 2, "host": {"checks": hc, "facts": hf},
+                        "bound": {"listen": [f"10.0.0.{rank + 1}:4000"], "addresses": [f"10.0.0.{rank + 1}"], "store": None, "peers": []}})
+        infos.append({"rank": rank, "local_rank": 0, "host": host, "pid": 100 + rank, "device": "cpu"})
+    report = build_ranks_report(JobResult("torchrun", "gloo", 2, results, infos), cfg)
+    doc = report.to_dict()
+    assert [c["where"]["host"] for c in doc["checks"] if c["name"] == "doctor.net hostname"] == ["node-a", "node-b"]
+    rows = doc["tables"]["interfaces"]["rows"]
+    assert {r["host"] for r in rows} == {"node-a", "node-b"} and len(rows) == 2 * len(host_facts["interfaces"])
+    assert set(doc["meta"]["nodes"]) == {"node-a", "node-b"} and doc["meta"]["hosts"] == {"node-a": [0], "node-b": [1]}
+    by = by_name(report.checks)
+    assert by["doctor.rendezvous"].status is Status.OK and "0@node-a 10.0.0.1; 1@node-b 10.0.0.2" in by["doctor.rendezvous"].summary
+    assert [r["host"] for r in doc["tables"]["ranks"]["rows"]] == ["node-a", "node-b"]

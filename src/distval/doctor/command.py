@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
                 # the ranks failed: the host checks here usually say why
                 checks, facts = doctor_report.host_checks(cfg)
                 report.checks.extend(checks)
-                report.tables.append(doctor_report.interfaces_table(facts, "interfaces"))
+                report.tables.append(doctor_report.interfaces_table(facts))
                 report.meta.update(interfaces=facts["interfaces"], routes=facts["routes"], route_to_master=facts["route_to_master"])
         doctor_report.add_file_checks(report, topo, log, cfg.env(), topo_error)
         return cli.finish(report, json, cli.make_console())

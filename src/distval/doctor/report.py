@@ -80,15 +80,17 @@ def host_checks(cfg: DoctorConfig) -> tuple[list[Check], dict[str, Any]]:
     return checks, facts
 
 
-def interfaces_table(facts: dict[str, Any], title: str) -> Table:
-    t = Table("interfaces", ["host", "name", "state", "mtu", "speed_mbps", "addresses", "role"], title=title,
+def interfaces_table(*hosts_facts: dict[str, Any]) -> Table:
+    """One row per interface of every host given."""
+    t = Table("interfaces", ["host", "name", "state", "mtu", "speed_mbps", "addresses", "role"], title="interfaces",
               units={"speed_mbps": "Mb/s"})
-    route = facts.get("route_to_master") or {}
-    for i in facts["interfaces"]:
-        role = ("route to master" if i["name"] == route.get("dev") else "loopback" if i["loopback"]
-                else "not on the route" if i["up"] and i["addresses"] else "")
-        t.add(host=facts["hostname"], name=i["name"], state=i["state"], mtu=i["mtu"], speed_mbps=i["speed_mbps"],
-              addresses=", ".join(i["addresses"]) or None, role=role or None)
+    for facts in hosts_facts:
+        route = facts.get("route_to_master") or {}
+        for i in facts["interfaces"]:
+            role = ("route to master" if i["name"] == route.get("dev") else "loopback" if i["loopback"]
+                    else "not on the route" if i["up"] and i["addresses"] else "")
+            t.add(host=facts["hostname"], name=i["name"], state=i["state"], mtu=i["mtu"], speed_mbps=i["speed_mbps"],
+                  addresses=", ".join(i["addresses"]) or None, role=role or None)
     return t
 
 
@@ -105,7 +107,7 @@ def single_report(cfg: DoctorConfig) -> Report:
     report.add(Check("doctor.ranks", Status.SKIP, "one process: nothing to compare; run with --nproc N, or under "
                      "torchrun/srun on every node, to compare ranks and probe the rendezvous",
                      details={"reason": "single process"}))
-    report.tables.append(interfaces_table(facts, "interfaces"))
+    report.tables.append(interfaces_table(facts))
     return report
 
 
@@ -124,9 +126,7 @@ def build_ranks_report(job: Any, cfg: DoctorConfig) -> Report:
         report.checks.extend(v["checks"])
     checks, table = ranks.compare(job.results, job.ranks, job.world_size, cfg.expect_world)
     report.checks.extend(checks)
-    for h, v in hosts.items():
-        report.tables.append(interfaces_table(v["facts"], f"interfaces ({h})") if len(hosts) > 1 else
-                             interfaces_table(v["facts"], "interfaces"))
+    report.tables.append(interfaces_table(*(v["facts"] for v in hosts.values())))
     report.tables.append(table)
     return report
 
