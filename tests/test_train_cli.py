@@ -84,7 +84,9 @@ def test_compare_predicts_step_time_from_a_calibration(tmp_path):
     # same order of magnitude as measured: compute at the reference's rate plus the fitted comm
     assert 0.2 < row["predicted_step_time_s"] / row["step_time_p50_s"] < 5
     html = page.read_text()
-    assert "Step time by strategy" in html and "<rect" in html and "planned:" in html
+    assert "Step time by strategy" in html and "<rect" in html
+    assert html.count('class="model"') == 2  # the planner's step time and the memory formula, as ticks
+    assert "Model state per rank by strategy" in html
 
 
 def test_review_classification_trains_a_classifier(tmp_path):

@@ -462,28 +462,38 @@ def _plot_section(tables: dict[str, dict[str, Any]]) -> str:
 # --- the compare plot --------------------------------------------------------------------------
 
 def _strategies_section(tables: dict[str, dict[str, Any]]) -> str:
-    """Horizontal bars of each strategy's step time (p50), with the planner's prediction as a
-    tick where there is one."""
+    """Per strategy, horizontal bars of the step time (p50) with the planner's prediction as a
+    tick, and of the model state the largest rank holds with the strategy's formula as a tick."""
     rows = [r for r in (tables.get("strategies") or {}).get("rows") or [] if isinstance(r, dict)]
-    bars = [(str(r.get("strategy")), _num(r.get("step_time_p50_s")), _num(r.get("predicted_step_time_s"))) for r in rows]
-    bars = [(name, t, p) for name, t, p in bars if t is not None and t > 0]
+    time_bars = [(str(r.get("strategy")), _num(r.get("step_time_p50_s")), _num(r.get("predicted_step_time_s"))) for r in rows]
+    state_bars = [(str(r.get("strategy")), _num(r.get("model_state_bytes")), _num(r.get("expected_model_state_bytes")))
+                  for r in rows]
+    return (_bar_chart("Step time by strategy", time_bars, lambda t: f"{t * 1e3:.1f} ms",
+                       "step time p50 (ms); red tick: the planner's prediction")
+            + _bar_chart("Model state per rank by strategy", state_bars, lambda b: f"{b / 2**20:.2f} MiB",
+                         "parameters + gradients + optimizer state on the largest rank; red tick: the formula"))
+
+
+def _bar_chart(title: str, bars: list[tuple[str, float | None, float | None]], fmt: Any, caption: str) -> str:
+    """Horizontal bars (name, value, optional tick) as inline SVG; empty when nothing to draw."""
+    bars = [(name, v, tick) for name, v, tick in bars if v is not None and v > 0]
     if not bars:
         return ""
-    top = max(max(t, p or 0) for _, t, p in bars)
+    top = max(max(v, tick or 0) for _, v, tick in bars)
     label_w, plot_w, bar_h = 150, 480, 22
     height = bar_h * len(bars) + 30
     parts = [f'<svg width="{label_w + plot_w + 90}" height="{height}" role="img">']
-    for i, (name, t, p) in enumerate(bars):
+    for i, (name, v, tick) in enumerate(bars):
         y = 5 + i * bar_h
-        w = plot_w * t / top
+        w = plot_w * v / top
         parts.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" font-size="12">{_e(name)}</text>')
         parts.append(f'<rect class="series" x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}" fill="#4e79a7">'
-                     f'<title>{_e(name)}: {t * 1e3:.2f} ms</title></rect>')
-        parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 15}" font-size="11">{t * 1e3:.1f} ms</text>')
-        if p:
-            x = label_w + plot_w * p / top
+                     f'<title>{_e(name)}: {_e(fmt(v))}</title></rect>')
+        parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 15}" font-size="11">{_e(fmt(v))}</text>')
+        if tick:
+            x = label_w + plot_w * tick / top
             parts.append(f'<line class="model" x1="{x:.1f}" x2="{x:.1f}" y1="{y + 1}" y2="{y + bar_h - 1}" stroke="#e15759" '
-                         f'stroke-width="2"><title>planned: {p * 1e3:.2f} ms</title></line>')
-    parts.append(f'<text x="{label_w}" y="{height - 4}" font-size="11">step time p50 (ms); red tick: the planner\'s prediction</text>')
+                         f'stroke-width="2"><title>{_e(fmt(tick))}</title></line>')
+    parts.append(f'<text x="{label_w}" y="{height - 4}" font-size="11">{_e(caption)}</text>')
     parts.append("</svg>")
-    return "<h2>Step time by strategy</h2>\n" + "".join(parts)
+    return f"<h2>{_e(title)}</h2>\n" + "".join(parts)
