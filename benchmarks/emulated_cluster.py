@@ -15,7 +15,8 @@ and from each X:
   `plan.network.Network.time` (what `distval plan --calibration X` uses for every all_reduce),
   against the bench's measured p50 at 64 MiB; plus, across node counts, the plan calibrated on
   the 2-node run predicting the 4-node time (the ring formula's extrapolation), and the
-  uncalibrated plan (`--bandwidth rate/8 --efficiency 0.85`, seed 001's bandwidth math).
+  uncalibrated plan (`--bandwidth rate/8 --efficiency 0.85`, seed 001's bandwidth math), and
+  `distval plan --calibration X` itself on a DDP step with a 64 MiB gradient.
 
 Medians over repeats are reported (the 2 cores are shared: single runs are noisy). Needs root
 (namespaces); exit 1 when a goal is missed (β within 10% of the rate, prediction within 15%).
@@ -58,7 +59,14 @@ def bench_once(nodes: int, rate: str, iters: int, out: Path) -> dict:
     cal = load(str(out))
     net = Network(1, nodes, 1, None, None, calibrated={("intra", op): link for op, link in cal.links().items()})
     predicted_s, _, _ = net.time("all_reduce", SIZE)
-    return {"alpha_us": fit["alpha_us"], "beta_gbps": fit["beta_gbps"], "r2": fit["r2"], "measured_s": measured_s,
+    # the same through the CLI: a DDP step whose gradient is 64 MiB (16 Mi fp32 parameters) in
+    # buckets of 1 MiB then 63 MiB (PyTorch DDP's first bucket), no overlap: one α more than one call
+    plan_json = out.with_suffix(".plan.json")
+    subprocess.run([sys.executable, "-m", "distval", "plan", "--params", str(SIZE // 4), "--world", str(nodes),
+                    "--calibration", str(out), "--bucket-mb", "64", "--no-overlap", "--json", str(plan_json)],
+                   capture_output=True, text=True, timeout=120, check=True)
+    plan_cli_s = json.loads(plan_json.read_text())["tables"]["step"]["rows"][0]["comm_time_s"]
+    return {"plan_cli_s": plan_cli_s, "alpha_us": fit["alpha_us"], "beta_gbps": fit["beta_gbps"], "r2": fit["r2"], "measured_s": measured_s,
             "predicted_s": predicted_s, "wall_s": time.monotonic() - started, "emulated": doc["meta"].get("emulated"),
             "link": cal.links()["all_reduce"]}
 
@@ -78,7 +86,8 @@ def main() -> int:
     for nodes in [int(n) for n in a.nodes.split(",")]:
         runs[nodes] = [bench_once(nodes, a.rate, a.iters, folder / f"bench-{nodes}-{r}.json") for r in range(a.repeats)]
         factor = bus_factor("all_reduce", nodes)
-        med = {k: statistics.median(r[k] for r in runs[nodes]) for k in ("alpha_us", "beta_gbps", "measured_s", "predicted_s")}
+        med = {k: statistics.median(r[k] for r in runs[nodes])
+               for k in ("alpha_us", "beta_gbps", "measured_s", "predicted_s", "plan_cli_s")}
         link_gbps = med["beta_gbps"] * factor
         eff = link_gbps * 1e9 / rate_bytes
         ratio = med["predicted_s"] / med["measured_s"]
@@ -90,6 +99,8 @@ def main() -> int:
               f"rate ({eff / WIRE_SHARE:.1%} of the TCP payload ceiling {WIRE_SHARE:.1%})")
         print(f"  64 MiB all_reduce: measured {med['measured_s'] * 1e3:.0f} ms, calibrated plan {med['predicted_s'] * 1e3:.0f} ms "
               f"(x{ratio:.3f}), uncalibrated plan at 85% of line rate {plain * 1e3:.0f} ms (x{plain / med['measured_s']:.3f})")
+        print(f"  `distval plan --params 16Mi --world {nodes} --calibration X --bucket-mb 64 --no-overlap`: step comm "
+              f"{med['plan_cli_s'] * 1e3:.0f} ms (1 MiB + 63 MiB buckets; x{med['plan_cli_s'] / med['measured_s']:.3f} of one 64 MiB call)")
         ok &= abs(eff - 1) <= 0.10 and abs(ratio - 1) <= 0.15
     counts = sorted(runs)
     for small, big in zip(counts, counts[1:]):
