@@ -79,6 +79,11 @@ def test_collectives_per_step_are_what_each_strategy_claims():
     expected_buckets = len(plan_buckets(list(_tiny_params()), int(0.02e6)))
     assert 1 < expected_buckets < num_params and calls["bucket_ddp_async"] == [expected_buckets] * 3
     assert all(c >= 1 for c in calls["pytorch_ddp"])
+    # exposed communication: all of it for blocking strategies; for DDP the wait inside backward
+    # after the last bucket's launch, measured around it (the layer cannot see the reducer wait)
+    for name in ("simple_ddp", "simple_ddp_ga", "simple_ddp_hook"):
+        assert all(s["comm_blocked_s"] == pytest.approx(s["comm_time_s"]) for s in res[name]["steps"]), name
+    assert all(0 < s["comm_blocked_s"] < s["step_time_s"] for s in res["pytorch_ddp"]["steps"])
 
 
 def _tiny_params():

@@ -241,6 +241,11 @@ class Comm:
     def reset_totals(self) -> None:
         self.totals.clear()
 
+    def add_blocked(self, op: str, seconds: float) -> None:
+        """Waiting on `op` that happened out of the layer's sight (inside autograd, where DDP's
+        reducer waits for its bucket futures), as measured by the caller."""
+        self.totals[op].blocked_s += seconds
+
     # -- collectives ---------------------------------------------------------------------------
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False):

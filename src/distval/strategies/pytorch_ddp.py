@@ -7,11 +7,14 @@ collective layer, so they are counted like the hand-written strategies' (SUM of 
 pre-divided by the world size, as DDP's default hook). `--comm-hook fp16|bf16` compresses each
 bucket to 16 bits for the all-reduce (half the bytes) and back; `powersgd` uses torch's PowerSGD
 hook (rank r low-rank approximation): its traffic bypasses the layer and is not counted.
+The exposed part of the communication (for compare's hidden share) is measured around backward:
+see `micro_batch`.
 """
 
 # No `from __future__ import annotations` here: DDP checks the hook's `bucket` annotation at
 # run time and rejects the string form.
 import contextlib
+import time
 from typing import Iterator
 
 import torch
@@ -63,8 +66,21 @@ class PytorchDDP(Strategy):
 
     @contextlib.contextmanager
     def micro_batch(self, is_last: bool) -> Iterator[None]:
-        with contextlib.nullcontext() if is_last else self.ddp.no_sync():
-            yield
+        """no_sync() for the first K-1 micro-batches. On the last, the exposed communication is
+        measured: DDP's reducer launches a bucket's all-reduce as soon as its gradients are ready
+        and, once the last bucket is launched, waits inside backward for all of them; that wait
+        (last launch to backward's return) is the communication backward could not hide. It is an
+        upper bound: the reducer's copy of the averaged buckets back into .grad is in it too."""
+        if not is_last:
+            with self.ddp.no_sync():
+                yield
+            return
+        first = self.comm.issued
+        yield
+        returned = time.perf_counter()
+        launched = [r.start_s for r in self.comm.records if r.seq >= first and r.op == "all_reduce"]
+        if launched and self.cfg.comm_hook != "powersgd":
+            self.comm.add_blocked("all_reduce", max(0.0, returned - max(launched)))
 
     def expected_comm_bytes_per_step(self, grad_accum: int) -> int | None:
         if self.cfg.comm_hook == "powersgd":

@@ -5,9 +5,9 @@ accumulation, same seed, so it sees exactly the samples all ranks see together),
 strategy on `nproc` ranks; per strategy the parity of the final parameters with the reference
 (max |p - p_ref| / max |p_ref|), step time, tokens/s, peak memory, collectives per step against
 the strategy's expected volume, and the share of communication hidden behind compute
-(1 - exposed/total, where exposed is the time the training thread waited on collectives; None
-for pytorch_ddp, pytorch_zero1 and fsdp2, whose waits happen inside autograd or torch where the
-layer cannot see them), the model state each rank holds (parameters, gradients, optimizer state,
+(1 - exposed/total, where exposed is the time the training thread waited on collectives; for
+pytorch_ddp and pytorch_zero1 the wait inside backward from the last bucket's launch to backward's
+return; None for fsdp2, whose collectives are torch's own), the model state each rank holds (parameters, gradients, optimizer state,
 shards: the largest rank) against the strategy's formula and the planner's prediction, and with
 `--calibration bench.json` the step time `distval plan` predicts (compute at the reference run's
 measured MFU, communication from the bench's α–β fit).
@@ -163,8 +163,8 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
     }
 
 
-# Strategies whose waits on communication happen inside autograd or torch, out of the layer's sight.
-HIDDEN_UNKNOWN = {"pytorch_ddp", "pytorch_zero1", "fsdp2"}
+# Strategies whose communication the layer does not see at all.
+HIDDEN_UNKNOWN = {"fsdp2"}
 
 
 def memory_check(name: str, row: dict[str, Any]) -> Check:
