@@ -1,0 +1,109 @@
+"""The checkpoint store without processes: atomic layout, verification, skipping what is corrupt
+or partial, keep-K, RNG states and the config fingerprint."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from distval.ckpt import state, store
+from distval.ckpt.faults import StepFault
+from distval.train.loop import TrainConfig
+
+
+def _save(ckpt_dir, step, keep=10, fields=None):
+    """What the checkpointer does for one save, on one rank."""
+    tmp = store.tmp_path(ckpt_dir, step, "a0")
+    tmp.mkdir()
+    files = {"model.pt": store.write_file(tmp, "model.pt", store.tensors_bytes({"model": {"w": torch.full((64,), float(step))}})),
+             "rank-0.json": store.write_file(tmp, "rank-0.json", store.json_bytes({"step": step}))}
+    path = store.commit(tmp, ckpt_dir, step, files, {"fields": fields or {}})
+    store.prune(ckpt_dir, keep)
+    return path
+
+
+def test_commit_layout_latest_pointer_and_load(tmp_path):
+    for step in (3, 6):
+        _save(tmp_path, step)
+    assert (tmp_path / "latest").read_text().strip() == "step-00000006"
+    assert not list(tmp_path.glob(".tmp-*"))
+    manifest = json.loads((tmp_path / "step-00000006" / "manifest.json").read_text())
+    assert manifest["format"] == store.FORMAT and set(manifest["files"]) == {"model.pt", "rank-0.json"}
+    warnings = []
+    found = store.find_latest(tmp_path, warnings)
+    assert found.step == 6 and warnings == []
+    assert torch.equal(store.load_tensors(found.path, "model.pt")["model"]["w"], torch.full((64,), 6.0))
+
+
+def test_corrupt_file_is_skipped_with_a_warning_naming_it(tmp_path):
+    for step in (3, 6, 9):
+        _save(tmp_path, step)
+    bad = tmp_path / "step-00000009" / "model.pt"
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit
+    bad.write_bytes(bytes(data))
+    (tmp_path / "step-00000006" / "rank-0.json").write_text('{"step": 6')  # truncated
+    warnings = []
+    found = store.find_latest(tmp_path, warnings)
+    assert found.step == 3
+    assert len(warnings) == 2
+    assert str(bad) in warnings[0] and "SHA-256" in warnings[0] and "step-00000003" in warnings[0]
+    assert "rank-0.json" in warnings[1] and "truncated" in warnings[1]
+    with pytest.raises(ValueError, match="does not match its SHA-256"):
+        store.load_found(tmp_path / "step-00000009")
+
+
+def test_a_partial_save_is_never_picked(tmp_path):
+    _save(tmp_path, 3)
+    # killed before the rename: a temporary directory with complete-looking files
+    tmp = store.tmp_path(tmp_path, 6, "a0")
+    tmp.mkdir()
+    store.write_file(tmp, "model.pt", store.tensors_bytes({"model": {}}))
+    # a step directory without its manifest (e.g. copied by hand, or a foreign tool)
+    (tmp_path / "step-00000009").mkdir()
+    (tmp_path / "step-00000009" / "model.pt").write_bytes(b"junk")
+    warnings = []
+    assert store.find_latest(tmp_path, warnings).step == 3
+    assert "manifest.json is missing" in warnings[0] and "step-00000009" in warnings[0]
+    assert store.clean_temporary(tmp_path) == [tmp.name] and not tmp.exists()
+
+
+def test_keep_k_deletes_the_oldest(tmp_path):
+    for step in range(1, 7):
+        _save(tmp_path, step, keep=2)
+    assert [p.name for p in store.candidates(tmp_path)] == ["step-00000006", "step-00000005"]
+
+
+def test_nothing_valid_means_step_0(tmp_path):
+    _save(tmp_path, 4)
+    (tmp_path / "step-00000004" / "manifest.json").write_text("{")
+    warnings = []
+    assert store.find_latest(tmp_path, warnings) is None
+    assert "unreadable" in warnings[0] and "starting at step 0" in warnings[0]
+
+
+def test_rng_states_round_trip_as_json():
+    saved = json.loads(json.dumps(state.rng_state(torch.device("cpu"))))
+    expected = (random.random(), np.random.rand(3).tolist(), torch.rand(3))
+    random.random(), np.random.rand(5), torch.rand(7)  # move every generator on
+    state.set_rng_state(saved, torch.device("cpu"))
+    got = (random.random(), np.random.rand(3).tolist(), torch.rand(3))
+    assert got[0] == expected[0] and got[1] == expected[1] and torch.equal(got[2], expected[2])
+
+
+def test_fingerprint_names_what_differs_and_ignores_the_split():
+    a = state.fingerprint_fields(TrainConfig(micro_batch=2, lr=3e-3), world_size=2)
+    b = state.fingerprint_fields(TrainConfig(micro_batch=4, lr=3e-3, strategy="pytorch_ddp"), world_size=1)
+    assert state.fingerprint(a) == state.fingerprint(b)  # same global batch of 4, strategy free
+    c = state.fingerprint_fields(TrainConfig(micro_batch=2, lr=1e-3, model="small"), world_size=2)
+    assert state.differences(a, c) == ["lr 0.003 (checkpoint) vs 0.001 (this run)", "model 'tiny' (checkpoint) vs 'small' (this run)"]
+
+
+def test_step_fault_spec():
+    f = StepFault.from_env("step=7,rank=1,action=kill_in_save,attempt=-1")
+    assert (f.step, f.rank, f.action, f.attempt) == (7, 1, "kill_in_save", -1)
+    assert f.in_save(9, 1) and not f.in_save(6, 1) and not f.in_save(9, 0)
+    with pytest.raises(ValueError, match="choose from"):
+        StepFault.from_env("step=1,rank=0,action=explode")
