@@ -40,7 +40,7 @@ SUBNET = "10.77.0"
 DECOY_SUBNET = "10.78.0"
 MAX_NODES = 200
 NETNS_ETC = Path("/etc/netns")
-_NAME = re.compile(r"^dv-(\d+)-(sw|n\d+)$")
+_NAME = re.compile(r"^dv-(\d+)-[a-z0-9]+$")  # dv-<owner pid>-sw, -n<i>, -probe, ...
 
 
 @dataclass(frozen=True)
