@@ -238,7 +238,10 @@ def train_cmd(
         check_tensorboard()
     cfg.log_jsonl = str(log_jsonl.resolve()) if log_jsonl else None
     cfg.tensorboard = str(tensorboard.resolve()) if tensorboard else None
-    report = run_train(cfg, opts)
+    from distval.train.progress import watch
+
+    with watch(cfg.steps, f"train {cfg.strategy}") as cfg.progress:  # live progress on stderr
+        report = run_train(cfg, opts)
     ckpt_cmd.annotate(report, cfg)
     return finish(report, json, make_console(), skip_tables=("steps",) if steps > 30 else ())
 

@@ -54,6 +54,7 @@ class TrainConfig:
     return_params: bool = False  # gather the final parameters (parity checks)
     log_jsonl: str | None = None  # rank 0 appends one JSON line per step
     tensorboard: str | None = None  # rank 0 writes TensorBoard scalars here
+    progress: str | None = None  # rank 0 appends a line per step for the live console view
     peak_flops: float | None = None  # per device; None: measured matmul rate on CPU
     ckpt_dir: str | None = None  # checkpoints (docs/checkpointing.md); None: no checkpoints
     ckpt_every: int = 10  # save after every N optimizer steps (and after the last)
@@ -139,7 +140,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     start, steps = ckpt.resume() if ckpt else (0, [])
     fault = StepFault.from_env()  # drills and tests only
     ctx.comm.reset_totals()
-    logger = MetricsLogger(cfg.log_jsonl, cfg.tensorboard) if ctx.rank == 0 else MetricsLogger()
+    logger = MetricsLogger(cfg.log_jsonl, cfg.tensorboard, cfg.progress) if ctx.rank == 0 else MetricsLogger()
     finished = False
     try:
         for step in range(start, cfg.steps):
