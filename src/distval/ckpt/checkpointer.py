@@ -73,7 +73,10 @@ class Journal:
             self.doc = {"run_id": run_id, "attempts": [], "saves": [], "warnings": []}
 
     def write(self) -> None:
-        atomic_write_text(self.path, json.dumps(self.doc), fsync=False)
+        try:
+            atomic_write_text(self.path, json.dumps(self.doc), fsync=False)
+        except OSError:
+            pass  # a full disk must not stop training; the journal catches up at its next write
 
     @property
     def current(self) -> dict[str, Any]:
@@ -107,8 +110,8 @@ class Checkpointer:
     # -- SIGTERM: a final save at the next step boundary -----------------------------------------
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if self.stop_requested:
-            self._give_up(signum)
+        if self.stop_requested:  # the launcher forwards the job's SIGTERM too: one notice, one grace
+            return
         self.stop_requested = True
         # a rank stuck in a collective never reaches the boundary: after the grace, behave as
         # before (the launcher's handler notes where this rank was, then exits)

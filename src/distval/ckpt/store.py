@@ -104,7 +104,10 @@ def commit(tmp: Path, ckpt_dir: Path, step: int, files: dict[str, dict[str, Any]
         shutil.rmtree(trash, ignore_errors=True)
     os.rename(tmp, final)
     fsync_dir(ckpt_dir)
-    atomic_write_text(ckpt_dir / LATEST, step_name(step) + "\n")
+    try:
+        atomic_write_text(ckpt_dir / LATEST, step_name(step) + "\n")
+    except OSError:
+        pass  # the checkpoint is committed; `latest` is a convenience (loading scans step-N itself)
     return final
 
 
