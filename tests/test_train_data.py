@@ -9,6 +9,8 @@ import importlib.util
 import json
 import math
 
+import sys
+
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
@@ -191,8 +193,8 @@ def test_config_validates_itself():
     assert DataConfig(source="hf:data.csv").kind == "hf" and DataConfig(source="hf:data.csv").hf_name == "data.csv"
 
 
-@pytest.mark.skipif(HAS_PYARROW, reason="pyarrow is installed")
-def test_parquet_without_pyarrow_names_the_package(tmp_path):
+def test_parquet_without_pyarrow_names_the_package(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed
     path = tmp_path / "reviews.parquet"
     path.write_bytes(b"PAR1")
     with pytest.raises(ValueError, match="pip install pyarrow"):
@@ -201,8 +203,8 @@ def test_parquet_without_pyarrow_names_the_package(tmp_path):
 
 # ---------------------------------------------------------------------------------------- HF datasets
 
-@pytest.mark.skipif(HAS_DATASETS, reason="datasets is installed")
-def test_hf_name_without_datasets_names_the_package():
+def test_hf_name_without_datasets_names_the_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
     with pytest.raises(ValueError, match="pip install datasets"):
         validate_data_source(DataConfig(source="yelp_review_full", task="classify"))
 
