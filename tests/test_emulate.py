@@ -143,10 +143,15 @@ def test_two_nodes_shaped_bench(tmp_path, no_leftovers):
     """2 nodes x 1 rank at 200 mbit: the report comes from rank 0 on node 0 with the topology in
     its meta, each node's lines carry its name, and the fitted bandwidth is the shaped rate."""
     out = tmp_path / "bench.json"
+    dead = subprocess.Popen(["true"])  # a leftover of a crashed run: removed first, and said so
+    dead.wait()
+    subprocess.run(["ip", "netns", "add", f"dv-{dead.pid}-sw"], check=True)
     res = run_cli("emulate", "--nodes", "2", "--nproc-per-node", "1", "--rate", "200mbit", "--",
                   "comm", "bench", "--ops", "all_reduce", "-b", "1M", "-e", "4M", "-n", "3", "-w", "1", "-c", "1",
                   "--json", str(out), timeout=120)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert f"distval: removed leftovers of a crashed emulate run: dv-{dead.pid}-sw" in res.stderr.splitlines()
+    assert f"dv-{dead.pid}-sw" not in netns.list_namespaces()
     doc = json.loads(out.read_text())
     meta = doc["meta"]
     assert meta["emulated"]["nodes"] == 2 and meta["emulated"]["rate"] == "200mbit" and meta["emulated"]["decoy_nic"] is False
