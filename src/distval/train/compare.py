@@ -77,12 +77,23 @@ def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict
         return None
     from distval.plan import PlanConfig, evaluate
 
+    from distval.plan.steps import MIB
+
     steps = reference["steps"][1:] or reference["steps"]
     mfu = statistics.median(s["mfu"] for s in steps)
+    bucket_mb = cfg.strategy_cfg.bucket_mb
+    if name in PER_PARAMETER:  # one all-reduce per tensor: buckets of the mean tensor's size
+        bucket_mb = reference["num_params"] * 4 / reference["num_tensors"] / MIB
     plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
                       peak_tflops=reference["peak_flops"] / 1e12, mfu=min(mfu, 1.0), strategy=PLAN_STRATEGY.get(name, "ddp"),
-                      bucket_mb=cfg.strategy_cfg.bucket_mb, overlap=name in OVERLAPPING, calibration=calibration)
+                      bucket_mb=bucket_mb, overlap=name in OVERLAPPING, calibration=calibration)
     return evaluate(plan).step_time_s
+
+
+# Strategies that issue one all-reduce per parameter tensor (the planner sees them as DDP with
+# buckets of the mean tensor's size, so each call pays its α); simple_ddp does so K times a step,
+# which the planner does not model.
+PER_PARAMETER = {"simple_ddp", "simple_ddp_ga", "simple_ddp_hook", "simple_ddp_async"}
 
 
 # The planner's name for the memory and traffic model each strategy follows (the rest: ddp).

@@ -164,7 +164,8 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     result: dict[str, Any] = {"steps": steps, "expected_comm_bytes_per_step": strategy.expected_comm_bytes_per_step(cfg.grad_accum),
                               "expected_model_state_bytes": int(expected_state) if float(expected_state) >= 0 else None,
                               "checksum": _checksum(full), "num_params": full.numel(), "peak_flops": peak,
-                              "counts_all_comm": strategy.counts_all_comm}
+                              "counts_all_comm": strategy.counts_all_comm,
+                              "num_tensors": sum(1 for p in model.parameters() if p.requires_grad)}
     if cfg.return_params and ctx.rank == 0:
         result["params"] = full
     strategy.close()
