@@ -123,22 +123,19 @@ class ShardedStrategy(Strategy):
 
     # -- the portable checkpoint form -----------------------------------------------------------------
 
-    def _full_group(self, group: FlatGroup, shard: torch.Tensor) -> torch.Tensor:
-        return group.all_gather(self.comm, shard)
-
     def state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Each group's parameters and Adam moments all-gathered and cut back into tensors."""
         model: dict[str, torch.Tensor] = {}
         optim: dict[str, dict[str, torch.Tensor]] = {}
         for group, shard in zip(self.groups, self.shards):
-            full = self._full_group(group, shard.detach())
-            model.update({n: v.clone() for n, v in zip(group.names, group.views(full))})
-            st = optimizer.state.get(shard, {})
-            moments = {k: group.views(self._full_group(group, v)) for k, v in st.items() if k != "step"}
-            for i, name in enumerate(group.names):
-                if st:
-                    optim[name] = {"step": st["step"].clone(), **{k: next(v).clone() for k, v in moments.items()}}
-        names = dict(self.model.named_parameters())
-        model.update({k: v.detach().clone() for k, v in self.model.state_dict().items() if k not in names})  # buffers
+            model.update({n: v.clone() for n, v in zip(group.names, group.views(group.all_gather(self.comm, shard)))})
+            st = optimizer.state.get(shard)
+            if st:  # every rank has stepped, or none has
+                moments = {k: list(group.views(group.all_gather(self.comm, v))) for k, v in st.items() if k != "step"}
+                for i, name in enumerate(group.names):
+                    optim[name] = {"step": st["step"].clone(), **{k: views[i].clone() for k, views in moments.items()}}
+        params = dict(self.model.named_parameters())
+        model.update({k: v.detach().clone() for k, v in self.model.state_dict().items() if k not in params})  # buffers
         return {"model": model, "optim": optim}
 
     def load_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

@@ -43,27 +43,19 @@ class PytorchZero1(PytorchDDP):
         return 8 * psi + 8 * psi // self.world_size
 
     def state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Each parameter's Adam state is broadcast from the rank that owns it."""
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        owner, local = self.zero._param_to_rank, self._owned_state()
+        """Each parameter's Adam moments are broadcast from the rank that owns it."""
+        local = self._owned_state()
+        step = next((st["step"] for st in local.values() if st), torch.zeros(()))
+        step = step.detach().float().reshape(1).clone()
+        self.comm.all_reduce(step, "max")  # ranks that own nothing learn the step; 0: nobody has stepped
         optim = {}
-        step = torch.zeros((), dtype=torch.float32)
-        for p in self.model.parameters():
-            st = local.get(p)
-            if st:
-                step = st["step"]
-            moments = {k: (st[k].clone() if st else torch.empty_like(p)) for k in ("exp_avg", "exp_avg_sq")}
-            for t in moments.values():
-                self.comm.broadcast(t, src=owner[p])
-            optim[names[id(p)]] = moments
-        has_state = torch.tensor([1.0 if local else 0.0])
-        self.comm.all_reduce(has_state, "max")
-        steps = step.reshape(1).clone()
-        self.comm.all_reduce(steps, "max")
-        if not float(has_state):
-            optim = {}
-        for st in optim.values():
-            st["step"] = steps.reshape(()).clone()
+        if float(step) > 0:
+            for name, p in self.model.named_parameters():
+                st = local.get(p)
+                moments = {k: st[k].clone() if st else torch.empty_like(p) for k in ("exp_avg", "exp_avg_sq")}
+                for t in moments.values():
+                    self.comm.broadcast(t, src=self.zero._param_to_rank[p])
+                optim[name] = {"step": step.reshape(()).clone(), **moments}
         return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()}, "optim": optim}
 
     def load_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
