@@ -20,7 +20,9 @@ world size loads into another):
      "optim": {param name: {"step": tensor, "exp_avg": tensor, "exp_avg_sq": tensor}}}
 
 Both are collective for sharded strategies (every rank calls them; every rank gets the full
-state). `model_state_tensors(optimizer)` yields what this rank actually holds (parameters,
+state). Sharded strategies also give a sharded form for torch.distributed.checkpoint
+(`sharded_state_dict` / `finish_sharded_load`): each rank saves only its shards, and DCP
+reshards them when loading on another world size. `model_state_tensors(optimizer)` yields what this rank actually holds (parameters,
 gradients, optimizer state, shards) for the model-state memory accounting.
 
 Gradient averaging is SUM then divide by the world size (the same result on every backend).
@@ -123,6 +125,15 @@ class Strategy:
         optimizer.state.clear()
         for name, st in state["optim"].items():
             optimizer.state[params[name]] = {k: v.detach().clone() for k, v in st.items()}
+
+    def sharded_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+        """The sharded form for torch.distributed.checkpoint: DTensors over this rank's shards
+        (and replicated scalars), the same dict for `dcp.save` and, in place, for `dcp.load`
+        followed by `finish_sharded_load`. None: the strategy keeps replicas (use the full form)."""
+        return None
+
+    def finish_sharded_load(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """After `dcp.load` filled `state` (from `sharded_state_dict`) in place."""
 
     def full_parameters(self) -> torch.Tensor:
         """Every parameter, flattened in registration order, as fp32 (collective for sharded strategies)."""

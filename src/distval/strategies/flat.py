@@ -153,6 +153,35 @@ class ShardedStrategy(Strategy):
                     for k in first if k != "step"}}
         self.after_load()
 
+    def sharded_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Per group, the parameters and Adam moments as 1-D DTensors of the group's logical
+        length, sharded on dim 0 as torch.chunk splits it (which is this layout: rank r holds
+        [r·s, (r+1)·s) clipped to the length), each a view of this rank's shard: `dcp.load`
+        writes straight into the shards. Keys name the group's first and last parameter."""
+        from torch.distributed.tensor import DTensor, Shard
+
+        mesh = _mesh(self.comm, self.shards[0].device.type)
+        state: dict[str, Any] = {}
+        step = None
+        for group, shard in zip(self.groups, self.shards):
+            st = optimizer.state[shard]
+            if not st:  # no step yet: AdamW's own initial state (what it would create), so load has a target
+                st.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(shard),
+                          exp_avg_sq=torch.zeros_like(shard))
+            valid = max(0, min(group.shard_numel, group.numel - group.lo))
+            key = f"{group.names[0]}..{group.names[-1]}"
+            for part, t in (("param", shard.detach()), ("exp_avg", st["exp_avg"]), ("exp_avg_sq", st["exp_avg_sq"])):
+                state[f"{key}/{part}"] = DTensor.from_local(t[:valid], mesh, [Shard(0)], run_check=False,
+                                                            shape=torch.Size([group.numel]), stride=(1,))
+            step = st["step"]
+        state["step"] = step.detach().clone()
+        return state
+
+    def finish_sharded_load(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        for shard in self.shards:
+            optimizer.state[shard]["step"] = state["step"].clone()
+        self.after_load()
+
     def after_load(self) -> None:
         """Bring the model's parameters in line with the shards just loaded (ZeRO-1/2: gather)."""
         self._gather_replicated()
@@ -171,3 +200,11 @@ class ShardedStrategy(Strategy):
 
     def full_bytes(self) -> int:
         return sum(g.padded_bytes for g in self.groups)
+
+
+def _mesh(comm: Comm, device_type: str) -> Any:
+    """A 1-D DeviceMesh over the strategy's process group."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(comm.group or dist.group.WORLD, device_type)

@@ -70,6 +70,17 @@ class FSDP2(Strategy):
                                 for k, v in st.items()} for p, st in optimizer.state.items() if st}
         return {"model": model, "optim": optim}
 
+    def sharded_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The DTensor parameters and Adam moments themselves (`dcp.load` writes into them)."""
+        state: dict[str, Any] = {}
+        for name, p in self.model.named_parameters():
+            st = optimizer.state[p]
+            if not st:
+                st.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            state.update({f"{name}/param": p.data, f"{name}/exp_avg": st["exp_avg"], f"{name}/exp_avg_sq": st["exp_avg_sq"],
+                          f"{name}/step": st["step"]})
+        return state
+
     def load_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         from torch.distributed.tensor import distribute_tensor
 
