@@ -118,3 +118,18 @@ def test_sigkilled_worker_is_restarted_and_the_losses_are_unchanged(tmp_path):
     expected = [r["loss"] for r in json.loads(base.read_text())["tables"]["steps"]["rows"]]
     assert len(losses) == 60 and losses == expected
     assert doc["meta"]["param_checksum"] == json.loads(base.read_text())["meta"]["param_checksum"]
+
+
+def test_a_crash_loop_stops_before_the_restarts_run_out(tmp_path):
+    """A fault that returns after every restart at the same step: two attempts resume from the
+    same checkpoint and fail at the same step, and the job stops with 3 of 5 restarts unused."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "t.json"
+    ckpt.mkdir()
+    res = run_cli("train", "--nproc", "2", "--strategy", "simple_ddp", "--steps", "8", "--ckpt-dir", str(ckpt),
+                  "--ckpt-every", "3", "--no-ckpt-async", "--max-restarts", "5", "--resume", "auto", "--json", str(out),
+                  env={"DISTVAL_STEP_FAULT": "step=4,rank=1,action=raise,attempt=-1"}, timeout=240)
+    assert res.returncode == 3, res.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    error = next(c for c in doc["checks"] if c["status"] == "ERROR")
+    assert "no progress across restarts: attempts 1 and 2 both resumed from step 3 and failed at step 4" in error["summary"]
+    assert [(a["resumed_from_step"], a["last_step"]) for a in doc["tables"]["attempts"]["rows"]] == [(None, 4), (3, 4), (3, 4)]
