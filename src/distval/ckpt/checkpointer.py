@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -299,8 +300,6 @@ class Checkpointer:
                 except OSError as e:
                     errors.append(f"rank 0: commit: {e.strerror or e}")
             if errors:
-                import shutil
-
                 shutil.rmtree(tmp, ignore_errors=True)
             outcome = {"ok": not errors, "name": name, "error": "; ".join(errors) or None}
         box = [outcome]

@@ -69,7 +69,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_file(directory: Path, name: str, data: bytes) -> dict[str, Any]:
+def write_file(directory: Path, name: str, data: bytes | memoryview) -> dict[str, Any]:
     """Write, flush and fsync one file; return what the manifest records about it."""
     with open(directory / name, "wb") as f:
         f.write(data)
@@ -78,12 +78,13 @@ def write_file(directory: Path, name: str, data: bytes) -> dict[str, Any]:
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
-def tensors_bytes(obj: Any) -> bytes:
+def tensors_bytes(obj: Any) -> memoryview:
+    """torch.save's bytes, without copying them out of the buffer once more."""
     import torch
 
     buf = io.BytesIO()
     torch.save(obj, buf)
-    return buf.getvalue()
+    return buf.getbuffer()
 
 
 def json_bytes(obj: Any) -> bytes:
