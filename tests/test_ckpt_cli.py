@@ -21,7 +21,7 @@ from distval.train.loop import TrainConfig
 def _fake_checkpoint(ckpt_dir: Path, cfg: TrainConfig, world_size: int = 2) -> None:
     tmp = store.tmp_path(ckpt_dir, 5, "a0")
     tmp.mkdir()
-    files = {"model.pt": store.write_file(tmp, "model.pt", store.tensors_bytes({"model": {}, "optim": {}}))}
+    files = {"model.safetensors": store.write_tensors(tmp, "model.safetensors", {})}
     store.commit(tmp, ckpt_dir, 5, files, {"fields": state.fingerprint_fields(cfg, world_size)})
 
 

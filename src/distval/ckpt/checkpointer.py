@@ -42,6 +42,7 @@ from distval.ckpt.faults import StepFault, attempt_number
 from distval.results import atomic_write_text
 
 GRACE_S = 20.0  # after SIGTERM, a rank that reaches no step boundary in this time exits as before
+MODEL_FILE = "model.safetensors"
 NO_RESTART_FILE = "no_restart.json"  # in the local run directory: tells distval's agent to stop retrying
 
 
@@ -192,7 +193,7 @@ class Checkpointer:
 
     def _load(self, path: Path) -> int:
         trainer = json.loads((path / "trainer.json").read_text())
-        self.strategy.load_state_dict(self.optimizer, store.load_tensors(path, "model.pt"))
+        self.strategy.load_state_dict(self.optimizer, store.load_tensors(path, MODEL_FILE))
         mine = path / f"rank-{self.rank}.json"
         if mine.exists():
             rank_state = json.loads(mine.read_text())
@@ -276,10 +277,11 @@ class Checkpointer:
         error = None
         try:
             tmp.mkdir(parents=True, exist_ok=True)
-            if self.fault and self.fault.in_save(job.step, self.rank):
-                _die_mid_write(tmp, store.tensors_bytes(job.state) if job.state else store.json_bytes(job.rank_state))
+            midway = _kill_self if self.fault and self.fault.in_save(job.step, self.rank) else None
             if job.state is not None:
-                files["model.pt"] = store.write_file(tmp, "model.pt", store.tensors_bytes(job.state))
+                files[MODEL_FILE] = store.write_tensors(tmp, MODEL_FILE, store.flatten(job.state), midway=midway)
+            elif midway:
+                midway()
                 files["trainer.json"] = store.write_file(tmp, "trainer.json", store.json_bytes(job.trainer))
             files[f"rank-{self.rank}.json"] = store.write_file(tmp, f"rank-{self.rank}.json", store.json_bytes(job.rank_state))
         except OSError as e:
@@ -367,10 +369,6 @@ def _to_host(tree: Any) -> Any:
     return tree
 
 
-def _die_mid_write(tmp: Path, data: bytes) -> None:
-    """Drill fault: half of this rank's first file reaches the disk, then the process is killed."""
-    with open(tmp / ("model.pt" if data[:2] == b"PK" else "partial.json"), "wb") as f:
-        f.write(data[: len(data) // 2])
-        f.flush()
-        os.fsync(f.fileno())
+def _kill_self() -> None:
+    """Drill fault: half of this rank's first file is on disk; the process dies now."""
     os.kill(os.getpid(), signal.SIGKILL)

@@ -9,7 +9,7 @@ own process group, real workers, real files) with checkpoints every E steps:
                     at the step boundary, exit 130; a second run with --resume auto continues
   kill_during_save  rank 0 SIGKILLed halfway through writing the first checkpoint at or after step k;
                     the restart must resume from the previous checkpoint, never the partial one
-  corrupt_file      a run stopped at step k, one byte of its newest checkpoint's model.pt flipped;
+  corrupt_file      a run stopped at step k, one byte of its newest checkpoint's model.safetensors flipped;
                     --resume auto must warn naming the file and use the one before
   disk_full         checkpoints on a small tmpfs (root only, else SKIP) that holds one checkpoint:
                     the next saves fail with ENOSPC and are reported, training goes on; a kill at
@@ -213,7 +213,7 @@ class Driller:
         if first.code == 0 or not committed:
             out.notes.append(f"the first run should fail with a checkpoint on disk: exit {first.code}, {len(committed)} checkpoint(s)")
             return out
-        target = committed[0] / "model.pt"
+        target = committed[0] / "model.safetensors"
         data = bytearray(target.read_bytes())
         data[len(data) // 2] ^= 0xFF
         target.write_bytes(bytes(data))

@@ -3,8 +3,9 @@
 Layout of `--ckpt-dir DIR`:
 
     DIR/step-00000010/          one checkpoint: 10 optimizer steps done, the resumed run starts at step 10
-        model.pt                rank 0: the strategy's portable full form {"model": ..., "optim": ...}
-                                (torch.save of tensors only; loaded with weights_only=True)
+        model.safetensors       rank 0: the strategy's portable full form {"model": ..., "optim": ...},
+                                flattened to "model/<name>", "optim/<param>/<exp_avg|...>" keys
+                                (safetensors layout: JSON header and raw bytes, nothing pickled)
         trainer.json            rank 0: step, LR schedule position, config fingerprint, per-step metrics so far
         rank-0.json, rank-1.json, ...   each rank: RNG states (JSON) and data-loader position
         manifest.json           written LAST: format, step, fingerprint, SHA-256 and size of every file
@@ -25,7 +26,6 @@ next older one is tried.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -78,13 +78,78 @@ def write_file(directory: Path, name: str, data: bytes | memoryview) -> dict[str
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
-def tensors_bytes(obj: Any) -> memoryview:
-    """torch.save's bytes, without copying them out of the buffer once more."""
+# safetensors' dtype codes; the file layout is safetensors' (8-byte little-endian header length,
+# JSON header {key: {dtype, shape, data_offsets}}, raw bytes), readable by that library too.
+_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+           "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+
+
+def write_tensors(directory: Path, name: str, tensors: dict[str, Any], midway: Any = None) -> dict[str, Any]:
+    """Write host tensors straight from their memory (no serialized copy), hashing as it goes;
+    hashing and writing release the GIL, so a background save barely touches the training thread.
+    Widest elements first, header padded to 8 bytes: every tensor is aligned for its dtype."""
     import torch
 
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getbuffer()
+    codes = {getattr(torch, v): k for k, v in _DTYPES.items()}
+    header: dict[str, Any] = {}
+    views, offset = [], 0
+    for key, t in sorted(tensors.items(), key=lambda kv: -kv[1].element_size()):
+        flat = t.detach().contiguous().reshape(-1)
+        nbytes = flat.numel() * flat.element_size()
+        header[key] = {"dtype": codes[flat.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        views.append(memoryview(flat.view(torch.uint8).numpy()) if nbytes else memoryview(b""))
+        offset += nbytes
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    digest = hashlib.sha256()
+    with open(directory / name, "wb") as f:
+        for i, chunk in enumerate([len(text).to_bytes(8, "little"), text, *views]):
+            if midway is not None and i == 2 + len(views) // 2:
+                f.flush()
+                os.fsync(f.fileno())
+                midway()
+            f.write(chunk)
+            digest.update(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"sha256": digest.hexdigest(), "bytes": 8 + len(text) + offset}
+
+
+def read_tensors(path: Path) -> dict[str, Any]:
+    """The tensors of a file written by write_tensors: parsed from JSON and raw bytes, never unpickled."""
+    import torch
+
+    data = bytearray(path.read_bytes())
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    raw = torch.frombuffer(data, dtype=torch.uint8)[8 + size:] if len(data) > 8 + size else torch.empty(0, dtype=torch.uint8)
+    out = {}
+    for key, meta in header.items():
+        begin, end = meta["data_offsets"]
+        out[key] = raw[begin:end].view(getattr(torch, _DTYPES[meta["dtype"]])).reshape(meta["shape"])
+    return out
+
+
+def flatten(state: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"model": {name: t}, "optim": {name: {"exp_avg": t}}} -> {"model/name": t, "optim/name/exp_avg": t}"""
+    out = {}
+    for k, v in state.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}/"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, v in flat.items():
+        *parents, leaf = key.split("/")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return out
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -194,7 +259,5 @@ def load_found(path: Path) -> Found:
     return Found(path, int(manifest["step"]), manifest)
 
 
-def load_tensors(path: Path, name: str) -> Any:
-    import torch
-
-    return torch.load(path / name, map_location="cpu", weights_only=True)
+def load_tensors(path: Path, name: str) -> dict[str, Any]:
+    return unflatten(read_tensors(path / name))
