@@ -280,9 +280,9 @@ class Checkpointer:
             midway = _kill_self if self.fault and self.fault.in_save(job.step, self.rank) else None
             if job.state is not None:
                 files[MODEL_FILE] = store.write_tensors(tmp, MODEL_FILE, store.flatten(job.state), midway=midway)
+                files["trainer.json"] = store.write_file(tmp, "trainer.json", store.json_bytes(job.trainer))
             elif midway:
                 midway()
-                files["trainer.json"] = store.write_file(tmp, "trainer.json", store.json_bytes(job.trainer))
             files[f"rank-{self.rank}.json"] = store.write_file(tmp, f"rank-{self.rank}.json", store.json_bytes(job.rank_state))
         except OSError as e:
             error = f"rank {self.rank}: {e.strerror or e} ({getattr(e, 'filename', None) or tmp})"
