@@ -249,6 +249,15 @@ def test_hostname_checks_against_this_hosts_addresses():
     assert net.check_hostname(ifaces, "no-such-host.invalid").status is Status.WARN
 
 
+def test_hostname_on_another_interface_than_the_route_to_master_is_the_decoy_case(monkeypatch):
+    ifaces = [Interface("eth0", True, "UP", 1500, ["10.77.0.2/24"]), Interface("decoy0", True, "UP", 1500, ["10.78.0.2/24"])]
+    monkeypatch.setattr(net, "resolve", lambda host: ["10.78.0.2"])
+    check = net.check_hostname(ifaces, "node1", {"dev": "eth0"})
+    assert check.status is Status.WARN and "decoy0" in check.summary and "GLOO_SOCKET_IFNAME=eth0" in check.hint
+    assert net.check_hostname(ifaces, "node1", {"dev": "decoy0"}).status is Status.OK
+    assert net.check_hostname(ifaces, "node1").status is Status.OK  # no route known: nothing to compare
+
+
 # -- comparison across ranks --------------------------------------------------------------------------
 
 

@@ -187,6 +187,19 @@ def test_decoy_nic_named_error_fast(no_leftovers):
 
 
 @needs_netns
+def test_doctor_points_at_the_decoy_nic(no_leftovers):
+    """Under the same drill, doctor on the failing node reports its host checks: the host name
+    resolves to decoy0 while the route to MASTER_ADDR leaves by eth0."""
+    res = run_cli("emulate", "--nodes", "2", "--decoy-nic", "--", "doctor", "--timeout", "60s", timeout=60)
+    assert res.returncode == 3, res.stdout[-2000:] + res.stderr[-3000:]
+    n1 = [line for line in res.stdout.splitlines() if line.startswith("n1 | ")]
+    assert any("WARN" in line and "doctor.net hostname" in line and "resolves to 10.78.0.2" in line for line in n1)
+    flat = " ".join(" ".join(n1).split())
+    assert "(decoy0), but the route to MASTER_ADDR leaves" in flat and "export GLOO_SOCKET_IFNAME=eth0" in flat
+    assert "ERROR" in flat and "NetworkPreflightError" in flat
+
+
+@needs_netns
 def test_leftover_of_a_crashed_run_is_cleaned(no_leftovers):
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
                                          ifname_overrides=overrides, expect_world=expect_world)
 
         from distval import launch, runner  # torch from here on
+        from distval.results import Check, Status
 
         mode = launch.detect_mode()
         cfg.under_launcher = mode != "local"
@@ -73,7 +74,15 @@ def register(app: typer.Typer) -> None:
         elif single:
             report = doctor_report.single_report(cfg)
         else:
-            report = runner.execute("doctor", _probe(), cfg, opts, lambda job: doctor_report.build_ranks_report(job, cfg))
+            try:
+                report = runner.execute("doctor", _probe(), cfg, opts, lambda job: doctor_report.build_ranks_report(job, cfg))
+            except launch.WorkerFailure as e:
+                # this rank (not 0) failed under torchrun/srun, e.g. the network pre-flight: its own
+                # host checks say why, on this node, where rank 0 cannot see
+                report = doctor_report.single_report(cfg)
+                report.checks = [c for c in report.checks if c.name != "doctor.ranks"]
+                report.add(Check("doctor.ranks", Status.ERROR, str(e), hint="the host checks above on this node say why",
+                                 where={"rank": e.rank}))
             if report is None:
                 return 0  # not rank 0: rank 0 reports
             if not any(c.name.startswith("doctor.net") for c in report.checks):

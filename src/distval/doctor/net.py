@@ -396,9 +396,11 @@ def _check_nccl(value: str | None, ifaces: list[Interface], route: dict[str, Any
 # -- host checks ------------------------------------------------------------------------------
 
 
-def check_hostname(ifaces: list[Interface], hostname: str | None = None) -> Check:
+def check_hostname(ifaces: list[Interface], hostname: str | None = None, route: dict[str, Any] | None = None) -> Check:
     """The host name must resolve to an address of this host that other hosts can reach: Gloo
-    and torchrun's c10d rendezvous advertise it."""
+    and torchrun's c10d rendezvous advertise it. With the route to MASTER_ADDR known (`route`,
+    from check_master_route), an address on another interface than the one that route leaves by
+    is the "wrong interface, hangs at init" case."""
     hostname = hostname or socket.gethostname()
     addrs = resolve(hostname)
     name, where = "doctor.net hostname", {"hostname": hostname}
@@ -415,6 +417,12 @@ def check_hostname(ifaces: list[Interface], hostname: str | None = None) -> Chec
         return Check(name, Status.WARN, f"host name {hostname!r} resolves to {', '.join(foreign)}, which no interface here holds; "
                      "Gloo falls back to 127.0.0.1", details={"addresses": addrs}, hint=hint_loop, where=where)
     first = next(a for a in addrs if not is_loopback(a) and owner_of(a, ifaces))
+    dev = (route or {}).get("dev")
+    if dev and dev != "lo" and owner_of(first, ifaces) != dev:
+        return Check(name, Status.WARN, f"host name {hostname!r} resolves to {first} ({owner_of(first, ifaces)}), but the route "
+                     f"to MASTER_ADDR leaves by {dev}: with GLOO_SOCKET_IFNAME unset Gloo advertises {first}, which the "
+                     "other ranks may not reach (init hangs)", details={"addresses": addrs, "route_dev": dev},
+                     hint=f"export GLOO_SOCKET_IFNAME={dev}, or map {hostname} to {dev}'s address in /etc/hosts", where=where)
     return Check(name, Status.OK, f"host name {hostname!r} resolves to {first} ({owner_of(first, ifaces)})",
                  details={"addresses": addrs}, where=where)
 

@@ -68,7 +68,7 @@ def host_checks(cfg: DoctorConfig) -> tuple[list[Check], dict[str, Any]]:
     gpu_rows = system.gpus()
     rdma = system.rdma_devices()
     checks = [system.check_versions(system.versions(), gpu_rows), system.check_devices(gpu_rows, _torch_cuda_devices()),
-              net.check_hostname(ifaces, host), route_check, *net.check_socket_ifname(env, ifaces, route),
+              net.check_hostname(ifaces, host, route), route_check, *net.check_socket_ifname(env, ifaces, route),
               net.check_decoys(ifaces, route, env)]
     if cfg.master_port:
         checks.append(net.check_port(cfg.master_addr, cfg.master_port, cfg.under_launcher))
