@@ -47,7 +47,7 @@ class NodeRun:
 
 def torchrun_argv(cluster: Cluster, i: int, inner: list[str]) -> list[str]:
     topo = cluster.topo
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(topo.num_nodes),
+    argv = [sys.executable, "-m", "distval.emulate.agent", "--nnodes", str(topo.num_nodes),  # torchrun, quieter
             "--nproc-per-node", str(topo.nproc_per_node), "--node-rank", str(i),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.address(0)}:{RDZV_PORT}",
             "--rdzv-id", cluster.tag, "--local-addr", cluster.address(i), "--max-restarts", "0"]
