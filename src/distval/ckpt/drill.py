@@ -301,11 +301,11 @@ def checkpoint_bytes(ckpt: Path) -> int:
 
 
 def run_drills(cfg: DrillConfig, work: Path | None = None) -> Report:
-    from distval import meta
+    from distval import device, meta
 
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="distval-drill-")) if own else work
-    report = Report("drill", meta=meta.collect(None, cfg, world_size=cfg.nproc, backend="auto"))
+    report = Report("drill", meta=meta.collect(None, cfg, world_size=cfg.nproc, backend=device.default_backend()))
     table = Table("drills", DRILL_COLUMNS, title=f"fault drills on {cfg.nproc} ranks ({cfg.model}, {cfg.strategy}, "
                   f"{cfg.steps} steps, checkpoint every {cfg.ckpt_every}, fault at step {cfg.fault_step})",
                   units={"recovery_s": "s"})
