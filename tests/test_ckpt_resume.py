@@ -1,6 +1,7 @@
 """Exact resume on real Gloo ranks: a run resumed from a checkpoint continues bitwise identically
-(every later loss, the final parameters) for the DDP family and a sharded strategy, sync and
-async saves; a checkpoint loads on another world size with the same global batch."""
+(every later loss, the final parameters) for the DDP family (full form, sync and async saves) and
+the sharded strategies (their torch.distributed.checkpoint form); a checkpoint loads on another
+world size with the same global batch."""
 
 import dataclasses
 import json
@@ -62,6 +63,12 @@ def test_sharded_strategy_resumes_bitwise(tmp_path):
     cfg = dataclasses.replace(BASE, ckpt_dir=str(tmp_path), steps=6)
     job = run(_interrupted_and_resumed, (cfg, SHARDED), LaunchOptions(nproc=2, timeout_s=60))
     _check(job.results[0], SHARDED)
+    for name in SHARDED:  # saved in the sharded form: each rank wrote its shards through DCP
+        step = tmp_path / name / "step-00000003"
+        assert (step / "dcp" / ".metadata").exists() and len(list((step / "dcp").glob("*.distcp"))) == 2
+        assert not (step / "model.safetensors").exists()
+        manifest = json.loads((step / "manifest.json").read_text())
+        assert manifest["form"] == "sharded" and "dcp/.metadata" in manifest["files"]
 
 
 def _resume_on_one_rank(ctx: RankContext, cfg: TrainConfig) -> dict:
@@ -78,3 +85,17 @@ def test_checkpoint_loads_on_another_world_size(tmp_path):
     assert [s["loss"] for s in one["steps"][:3]] == [s["loss"] for s in two["steps"][:3]]  # carried over
     for a, b in zip(one["steps"][3:], two["steps"][3:]):
         assert abs(a["loss"] - b["loss"]) < 1e-4
+
+
+@pytest.mark.skipif("zero1" not in strategies.REGISTRY, reason="zero1 not registered in this tree")
+def test_sharded_checkpoint_resumes_on_three_ranks(tmp_path):
+    """zero1's DCP checkpoint from 2 ranks x micro-batch 3 resumed on 3 ranks x micro-batch 2: DCP
+    reshards the flat shards; same global batch, so the losses agree closely."""
+    cfg = dataclasses.replace(BASE, strategy="zero1", micro_batch=3, ckpt_dir=str(tmp_path), steps=6)
+    two = run(train_rank, cfg, LaunchOptions(nproc=2, timeout_s=60)).results[0]
+    assert (tmp_path / "step-00000003" / "dcp" / ".metadata").exists()
+    three_cfg = dataclasses.replace(cfg, micro_batch=2, ckpt_dir=None, resume=str(tmp_path / "step-00000003"))
+    three = run(train_rank, three_cfg, LaunchOptions(nproc=3, timeout_s=60)).results[0]
+    for a, b in zip(three["steps"][3:], two["steps"][3:]):
+        assert abs(a["loss"] - b["loss"]) < 1e-4
+    assert three["steps"][3]["loss"] != 0 and len(three["steps"]) == 6

@@ -128,3 +128,14 @@ def test_step_fault_spec():
     assert f.in_save(9, 1) and not f.in_save(6, 1) and not f.in_save(9, 0)
     with pytest.raises(ValueError, match="choose from"):
         StepFault.from_env("step=1,rank=0,action=explode")
+
+
+def test_a_sharded_checkpoint_needs_its_own_strategy(tmp_path):
+    from distval.ckpt.checkpointer import check_compatible
+
+    cfg = TrainConfig(strategy="pytorch_ddp")
+    fields = state.fingerprint_fields(cfg, 2)
+    found = store.Found(tmp_path, 3, {"fields": fields, "form": "sharded", "strategy": "zero3", "bucket_mb": 25.0})
+    with pytest.raises(ValueError, match="zero3's sharded form .* loads only into zero3 with --bucket-mb 25; this run has pytorch_ddp"):
+        check_compatible(found, fields, cfg)
+    check_compatible(store.Found(tmp_path, 3, {"fields": fields, "form": "full", "strategy": "zero3"}), fields, cfg)

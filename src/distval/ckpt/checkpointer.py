@@ -43,6 +43,7 @@ from distval.results import atomic_write_text
 
 GRACE_S = 20.0  # after SIGTERM, a rank that reaches no step boundary in this time exits as before
 MODEL_FILE = "model.safetensors"
+DCP_DIR = "dcp"  # the sharded form: torch.distributed.checkpoint's files, each rank its own shards
 NO_RESTART_FILE = "no_restart.json"  # in the local run directory: tells distval's agent to stop retrying
 
 
@@ -60,6 +61,7 @@ class _Job:
     state: dict[str, Any] | None  # rank 0: the full form on the host; others: None
     trainer: dict[str, Any] | None
     rank_state: dict[str, Any]
+    sharded: dict[str, Any] | None = None  # every rank: the strategy's sharded form (live shards) for DCP
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -162,7 +164,7 @@ class Checkpointer:
             elif self.cfg.resume:
                 found = store.load_found(Path(self.cfg.resume))
             if found is not None:
-                check_compatible(found, self.fields)
+                check_compatible(found, self.fields, self.cfg)
                 out["path"] = str(found.path)
         except ValueError as e:
             out["error"] = str(e)
@@ -193,7 +195,14 @@ class Checkpointer:
 
     def _load(self, path: Path) -> int:
         trainer = json.loads((path / "trainer.json").read_text())
-        self.strategy.load_state_dict(self.optimizer, store.load_tensors(path, MODEL_FILE))
+        if (path / DCP_DIR).is_dir():  # DCP reshards to this world size; same strategy (checked)
+            import torch.distributed.checkpoint as dcp
+
+            state = self.strategy.sharded_state_dict(self.optimizer)
+            dcp.load(state, checkpoint_id=str(path / DCP_DIR), process_group=self.group)
+            self.strategy.finish_sharded_load(self.optimizer, state)
+        else:
+            self.strategy.load_state_dict(self.optimizer, store.load_tensors(path, MODEL_FILE))
         mine = path / f"rank-{self.rank}.json"
         if mine.exists():
             rank_state = json.loads(mine.read_text())
@@ -238,7 +247,8 @@ class Checkpointer:
         start = time.perf_counter()
         self.wait()  # at most one save in flight
         job = self._snapshot(step)
-        if self.cfg.ckpt_async and not final:
+        # the sharded form holds the live shards (no copy), so it is written before training goes on
+        if self.cfg.ckpt_async and not final and job.sharded is None:
             self._thread = threading.Thread(target=self._background, args=(job,), name="distval-ckpt", daemon=True)
             self._thread.start()
             self._record(job, None, time.perf_counter() - start)
@@ -248,15 +258,18 @@ class Checkpointer:
         return outcome["name"] if outcome["ok"] else None
 
     def _snapshot(self, step: int) -> _Job:
-        full = self.strategy.state_dict(self.optimizer)  # a copy; collective for sharded strategies
+        """Sharded strategies: their DCP form (each rank saves its shards, nothing gathered);
+        replicas: the portable full form (a copy, collective), which rank 0 writes."""
+        sharded = self.strategy.sharded_state_dict(self.optimizer)
+        full = self.strategy.state_dict(self.optimizer) if sharded is None else None
         rank_state = {"rng": ckpt_state.rng_state(self.ctx.device), "data": self.loader.state_dict()}
         if self.rank != 0:
-            return _Job(step, None, None, rank_state)
+            return _Job(step, None, None, rank_state, sharded)
         from distval.train.loop import lr_at
 
         trainer = {"step": step, "lr_next": lr_at(self.cfg, step) if step < self.cfg.steps else None,
                    "fingerprint": self.fingerprint, "fields": self.fields, "steps": list(self.history[:step])}
-        return _Job(step, _to_host(full), trainer, rank_state)
+        return _Job(step, None if full is None else _to_host(full), trainer, rank_state, sharded)
 
     def _background(self, job: _Job) -> None:
         try:
@@ -278,11 +291,14 @@ class Checkpointer:
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             midway = _kill_self if self.fault and self.fault.in_save(job.step, self.rank) else None
+            if job.sharded is not None:
+                error = _dcp_save(job.sharded, tmp / DCP_DIR, self.group, self.rank)
             if job.state is not None:
                 files[MODEL_FILE] = store.write_tensors(tmp, MODEL_FILE, store.flatten(job.state), midway=midway)
-                files["trainer.json"] = store.write_file(tmp, "trainer.json", store.json_bytes(job.trainer))
             elif midway:
                 midway()
+            if job.trainer is not None:
+                files["trainer.json"] = store.write_file(tmp, "trainer.json", store.json_bytes(job.trainer))
             files[f"rank-{self.rank}.json"] = store.write_file(tmp, f"rank-{self.rank}.json", store.json_bytes(job.rank_state))
         except OSError as e:
             error = f"rank {self.rank}: {e.strerror or e} ({getattr(e, 'filename', None) or tmp})"
@@ -295,9 +311,12 @@ class Checkpointer:
             if not errors:
                 try:
                     merged = {k: v for f, _ in gathered for k, v in f.items()}
+                    if job.sharded is not None:  # every rank's DCP files are on the shared disk by now
+                        merged.update(store.describe_files(tmp, DCP_DIR))
                     store.commit(tmp, self.dir, job.step, merged, {
                         "fingerprint": self.fingerprint, "fields": self.fields, "world_size": self.ctx.world_size,
-                        "strategy": self.cfg.strategy, "time": time.time()})
+                        "strategy": self.cfg.strategy, "bucket_mb": self.cfg.strategy_cfg.bucket_mb,
+                        "form": "full" if job.sharded is None else "sharded", "time": time.time()})
                     store.prune(self.dir, self.cfg.ckpt_keep)
                 except OSError as e:
                     errors.append(f"rank 0: commit: {e.strerror or e}")
@@ -352,12 +371,18 @@ class Checkpointer:
                 signal.signal(signal.SIGTERM, self._previous_handler)
 
 
-def check_compatible(found: store.Found, fields: dict[str, Any]) -> None:
-    saved = found.manifest.get("fields", {})
-    diff = ckpt_state.differences(saved, fields)
+def check_compatible(found: store.Found, fields: dict[str, Any], cfg: Any) -> None:
+    """The fingerprint fields must match; a sharded (DCP) checkpoint also needs the same strategy
+    and bucket cap (its shards are that strategy's flat groups). The full form loads anywhere."""
+    m = found.manifest
+    diff = ckpt_state.differences(m.get("fields", {}), fields)
     if diff:
         raise ValueError(f"checkpoint {found.path} is from a different config: {'; '.join(diff)}; "
                          f"resume with the same settings or use another --ckpt-dir")
+    if m.get("form") == "sharded" and (m.get("strategy"), m.get("bucket_mb")) != (cfg.strategy, cfg.strategy_cfg.bucket_mb):
+        raise ValueError(f"checkpoint {found.path} is {m.get('strategy')}'s sharded form (torch.distributed.checkpoint), "
+                         f"which loads only into {m.get('strategy')} with --bucket-mb {m.get('bucket_mb'):g}; this run has "
+                         f"{cfg.strategy} with --bucket-mb {cfg.strategy_cfg.bucket_mb:g}")
 
 
 def _to_host(tree: Any) -> Any:
@@ -367,6 +392,18 @@ def _to_host(tree: Any) -> Any:
     if isinstance(tree, torch.Tensor):
         return tree if tree.device.type == "cpu" else tree.to("cpu")
     return tree
+
+
+def _dcp_save(state: dict[str, Any], where: Path, group: Any, rank: int) -> str | None:
+    """Every rank writes its shards (DCP coordinates over the checkpoint group, not the training
+    group, and fsyncs its files). Returns this rank's error, if any."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.save(state, checkpoint_id=str(where), process_group=group)
+    except Exception as e:  # DCP raises on every rank when one failed (e.g. ENOSPC)
+        return f"rank {rank}: torch.distributed.checkpoint: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+    return None
 
 
 def _kill_self() -> None:

@@ -47,7 +47,7 @@ def prepare(cfg: Any, world_size: int, mode: str) -> None:
         found = store.load_found(Path(cfg.resume))
         cfg.resume = str(Path(cfg.resume).resolve())
     if found is not None:
-        check_compatible(found, fingerprint_fields(cfg, world_size))
+        check_compatible(found, fingerprint_fields(cfg, world_size), cfg)
     # the journal's name: one per invocation locally; under torchrun every worker runs this
     # command, so they use the agent's run id (the same on all of them)
     cfg.run_id = f"distval-{uuid.uuid4().hex[:12]}" if mode == "local" else os.environ.get("TORCHELASTIC_RUN_ID")

@@ -158,6 +158,16 @@ def json_bytes(obj: Any) -> bytes:
     return json.dumps(json_safe(obj), allow_nan=False).encode()
 
 
+def describe_files(directory: Path, sub: str) -> dict[str, dict[str, Any]]:
+    """Manifest entries for every file under directory/sub (files other writers produced)."""
+    out = {}
+    for p in sorted((directory / sub).rglob("*")):
+        if p.is_file():
+            data = p.read_bytes()
+            out[str(p.relative_to(directory))] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    return out
+
+
 def commit(tmp: Path, ckpt_dir: Path, step: int, files: dict[str, dict[str, Any]], info: dict[str, Any]) -> Path:
     """Rank 0, once every rank's files are in `tmp`: manifest last, then rename into place."""
     manifest = {"format": FORMAT, "step": step, **info, "files": files}
