@@ -92,7 +92,7 @@ def annotate(report: Report | None, cfg: Any) -> None:
         stall = statistics.median(s["stall_s"] for s in saves)
         writes = [s["write_s"] for s in saves if s.get("write_s") is not None]
         report.add(Check("train checkpoints", Status.OK if len(done) == len(saves) else Status.WARN,
-                         f"{len(done)} of {len(saves)} checkpoint(s) saved ({'async' if cfg.ckpt_async else 'sync'}), latest "
+                         f"{len(done)} of {len(saves)} checkpoint(s) saved ({'async' if any(s['async'] for s in saves) else 'sync'}), latest "
                          f"{done[-1]['name'] if done else 'none'}; training stalled {stall * 1e3:.1f} ms per save (median)",
                          details={"saves": saves, "stall_s_p50": stall,
                                   "write_s_p50": statistics.median(writes) if writes else None, "dir": cfg.ckpt_dir},
