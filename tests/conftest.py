@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -25,3 +27,20 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+
+@pytest.fixture
+def cli(capsys):
+    """`distval ARGS` in this process (no interpreter and torch start-up per call): for bad-input
+    cases, which end before any worker starts. Returns what run_cli returns."""
+    def call(*args: str) -> subprocess.CompletedProcess:
+        from distval.cli import main
+
+        code = 0
+        try:
+            main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(["distval", *args], code, captured.out, captured.err)
+
+    return call

@@ -59,11 +59,11 @@ def _bad_cases(tmp_path: Path, read_only: Path) -> list[tuple[list[str], str]]:
     ]
 
 
-def test_bad_checkpoint_input_is_one_line_exit_2(tmp_path, read_only_dir):
+def test_bad_checkpoint_input_is_one_line_exit_2(tmp_path, read_only_dir, cli):
     out = tmp_path / "t.json"
     out.write_text("keep me")
     for args, message in _bad_cases(tmp_path, read_only_dir):
-        res = run_cli("train", "--nproc", "2", "--steps", "2", *args, "--json", str(out), timeout=60)
+        res = cli("train", "--nproc", "2", "--steps", "2", *args, "--json", str(out))
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and len(lines) == 1 and message in lines[0], (args, res.stderr)
         assert lines[0].startswith("distval: error: ")

@@ -21,9 +21,9 @@ from conftest import free_port, run_cli
     (["comm", "bench", "--bogus"], "No such option: --bogus"),
     (["comm", "bench", "--nproc", "2", "-r", "2"], "-r 2 is not a rank of a world of 2"),
 ])
-def test_bad_input_is_one_line_exit_2(args, message, tmp_path):
+def test_bad_input_is_one_line_exit_2(args, message, tmp_path, cli):
     out = tmp_path / "out.json"
-    res = run_cli(*args, "--json", str(out), timeout=60)
+    res = cli(*args, "--json", str(out))  # in process: these end before any worker starts
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("distval: error: ") and message in lines[0], res.stderr

@@ -185,7 +185,7 @@ def test_checkpoint_form_moves_between_strategies_and_world_sizes():
         _same_state(first["state"], again[name]["back"])
 
 
-def test_bad_sharding_input_is_one_line_exit_2(tmp_path):
+def test_bad_sharding_input_is_one_line_exit_2(tmp_path, cli):
     out = tmp_path / "never.json"
     cases = [
         (["train", "--strategy", "zero9"], "unknown strategy 'zero9'"),
@@ -195,7 +195,7 @@ def test_bad_sharding_input_is_one_line_exit_2(tmp_path):
         (["compare", "--strategies", "zero1,zero4"], "unknown strategy 'zero4'"),
     ]
     for args, message in cases:
-        r = run_cli(*args, "--json", str(out), timeout=60)
+        r = cli(*args, "--json", str(out))
         assert r.returncode == 2, (args, r.stderr)
         assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     assert not out.exists()

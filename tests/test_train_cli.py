@@ -15,9 +15,9 @@ from conftest import run_cli
     (["train", "--precision", "fp8"], "--precision must be fp32 or bf16"),
     (["compare", "--strategies", "simple_ddp,zero9"], "unknown strategy 'zero9'"),
 ])
-def test_bad_training_input_is_one_line_exit_2(args, message, tmp_path):
+def test_bad_training_input_is_one_line_exit_2(args, message, tmp_path, cli):
     out = tmp_path / "t.json"
-    res = run_cli(*args, "--json", str(out), timeout=60)
+    res = cli(*args, "--json", str(out))  # in process: these end before any worker starts
     assert res.returncode == 2, res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], res.stderr

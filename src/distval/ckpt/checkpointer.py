@@ -246,9 +246,9 @@ class Checkpointer:
             return None
         start = time.perf_counter()
         self.wait()  # at most one save in flight
-        job = self._snapshot(step)
-        # the sharded form holds the live shards (no copy), so it is written before training goes on
-        if self.cfg.ckpt_async and not final and job.sharded is None:
+        background = self.cfg.ckpt_async and not final
+        job = self._snapshot(step, copy_shards=background)
+        if background:
             self._thread = threading.Thread(target=self._background, args=(job,), name="distval-ckpt", daemon=True)
             self._thread.start()
             self._record(job, None, time.perf_counter() - start)
@@ -257,10 +257,13 @@ class Checkpointer:
         self._record(job, outcome, time.perf_counter() - start)
         return outcome["name"] if outcome["ok"] else None
 
-    def _snapshot(self, step: int) -> _Job:
-        """Sharded strategies: their DCP form (each rank saves its shards, nothing gathered);
+    def _snapshot(self, step: int, copy_shards: bool) -> _Job:
+        """Sharded strategies: their DCP form (each rank saves its shards, nothing gathered; a
+        copy of them when written in the background, as training changes the live shards);
         replicas: the portable full form (a copy, collective), which rank 0 writes."""
         sharded = self.strategy.sharded_state_dict(self.optimizer)
+        if sharded is not None and copy_shards:
+            sharded = {k: _copy_shard(v) for k, v in sharded.items()}
         full = self.strategy.state_dict(self.optimizer) if sharded is None else None
         rank_state = {"rng": ckpt_state.rng_state(self.ctx.device), "data": self.loader.state_dict()}
         if self.rank != 0:
@@ -392,6 +395,18 @@ def _to_host(tree: Any) -> Any:
     if isinstance(tree, torch.Tensor):
         return tree if tree.device.type == "cpu" else tree.to("cpu")
     return tree
+
+
+def _copy_shard(value: Any) -> Any:
+    """A copy of one entry of a sharded form: a DTensor with a cloned local shard (same mesh,
+    placements and global shape; on the shard's device, which DCP stages to the host as it writes),
+    or a cloned tensor."""
+    if hasattr(value, "to_local"):
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(value.to_local().detach().clone(), value.device_mesh, value.placements,
+                                  run_check=False, shape=value.shape, stride=value.stride())
+    return value.detach().clone() if hasattr(value, "detach") else value
 
 
 def _dcp_save(state: dict[str, Any], where: Path, group: Any, rank: int) -> str | None:

@@ -83,8 +83,8 @@ def run(topo: Topology, inner: list[str], keep_going: bool = False, out: TextIO 
         print(f"distval: removed leftovers of a crashed emulate run: {', '.join(cleaned)}", file=err)
     latency_emulated = topo.latency_s > 0 and netns.netem_available()
     if topo.latency_s > 0 and not latency_emulated:
-        print(f"distval: warning: --latency not emulated: this kernel has no netem qdisc (tbf has no delay); "
-              f"the links add only the few microseconds of a veth hop", file=err)
+        print("distval: warning: --latency not emulated: this kernel has no netem qdisc (tbf has no delay); "
+              "the links add only the few microseconds of a veth hop", file=err)
     cluster = Cluster(topo, with_delay=latency_emulated)
     run_dir = tempfile.mkdtemp(prefix="distval-emulate-")
     nodes: list[NodeRun] = []

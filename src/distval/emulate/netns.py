@@ -28,7 +28,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from distval.comm.layer import Comm
 from distval.strategies.base import StrategyConfig
-from distval.strategies.flat import FlatGroup, ShardedStrategy, flat_groups
+from distval.strategies.flat import ShardedStrategy, flat_groups
 
 
 class Zero3(ShardedStrategy):
