@@ -68,15 +68,16 @@ def run_train(cfg: TrainConfig, opts: LaunchOptions) -> Report | None:
 OVERLAPPING = {"simple_ddp_async", "bucket_ddp_async", "pytorch_ddp"}
 
 
-def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict[str, Any],
+def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict[str, Any], peak_flops: float,
                         calibration: str | None) -> float | None:
-    """The planner's step time for this run: compute at the rate the reference run achieved
-    (its measured MFU of the measured peak), communication from the α–β fit of a `comm bench`
-    on this fabric. None without a calibration (no link to plan with)."""
+    """The planner's step time for this run: compute at the MFU the reference run achieved, of
+    the peak each rank measured (`peak_flops`: a rank of the distributed run has its own share of
+    the cores — one intra-op thread per worker — while the single-process reference has them all),
+    communication from the α–β fit of a `comm bench` on this fabric. None without a calibration
+    (no link to plan with)."""
     if calibration is None:
         return None
     from distval.plan import PlanConfig, evaluate
-
     from distval.plan.steps import MIB
 
     steps = reference["steps"][1:] or reference["steps"]
@@ -85,7 +86,7 @@ def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict
     if name in PER_PARAMETER:  # one all-reduce per tensor: buckets of the mean tensor's size
         bucket_mb = reference["num_params"] * 4 / reference["num_tensors"] / MIB
     plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
-                      peak_tflops=reference["peak_flops"] / 1e12, mfu=min(mfu, 1.0), strategy=PLAN_STRATEGY.get(name, "ddp"),
+                      peak_tflops=peak_flops / 1e12, mfu=min(mfu, 1.0), strategy=PLAN_STRATEGY.get(name, "ddp"),
                       bucket_mb=bucket_mb, overlap=name in OVERLAPPING, calibration=calibration)
     return evaluate(plan).step_time_s
 
@@ -131,7 +132,7 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
             report.checks += result.checks
             continue
         row = compare_row(name, result, reference)
-        row["predicted_step_time_s"] = predicted_step_time(cfg, name, world, reference, calibration)
+        row["predicted_step_time_s"] = predicted_step_time(cfg, name, world, reference, result["peak_flops"], calibration)
         row.update(predicted_memory(cfg, name, world))
         table.add(**row)
         report.add(parity_check(name, row))
