@@ -82,7 +82,8 @@ def test_compare_predicts_step_time_from_a_calibration(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     (row,) = json.loads(out.read_text())["tables"]["strategies"]["rows"]
     # same order of magnitude as measured: compute at the reference's rate plus the fitted comm
-    assert 0.2 < row["predicted_step_time_s"] / row["step_time_p50_s"] < 5
+    ratio = row["predicted_step_time_s"] / row["step_time_p50_s"]
+    assert 0.2 < ratio < 5, (ratio, row["predicted_step_time_s"], row["step_time_p50_s"], row["step_time_p95_s"])
     html = page.read_text()
     assert "Step time by strategy" in html and "<rect" in html
     assert html.count('class="model"') == 2  # the planner's step time and the memory formula, as ticks

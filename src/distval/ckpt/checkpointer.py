@@ -22,6 +22,7 @@ removed when the next attempt starts.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -77,10 +78,8 @@ class Journal:
             self.doc = {"run_id": run_id, "attempts": [], "saves": [], "warnings": []}
 
     def write(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # a full disk must not stop training; the journal catches up next write
             atomic_write_text(self.path, json.dumps(self.doc), fsync=False)
-        except OSError:
-            pass  # a full disk must not stop training; the journal catches up at its next write
 
     @property
     def current(self) -> dict[str, Any]:

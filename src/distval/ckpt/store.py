@@ -25,6 +25,7 @@ next older one is tried.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -180,10 +181,8 @@ def commit(tmp: Path, ckpt_dir: Path, step: int, files: dict[str, dict[str, Any]
         shutil.rmtree(trash, ignore_errors=True)
     os.rename(tmp, final)
     fsync_dir(ckpt_dir)
-    try:
+    with contextlib.suppress(OSError):  # the checkpoint is committed; `latest` is a convenience (loading scans step-N)
         atomic_write_text(ckpt_dir / LATEST, step_name(step) + "\n")
-    except OSError:
-        pass  # the checkpoint is committed; `latest` is a convenience (loading scans step-N itself)
     return final
 
 

@@ -22,6 +22,7 @@ so `virbr0`, `tun0`, `wg0`, `veth*` or `br-*` can win and hang a multi-node job 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import ipaddress
@@ -124,12 +125,10 @@ def interfaces() -> list[Interface]:
 
 def _interfaces_without_ip() -> list[Interface]:
     v6: dict[str, list[str]] = {}
-    try:
+    with contextlib.suppress(OSError, ValueError):  # no IPv6 on this host: IPv4 addresses only
         for line in Path("/proc/net/if_inet6").read_text().splitlines():
             hexaddr, _, plen, _, _, name = line.split()
             v6.setdefault(name, []).append(f"{ipaddress.IPv6Address(bytes.fromhex(hexaddr))}/{int(plen, 16)}")
-    except (OSError, ValueError):
-        pass
     out = []
     for _, name in socket.if_nameindex():
         flags = int(_sys_read(name, "flags") or "0", 16)

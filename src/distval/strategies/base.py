@@ -65,6 +65,10 @@ class Strategy:
     name: ClassVar[str]
     syncs_every_micro_batch: ClassVar[bool] = False
     counts_all_comm: ClassVar[bool] = True  # False: some collectives are torch's own, not counted
+    # How the planner (distval plan, compare's predictions) models this strategy:
+    plan_model: ClassVar[str] = "ddp"  # its memory and traffic model: ddp, zero1, zero2, zero3 or fsdp
+    overlaps_backward: ClassVar[bool] = False  # communication runs during backward (the planner's --overlap)
+    call_per_tensor: ClassVar[bool] = False  # one all-reduce per parameter tensor, not per bucket
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         self.model, self.comm, self.cfg = model, comm, cfg

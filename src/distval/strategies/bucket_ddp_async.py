@@ -24,6 +24,7 @@ from distval.strategies.base import HookStrategy, StrategyConfig
 
 class BucketDDPAsync(HookStrategy):
     name = "bucket_ddp_async"
+    overlaps_backward = True
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         self.buckets = plan_buckets([p for p in model.parameters() if p.requires_grad], int(cfg.bucket_mb * 1e6))

@@ -28,6 +28,8 @@ from distval.strategies.base import Strategy, StrategyConfig
 class FSDP2(Strategy):
     name = "fsdp2"
     counts_all_comm = False
+    plan_model = "fsdp"
+    overlaps_backward = True
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         super().__init__(model, comm, cfg)

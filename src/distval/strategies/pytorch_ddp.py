@@ -14,6 +14,7 @@ see `micro_batch`.
 # No `from __future__ import annotations` here: DDP checks the hook's `bucket` annotation at
 # run time and rejects the string form.
 import contextlib
+import itertools
 import time
 from typing import Iterator
 
@@ -28,6 +29,7 @@ from distval.strategies.base import Strategy, StrategyConfig
 
 class PytorchDDP(Strategy):
     name = "pytorch_ddp"
+    overlaps_backward = True
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         super().__init__(model, comm, cfg)
@@ -78,7 +80,9 @@ class PytorchDDP(Strategy):
         first = self.comm.issued
         yield
         returned = time.perf_counter()
-        launched = [r.start_s for r in self.comm.records if r.seq >= first and r.op == "all_reduce"]
+        # this backward's records are the newest: walk back from the end of the ring buffer only
+        launched = [r.start_s for r in itertools.takewhile(lambda r: r.seq >= first, reversed(self.comm.records))
+                    if r.op == "all_reduce"]
         if launched and self.cfg.comm_hook != "powersgd":
             self.comm.add_blocked("all_reduce", max(0.0, returned - max(launched)))
 

@@ -21,6 +21,7 @@ from distval.strategies.pytorch_ddp import PytorchDDP
 class PytorchZero1(PytorchDDP):
     name = "pytorch_zero1"
     counts_all_comm = False  # the owners' parameter broadcasts bypass the layer
+    plan_model = "zero1"
 
     def build_optimizer(self, optimizer_class: type[torch.optim.Optimizer], **kwargs: Any) -> torch.optim.Optimizer:
         self.zero = ZeroRedundancyOptimizer(self.model.parameters(), optimizer_class=optimizer_class,
@@ -31,12 +32,9 @@ class PytorchZero1(PytorchDDP):
         return self.zero.optim.state
 
     def model_state_tensors(self, optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
-        for p in self.model.parameters():
-            yield p
-            if p.grad is not None:
-                yield p.grad
-        for st in self._owned_state().values():
-            yield from (v for v in st.values() if isinstance(v, torch.Tensor))
+        """Parameters, gradients, and the Adam state of the parameters this rank owns (held by
+        the wrapped local optimizer, not the ZeroRedundancyOptimizer itself)."""
+        return super().model_state_tensors(self.zero.optim)
 
     def expected_model_state_bytes(self, optimizer: torch.optim.Optimizer) -> int:
         psi = sum(p.numel() for p in self.model.parameters() if p.requires_grad)

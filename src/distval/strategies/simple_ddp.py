@@ -18,6 +18,7 @@ from distval.strategies.base import Strategy
 class SimpleDDP(Strategy):
     name = "simple_ddp"
     syncs_every_micro_batch = True
+    call_per_tensor = True
 
     @contextlib.contextmanager
     def micro_batch(self, is_last: bool) -> Iterator[None]:

@@ -17,6 +17,8 @@ from distval.strategies.base import HookStrategy, StrategyConfig
 
 class SimpleDDPAsync(HookStrategy):
     name = "simple_ddp_async"
+    call_per_tensor = True
+    overlaps_backward = True
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         self._pending: list[tuple[Any, nn.Parameter]] = []

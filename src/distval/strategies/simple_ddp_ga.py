@@ -13,6 +13,7 @@ from distval.strategies.base import Strategy
 
 class SimpleDDPGA(Strategy):
     name = "simple_ddp_ga"
+    call_per_tensor = True
 
     def sync_gradients(self) -> None:
         for p in self.model.parameters():

@@ -16,6 +16,7 @@ from distval.strategies.base import HookStrategy
 
 class SimpleDDPHook(HookStrategy):
     name = "simple_ddp_hook"
+    call_per_tensor = True  # blocking inside backward: no overlap
 
     def on_grad(self, p: nn.Parameter) -> None:
         self.comm.all_reduce(p.grad)

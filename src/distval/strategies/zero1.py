@@ -29,6 +29,7 @@ from distval.strategies.flat import ShardedStrategy
 
 class Zero1(ShardedStrategy):
     name = "zero1"
+    plan_model = "zero1"
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         super().__init__(model, comm, cfg)

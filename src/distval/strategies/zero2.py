@@ -29,6 +29,8 @@ from distval.strategies.flat import ShardedStrategy
 
 class Zero2(HookStrategy, ShardedStrategy):
     name = "zero2"
+    plan_model = "zero2"
+    overlaps_backward = True  # bucket reduce-scatters launch during backward
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         super().__init__(model, comm, cfg)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from distval import meta
+from distval import meta, strategies
 from distval.comm.bench import percentile
 from distval.launch import JobResult, LaunchOptions
 from distval.results import Check, Report, Status, Table
@@ -64,10 +64,6 @@ def run_train(cfg: TrainConfig, opts: LaunchOptions) -> Report | None:
     return execute("train", train_rank, cfg, opts, build)
 
 
-# Strategies whose communication can overlap backward (the planner's --overlap).
-OVERLAPPING = {"simple_ddp_async", "bucket_ddp_async", "pytorch_ddp"}
-
-
 def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict[str, Any], peak_flops: float,
                         calibration: str | None) -> float | None:
     """The planner's step time for this run: compute at the MFU the reference run achieved, of
@@ -82,23 +78,14 @@ def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict
 
     steps = reference["steps"][1:] or reference["steps"]
     mfu = statistics.median(s["mfu"] for s in steps)
+    strategy = strategies.REGISTRY[name]
     bucket_mb = cfg.strategy_cfg.bucket_mb
-    if name in PER_PARAMETER:  # one all-reduce per tensor: buckets of the mean tensor's size
-        bucket_mb = reference["num_params"] * 4 / reference["num_tensors"] / MIB
+    if strategy.call_per_tensor:  # the planner sees buckets of the mean tensor's size: each call pays its α
+        bucket_mb = reference["num_params"] * 4 / reference["num_tensors"] / MIB  # (simple_ddp's K syncs: not modelled)
     plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
-                      peak_tflops=peak_flops / 1e12, mfu=min(mfu, 1.0), strategy=PLAN_STRATEGY.get(name, "ddp"),
-                      bucket_mb=bucket_mb, overlap=name in OVERLAPPING, calibration=calibration)
+                      peak_tflops=peak_flops / 1e12, mfu=min(mfu, 1.0), strategy=strategy.plan_model,
+                      bucket_mb=bucket_mb, overlap=strategy.overlaps_backward, calibration=calibration)
     return evaluate(plan).step_time_s
-
-
-# Strategies that issue one all-reduce per parameter tensor (the planner sees them as DDP with
-# buckets of the mean tensor's size, so each call pays its α); simple_ddp does so K times a step,
-# which the planner does not model.
-PER_PARAMETER = {"simple_ddp", "simple_ddp_ga", "simple_ddp_hook", "simple_ddp_async"}
-
-
-# The planner's name for the memory and traffic model each strategy follows (the rest: ddp).
-PLAN_STRATEGY = {"zero1": "zero1", "pytorch_zero1": "zero1", "zero2": "zero2", "zero3": "zero3", "fsdp2": "fsdp"}
 
 
 def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float]:
@@ -107,7 +94,7 @@ def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float
     from distval.plan import PlanConfig, memory_rows, resolve
 
     plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
-                      strategy=PLAN_STRATEGY.get(name, "ddp"), bucket_mb=cfg.strategy_cfg.bucket_mb,
+                      strategy=strategies.REGISTRY[name].plan_model, bucket_mb=cfg.strategy_cfg.bucket_mb,
                       param_dtype="fp32", optim_dtype="fp32")
     row = next(r for r in memory_rows(resolve(plan)) if r["chosen"])
     return {"predicted_model_state_bytes": row["model_state_bytes"], "predicted_peak_mem_bytes": row["total_bytes"]}
@@ -170,13 +157,9 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
         "comm_bytes_per_step": None if uncounted else counted,
         "expected_comm_bytes_per_step": result["expected_comm_bytes_per_step"],
         "comm_wire_bytes_per_step": None if uncounted else statistics.median(s["comm_wire_bytes"] for s in steps),
-        "comm_hidden_frac": None if name in HIDDEN_UNKNOWN or comm_time == 0 else max(0.0, 1 - blocked / comm_time),
+        "comm_hidden_frac": None if comm_time == 0 else max(0.0, 1 - blocked / comm_time),  # fsdp2: nothing counted
         "predicted_step_time_s": None,
     }
-
-
-# Strategies whose communication the layer does not see at all.
-HIDDEN_UNKNOWN = {"fsdp2"}
 
 
 def memory_check(name: str, row: dict[str, Any]) -> Check:

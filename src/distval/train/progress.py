@@ -89,7 +89,7 @@ class _Lines:
             self.last_print = time.monotonic()
 
     def close(self) -> None:
-        pass
+        """Nothing to take down: every line is printed already."""
 
 
 class _Bar:
