@@ -25,6 +25,11 @@ state). Sharded strategies also give a sharded form for torch.distributed.checkp
 reshards them when loading on another world size. `model_state_tensors(optimizer)` yields what this rank actually holds (parameters,
 gradients, optimizer state, shards) for the model-state memory accounting.
 
+Device placement: a tensor's device comes from the model's parameters (the rank's device), never
+from a default. The full form arrives from disk on the host; `load_state_dict` puts every tensor
+where the optimizer keeps it (`optimizer_state_like`). `clip_grad_norm` returns the norm as a
+tensor on the device, so the caller decides when to read it back (a host sync on a GPU).
+
 Gradient averaging is SUM then divide by the world size (the same result on every backend).
 Every collective a hand-written strategy issues goes through the `Comm` it is given, so calls and
 bytes per step are counted by the collective layer.
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
 
@@ -98,11 +104,11 @@ class Strategy:
         """The optimizer over `parameters()` (a strategy may wrap it, as ZeroRedundancyOptimizer)."""
         return optimizer_class(self.parameters(), **kwargs)
 
-    def clip_grad_norm(self, max_norm: float) -> float:
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """The global gradient norm (a 0-d tensor on the device); scales the gradients to at most
+        `max_norm` when it is positive."""
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if max_norm > 0:
-            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+        return torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
 
     def after_step(self) -> None:
         """After optimizer.step(): data parallelism keeps full replicas, so nothing to restore."""
@@ -124,11 +130,12 @@ class Strategy:
         return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()}, "optim": optim}
 
     def load_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """The full form (from any device, usually the host) into the model and optimizer on theirs."""
         self.model.load_state_dict(state["model"])
         params = dict(self.model.named_parameters())
         optimizer.state.clear()
         for name, st in state["optim"].items():
-            optimizer.state[params[name]] = {k: v.detach().clone() for k, v in st.items()}
+            optimizer.state[params[name]] = optimizer_state_like(optimizer, params[name], st)
 
     def sharded_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
         """The sharded form for torch.distributed.checkpoint: DTensors over this rank's shards
@@ -140,8 +147,9 @@ class Strategy:
         """After `dcp.load` filled `state` (from `sharded_state_dict`) in place."""
 
     def full_parameters(self) -> torch.Tensor:
-        """Every parameter, flattened in registration order, as fp32 (collective for sharded strategies)."""
-        return torch.cat([p.detach().float().reshape(-1).cpu() for p in self.model.parameters()])
+        """Every parameter, flattened in registration order, as fp32 in host memory (collective
+        for sharded strategies)."""
+        return host_flat(p.detach() for p in self.model.parameters())
 
     def model_state_tensors(self, optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
         """What this rank holds of the model state: parameters, gradients, optimizer state."""
@@ -189,3 +197,43 @@ class HookStrategy(Strategy, abc.ABC):
     def close(self) -> None:
         for h in self._handles:
             h.remove()
+
+
+# -- where optimizer state lives ------------------------------------------------------------------
+
+
+def _step_on_device(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> bool:
+    """torch's Adam family keeps the 'step' counter on the parameter's device when fused or
+    capturable, on the host otherwise."""
+    group = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), optimizer.defaults)
+    return bool(group.get("fused") or group.get("capturable"))
+
+
+def optimizer_state_like(optimizer: torch.optim.Optimizer, param: torch.Tensor,
+                         state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` (for `param`, loaded from any device) as `optimizer` keeps it: new tensors on the
+    parameter's device, floating point ones in its dtype; 'step' as a float32 scalar on the host,
+    or on the device for fused/capturable optimizers."""
+    out = {}
+    for key, value in state.items():
+        if key == "step":
+            device = param.device if _step_on_device(optimizer, param) else torch.device("cpu")
+            out[key] = value.detach().to(device=device, dtype=torch.float32, copy=True)
+        elif value.is_floating_point():
+            out[key] = value.detach().to(device=param.device, dtype=param.dtype, copy=True)
+        else:
+            out[key] = value.detach().to(device=param.device, copy=True)
+    return out
+
+
+def initial_adam_state(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What AdamW creates for `param` at its first step (so a checkpoint load has a target before any step)."""
+    step_device = param.device if _step_on_device(optimizer, param) else torch.device("cpu")
+    return {"step": torch.zeros((), dtype=torch.float32, device=step_device),
+            "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
+
+
+def host_flat(tensors: Iterator[torch.Tensor]) -> torch.Tensor:
+    """Tensors flattened and concatenated as fp32 in host memory (parity and checksums read it)."""
+    return torch.cat([t.float().reshape(-1).cpu() for t in tensors])

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from distval.comm.layer import Comm
-from distval.strategies.base import Strategy
+from distval.strategies.base import Strategy, initial_adam_state, optimizer_state_like
 
 
 class FlatGroup:
@@ -102,12 +102,12 @@ class ShardedStrategy(Strategy):
     def parameters(self) -> Iterator[nn.Parameter]:
         return iter(self.shards)
 
-    def clip_grad_norm(self, max_norm: float) -> float:
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """The global norm: each rank's sum of squares over its shards, summed over ranks (one
-        4-byte all-reduce); then every shard is scaled by the same coefficient, as
-        torch.nn.utils.clip_grad_norm_ would scale the full gradient."""
+        4-byte all-reduce, on the shards' device); then every shard is scaled by the same
+        coefficient, as torch.nn.utils.clip_grad_norm_ would scale the full gradient."""
         grads = [s.grad for s in self.shards if s.grad is not None]
-        sq = torch.zeros(1, dtype=torch.float32)
+        sq = torch.zeros(1, dtype=torch.float32, device=self.shards[0].device)
         for g in grads:
             sq += g.float().pow(2).sum()
         self.comm.all_reduce(sq, "sum")
@@ -116,7 +116,7 @@ class ShardedStrategy(Strategy):
             coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
             for g in grads:
                 g.mul_(coef.to(g.dtype))
-        return float(norm)
+        return norm.reshape(())
 
     def norm_bytes(self) -> int:
         return 4
@@ -148,9 +148,9 @@ class ShardedStrategy(Strategy):
                 shard.copy_(group.shard(group.flatten(state["model"][n] for n in group.names)))
             if all(n in state["optim"] for n in group.names):
                 first = state["optim"][group.names[0]]
-                optimizer.state[shard] = {"step": first["step"].clone(), **{
-                    k: group.shard(group.flatten(state["optim"][n][k] for n in group.names)).clone()
-                    for k in first if k != "step"}}
+                optimizer.state[shard] = optimizer_state_like(optimizer, shard, {"step": first["step"], **{
+                    k: group.shard(group.flatten(state["optim"][n][k] for n in group.names))
+                    for k in first if k != "step"}})
         self.after_load()
 
     def sharded_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -166,8 +166,7 @@ class ShardedStrategy(Strategy):
         for group, shard in zip(self.groups, self.shards):
             st = optimizer.state[shard]
             if not st:  # no step yet: AdamW's own initial state (what it would create), so load has a target
-                st.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(shard),
-                          exp_avg_sq=torch.zeros_like(shard))
+                st.update(initial_adam_state(optimizer, shard))
             valid = max(0, min(group.shard_numel, group.numel - group.lo))
             key = f"{group.names[0]}..{group.names[-1]}"
             for part, t in (("param", shard.detach()), ("exp_avg", st["exp_avg"]), ("exp_avg_sq", st["exp_avg_sq"])):
@@ -179,7 +178,7 @@ class ShardedStrategy(Strategy):
 
     def finish_sharded_load(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         for shard in self.shards:
-            optimizer.state[shard]["step"] = state["step"].clone()
+            optimizer.state[shard].update(optimizer_state_like(optimizer, shard, {"step": state["step"]}))
         self.after_load()
 
     def after_load(self) -> None:

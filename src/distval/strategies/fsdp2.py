@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from distval.comm.layer import Comm
-from distval.strategies.base import Strategy, StrategyConfig
+from distval.strategies.base import Strategy, StrategyConfig, host_flat, initial_adam_state, optimizer_state_like
 
 
 class FSDP2(Strategy):
@@ -50,13 +50,13 @@ class FSDP2(Strategy):
         self.model.set_requires_gradient_sync(is_last)
         yield
 
-    def clip_grad_norm(self, max_norm: float) -> float:
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def full_parameters(self) -> torch.Tensor:
-        return torch.cat([p.full_tensor().detach().float().reshape(-1).cpu() for p in self.model.parameters()])
+        return host_flat(p.full_tensor().detach() for p in self.model.parameters())
 
     def expected_comm_bytes_per_step(self, grad_accum: int) -> int | None:
         return None  # not counted by the layer
@@ -78,7 +78,7 @@ class FSDP2(Strategy):
         for name, p in self.model.named_parameters():
             st = optimizer.state[p]
             if not st:
-                st.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                st.update(initial_adam_state(optimizer, p))
             state.update({f"{name}/param": p.data, f"{name}/exp_avg": st["exp_avg"], f"{name}/exp_avg_sq": st["exp_avg_sq"],
                           f"{name}/step": st["step"]})
         return state
@@ -87,11 +87,16 @@ class FSDP2(Strategy):
         from torch.distributed.tensor import distribute_tensor
 
         params = dict(self.model.named_parameters())
+        device = self.mesh.device_type
+
+        def shard(full: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+            return distribute_tensor(full.detach().to(device), self.mesh, p.placements)
+
         with torch.no_grad():
             for name, p in params.items():
-                p.to_local().copy_(distribute_tensor(state["model"][name], self.mesh, p.placements).to_local())
+                p.to_local().copy_(shard(state["model"][name], p).to_local())
         optimizer.state.clear()
         for name, st in state["optim"].items():
             p = params[name]
-            optimizer.state[p] = {k: distribute_tensor(v, self.mesh, p.placements) if v.dim() else v.clone()
-                                  for k, v in st.items()}
+            placed = optimizer_state_like(optimizer, p, {"step": st["step"]})
+            optimizer.state[p] = {k: placed[k] if k == "step" else shard(v, p) for k, v in st.items()}

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from distval.strategies.base import optimizer_state_like
 from distval.strategies.pytorch_ddp import PytorchDDP
 
 
@@ -43,8 +44,9 @@ class PytorchZero1(PytorchDDP):
     def state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Each parameter's Adam moments are broadcast from the rank that owns it."""
         local = self._owned_state()
+        device = next(self.model.parameters()).device  # where the collectives run (NCCL: the GPU)
         step = next((st["step"] for st in local.values() if st), torch.zeros(()))
-        step = step.detach().float().reshape(1).clone()
+        step = step.detach().to(device=device, dtype=torch.float32).reshape(1)
         self.comm.all_reduce(step, "max")  # ranks that own nothing learn the step; 0: nobody has stepped
         optim = {}
         if float(step) > 0:
@@ -53,7 +55,7 @@ class PytorchZero1(PytorchDDP):
                 moments = {k: st[k].clone() if st else torch.empty_like(p) for k in ("exp_avg", "exp_avg_sq")}
                 for t in moments.values():
                     self.comm.broadcast(t, src=self.zero._param_to_rank[p])
-                optim[name] = {"step": step.reshape(()).clone(), **moments}
+                optim[name] = {"step": step.reshape(()).to("cpu", copy=True), **moments}
         return {"model": {k: v.detach().clone() for k, v in self.model.state_dict().items()}, "optim": optim}
 
     def load_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -64,4 +66,4 @@ class PytorchZero1(PytorchDDP):
         for name, st in state["optim"].items():
             p = params[name]
             if self.zero._param_to_rank[p] == self.comm.rank:
-                local[p] = {k: v.detach().clone() for k, v in st.items()}
+                local[p] = optimizer_state_like(self.zero.optim, p, st)

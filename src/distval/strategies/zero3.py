@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from distval.comm.layer import Comm
-from distval.strategies.base import StrategyConfig
+from distval.strategies.base import StrategyConfig, host_flat
 from distval.strategies.flat import ShardedStrategy, flat_groups
 
 
@@ -114,8 +114,7 @@ class Zero3(ShardedStrategy):
         full = {}
         for group, shard in zip(self.groups, self.shards):
             full.update(zip(map(id, group.params), group.views(group.all_gather(self.comm, shard))))
-        return torch.cat([full[id(p)].float().reshape(-1) if id(p) in full else p.detach().float().reshape(-1)
-                          for p in self.model.parameters()])
+        return host_flat(full.get(id(p), p.detach()) for p in self.model.parameters())
 
     def after_load(self) -> None:
         """Nothing to gather: the next forward all-gathers each unit from the loaded shards."""

@@ -130,7 +130,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
                                    rank=ctx.rank, world_size=ctx.world_size, seed=cfg.seed)
     # a (label, text) data set trains a sequence classifier, anything else the language model
     num_classes = getattr(getattr(loader, "dataset", None), "num_classes", None)
-    model = build_model(spec, seed=cfg.seed, num_classes=num_classes).to(ctx.device)
+    model = build_model(spec, seed=cfg.seed, num_classes=num_classes, device=ctx.device)
     strategy = strategies.build(cfg.strategy, model, ctx.comm, cfg.strategy_cfg)
     optimizer = strategy.build_optimizer(torch.optim.AdamW, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
     flops_per_token = spec.flops_per_token()
@@ -180,7 +180,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     start = time.perf_counter()
     loss = forward_backward(cfg, strategy, loader, ctx.device)
     strategy.sync_gradients()
-    grad_norm = strategy.clip_grad_norm(cfg.clip)
+    grad_norm = strategy.clip_grad_norm(cfg.clip)  # a tensor on the device, read below
     optimizer.step()
     held = held_bytes(strategy.model_state_tensors(optimizer))  # everything of the model state exists now
     optimizer.zero_grad(set_to_none=True)
@@ -196,7 +196,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     tokens = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1)
     step_s = float(maxima[0])
     return {
-        "step": step, "loss": float(loss_sum) / ctx.world_size, "grad_norm": grad_norm, "lr": lr_at(cfg, step),
+        "step": step, "loss": float(loss_sum) / ctx.world_size, "grad_norm": float(grad_norm), "lr": lr_at(cfg, step),
         "step_time_s": step_s, "tokens_per_s": tokens / step_s,
         "mfu": tokens / ctx.world_size * flops_per_token / step_s / peak,
         "comm_calls": sum(t.calls for t in comm.values()), "comm_bytes": sum(t.bytes for t in comm.values()),

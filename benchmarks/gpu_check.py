@@ -1,0 +1,209 @@
+"""Every distval command on the GPU backend, one line per item: PASS, FAIL or SKIP with the figure.
+
+Run by benchmarks/gpu_check.sh on a machine with one or more GPUs, with that machine's own torch
+(no CPU pin). Items that need more GPUs than the machine has say SKIP and why. `--backend gloo`
+runs the same items on CPU ranks: a dry run of this script itself where no GPU is at hand.
+
+    bash benchmarks/gpu_check.sh                   # all GPUs, model small
+    bash benchmarks/gpu_check.sh --only resume     # one item (comma-separated names)
+    python benchmarks/gpu_check.py --backend gloo --nproc 2 --model tiny   # CPU dry run
+
+Items: check, bench, train (every strategy), compare (every strategy), resume (SIGKILL after the
+first checkpoint, restart, losses bitwise equal to an uninterrupted run: a full-form and a
+sharded-form strategy), drill (needs 2 ranks), doctor, run. Exit 0 when nothing FAILed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+STRATEGIES = ["simple_ddp", "simple_ddp_ga", "simple_ddp_hook", "simple_ddp_async", "bucket_ddp_async", "pytorch_ddp",
+              "zero1", "zero2", "zero3", "pytorch_zero1", "fsdp2"]
+RESUMED = ["pytorch_ddp", "zero2"]  # the full form (rank 0 writes) and the sharded DCP form (every rank)
+ITEMS = ["check", "bench", "train", "compare", "resume", "drill", "doctor", "run"]
+
+
+class Item(Exception):
+    """The outcome of one item, raised from deep inside it: SKIP or FAIL with a reason."""
+
+    def __init__(self, status: str, text: str):
+        super().__init__(text)
+        self.status, self.text = status, text
+
+
+def distval(*args: str, out: Path, timeout: float = 600, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
+    """Run `distval ARGS --json OUT`; returns (exit code, the report, the last stderr line)."""
+    out.unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "distval", *args, "--json", str(out)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+    report = json.loads(out.read_text()) if out.exists() else {}
+    lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+    return proc.returncode, report, lines[-1] if lines else ""
+
+
+def rows(report: dict, table: str) -> list[dict]:
+    return report.get("tables", {}).get(table, {}).get("rows", [])
+
+
+def counts(report: dict) -> str:
+    return ", ".join(f"{n} {k}" for k, n in report.get("summary", {}).items() if n)
+
+
+class Checker:
+    def __init__(self, args: argparse.Namespace, work: Path):
+        self.args, self.work = args, work
+        self.common = ["--nproc", str(args.nproc), "--backend", args.backend]
+        self.failed = 0
+
+    def item(self, name: str, fn: Callable[[], str]) -> None:
+        start = time.perf_counter()
+        try:
+            status, text = "PASS", fn()
+        except Item as e:
+            status, text = e.status, e.text
+        except subprocess.TimeoutExpired as e:
+            status, text = "FAIL", f"timed out after {e.timeout:.0f}s"
+        self.failed += status == "FAIL"
+        print(f"{status:<4}  {name:<28} {text}  ({time.perf_counter() - start:.0f}s)", flush=True)
+
+    def run_ok(self, *args: str, name: str, **kw) -> dict:
+        code, report, last = distval(*args, out=self.work / f"{name}.json", **kw)
+        if code != 0:
+            raise Item("FAIL", f"exit {code}: {last}")
+        return report
+
+    # -- the items --------------------------------------------------------------------------------
+
+    def check(self) -> str:
+        return counts(self.run_ok("comm", "check", *self.common, name="check"))
+
+    def bench(self) -> str:
+        report = self.run_ok("comm", "bench", *self.common, "-b", "8", "-e", "64M", "-f", "8", "-n", "20", "-w", "5",
+                             name="bench")
+        ar = [r for r in rows(report, "bench") if r["op"] == "all_reduce" and r["time_us_p50"] is not None]
+        fit = next((r for r in rows(report, "alpha_beta") if r["op"] == "all_reduce"), None)
+        if not ar or fit is None:
+            raise Item("FAIL", "no all_reduce rows or fit in the report")
+        small, large = ar[0], ar[-1]
+        return (f"all_reduce {small['bytes']} B: {small['time_us_p50']:.1f} us, {large['bytes']} B: "
+                f"{large['time_us_p50']:.1f} us, busbw {large['busbw_gbps']:.2f} GB/s; alpha {fit['alpha_us']:.1f} us, "
+                f"beta {fit['beta_gbps']:.2f} GB/s; {counts(report)}")
+
+    def train(self, strategy: str) -> str:
+        report = self.run_ok("train", *self.common, "--model", self.args.model, "--steps", "6", "--strategy", strategy,
+                             name=f"train-{strategy}")
+        steps = rows(report, "steps")
+        p50 = sorted(s["step_time_s"] for s in steps[1:] or steps)[len(steps[1:] or steps) // 2]
+        return f"loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, step {p50 * 1e3:.1f} ms, MFU {steps[-1]['mfu']:.1%}"
+
+    def compare(self) -> str:
+        report = self.run_ok("compare", *self.common, "--model", self.args.model, "--steps", "6", "--strategies",
+                             ",".join(STRATEGIES), name="compare", timeout=1200)
+        table = rows(report, "strategies")
+        worst = max(table, key=lambda r: r["max_rel_param_diff"] or 0.0)
+        bitwise = [r["strategy"] for r in table if r["bitwise_equal"]]
+        return (f"{len(table)} strategies, {counts(report)}; worst parity {worst['max_rel_param_diff']:.1e} "
+                f"({worst['strategy']}); bitwise equal to the reference: {', '.join(bitwise) or 'none'}")
+
+    def resume(self, strategy: str) -> str:
+        """SIGKILL rank 0 at step 7 (after the checkpoint at 5); the agent restarts the workers,
+        they resume from step 5; every step's loss must equal the uninterrupted run's bit for bit."""
+        base = ["train", *self.common, "--model", self.args.model, "--steps", "12", "--strategy", strategy,
+                "--ckpt-every", "5"]
+        clean = self.run_ok(*base, "--ckpt-dir", str(self.work / f"ckpt-{strategy}-a"), name=f"resume-{strategy}-a")
+        killed = self.run_ok(*base, "--ckpt-dir", str(self.work / f"ckpt-{strategy}-b"), "--max-restarts", "2",
+                             "--resume", "auto", name=f"resume-{strategy}-b",
+                             env={"DISTVAL_STEP_FAULT": "step=7,rank=0,action=kill"})
+        attempts = rows(killed, "attempts")
+        if len(attempts) < 2:
+            raise Item("FAIL", f"the fault did not fire: {len(attempts)} attempt(s)")
+        a = [s["loss"] for s in rows(clean, "steps")]
+        b = [s["loss"] for s in rows(killed, "steps")]
+        if a != b:
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            raise Item("FAIL", f"losses differ from step {first}: {a[first:first + 1]} vs {b[first:first + 1]}")
+        resumed = attempts[-1]
+        recovery = f"{resumed['recovery_s']:.1f}s" if resumed["recovery_s"] is not None else "?"
+        return (f"killed at step 7, attempt {resumed['attempt']} resumed from step {resumed['resumed_from_step']} "
+                f"(recovery {recovery}); {len(a)} losses bitwise equal to an uninterrupted run")
+
+    def drill(self) -> str:
+        if self.args.nproc < 2:
+            raise Item("SKIP", "the drills fault rank 1 of at least 2 ranks: needs 2 GPUs "
+                               f"(this machine has {self.args.nproc}); the resume item covers SIGKILL on one")
+        report = self.run_ok("drill", "--nproc", str(self.args.nproc), name="drill", timeout=1200)
+        return "; ".join(f"{r['drill']} {r['status']}" for r in rows(report, "drills"))
+
+    def doctor(self) -> str:
+        code, report, last = distval("doctor", "--nproc", str(self.args.nproc), out=self.work / "doctor.json")
+        bad = [c for c in report.get("checks", []) if c["status"] in ("FAIL", "ERROR")]
+        if code not in (0, 1) or bad:
+            raise Item("FAIL", f"exit {code}: " + ("; ".join(f"{c['name']}: {c['summary']}" for c in bad) or last))
+        return counts(report)
+
+    def run(self) -> str:
+        return counts(self.run_ok("run", *self.common, name="run", timeout=1200))
+
+
+def gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", default="nccl", help="nccl (default) or gloo (a CPU dry run of this script)")
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default: every GPU)")
+    p.add_argument("--model", default="small")
+    p.add_argument("--only", default=",".join(ITEMS), help=f"comma-separated items of: {', '.join(ITEMS)}")
+    args = p.parse_args()
+    import torch
+
+    n = gpus()
+    if args.backend == "nccl" and n == 0:
+        print("SKIP  all items: no GPU visible to this torch "
+              f"({torch.__version__}, CUDA {torch.version.cuda}); use --backend gloo for a CPU dry run")
+        return 0
+    args.nproc = args.nproc or (n if args.backend == "nccl" else 2)
+    only = set(args.only.split(","))
+    if only - set(ITEMS):
+        p.error(f"unknown item(s) {', '.join(sorted(only - set(ITEMS)))}; choose from {', '.join(ITEMS)}")
+    devices = ", ".join(torch.cuda.get_device_name(i) for i in range(n)) if n else "none"
+    print(f"# distval GPU check: torch {torch.__version__} (CUDA {torch.version.cuda}, NCCL "
+          f"{'.'.join(map(str, torch.cuda.nccl.version())) if n else '-'}), GPUs: {devices}; backend {args.backend}, "
+          f"{args.nproc} rank(s), model {args.model}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="distval-gpu-check-") as d:
+        c = Checker(args, Path(d))
+        if "check" in only:
+            c.item("comm check", c.check)
+        if "bench" in only:
+            c.item("comm bench", c.bench)
+        if "train" in only:
+            for s in STRATEGIES:
+                c.item(f"train {s}", lambda s=s: c.train(s))
+        if "compare" in only:
+            c.item("compare (all strategies)", c.compare)
+        if "resume" in only:
+            for s in RESUMED:
+                c.item(f"resume {s} after SIGKILL", lambda s=s: c.resume(s))
+        if "drill" in only:
+            c.item("drill", c.drill)
+        if "doctor" in only:
+            c.item("doctor", c.doctor)
+        if "run" in only:
+            c.item("run", c.run)
+    print(f"# {c.failed} FAIL")
+    return 1 if c.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
