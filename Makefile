@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make run    set up, then run the main job (distval run on its built-in default)
-#   make test   set up, then run the whole test suite
+#   make test   set up, then lint (ruff) and run the whole test suite
 # On CPU machines torch is pinned to 2.13.0 (the CPU wheel); it is installed before the package
 # so pip never resolves distval's `torch>=2.6` to a multi-GB CUDA build. On a GPU machine with
 # its own torch, skip the Makefile: `pip install -e .` into that environment.
@@ -24,6 +24,7 @@ run: setup
 	$(VENV)/bin/distval run
 
 test: setup
+	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: setup

@@ -32,12 +32,12 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch.distributed as dist
 
-from distval.launch import LaunchOptions, RankContext, run
+from distval.launch import LaunchOptions, run
+from distval.rank import RankContext
 from distval.train.loop import TrainConfig, train_rank
 
 

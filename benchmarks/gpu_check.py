@@ -118,8 +118,11 @@ class Checker:
         they resume from step 5; every step's loss must equal the uninterrupted run's bit for bit."""
         base = ["train", *self.common, "--model", self.args.model, "--steps", "12", "--strategy", strategy,
                 "--ckpt-every", "5"]
-        clean = self.run_ok(*base, "--ckpt-dir", str(self.work / f"ckpt-{strategy}-a"), name=f"resume-{strategy}-a")
-        killed = self.run_ok(*base, "--ckpt-dir", str(self.work / f"ckpt-{strategy}-b"), "--max-restarts", "2",
+        dirs = [self.work / f"ckpt-{strategy}-{run}" for run in "ab"]
+        for d in dirs:
+            d.mkdir()
+        clean = self.run_ok(*base, "--ckpt-dir", str(dirs[0]), name=f"resume-{strategy}-a")
+        killed = self.run_ok(*base, "--ckpt-dir", str(dirs[1]), "--max-restarts", "2",
                              "--resume", "auto", name=f"resume-{strategy}-b",
                              env={"DISTVAL_STEP_FAULT": "step=7,rank=0,action=kill"})
         attempts = rows(killed, "attempts")

@@ -34,7 +34,8 @@ import torch.distributed as dist
 from distval.comm.layer import Comm
 from distval.comm.ops import Collective
 from distval.device import synchronize
-from distval.launch import LaunchOptions, RankContext, run
+from distval.launch import LaunchOptions, run
+from distval.rank import RankContext
 from distval.units import format_size, parse_size
 
 

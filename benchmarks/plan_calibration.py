@@ -24,8 +24,9 @@ import tempfile
 from pathlib import Path
 
 from distval.comm.bench import BenchConfig, bench_rank, build_report
-from distval.launch import JobResult, LaunchOptions, RankContext, run
+from distval.launch import JobResult, LaunchOptions, run
 from distval.plan import PlanConfig, resolve
+from distval.rank import RankContext
 from distval.results import write_json
 from distval.units import format_size, parse_size
 

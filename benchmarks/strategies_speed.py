@@ -19,7 +19,8 @@ import statistics
 import sys
 
 from distval import strategies
-from distval.launch import LaunchOptions, RankContext, run
+from distval.launch import LaunchOptions, run
+from distval.rank import RankContext
 from distval.strategies.base import StrategyConfig
 from distval.train.loop import TrainConfig, train_rank
 

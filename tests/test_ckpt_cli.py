@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_cli
 from distval.ckpt import state, store
 from distval.train.loop import TrainConfig
+
+from conftest import REPO, run_cli
 
 
 def _fake_checkpoint(ckpt_dir: Path, cfg: TrainConfig, world_size: int = 2) -> None:

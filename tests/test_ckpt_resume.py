@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from distval.launch import LaunchOptions, RankContext, run
+from distval.launch import LaunchOptions, run
+from distval.rank import RankContext
 from distval.train.loop import TrainConfig, train_rank
 
 BASE = TrainConfig(model="tiny", steps=8, micro_batch=2, lr=3e-3, warmup_steps=2, seed=5, return_params=True,

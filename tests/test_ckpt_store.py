@@ -132,10 +132,22 @@ def test_step_fault_spec():
 
 def test_a_sharded_checkpoint_needs_its_own_strategy(tmp_path):
     from distval.ckpt.checkpointer import check_compatible
+    from distval.strategies import REGISTRY, StrategyConfig
 
-    cfg = TrainConfig(strategy="pytorch_ddp")
-    fields = state.fingerprint_fields(cfg, 2)
-    found = store.Found(tmp_path, 3, {"fields": fields, "form": "sharded", "strategy": "zero3", "bucket_mb": 25.0})
-    with pytest.raises(ValueError, match="zero3's sharded form .* loads only into zero3 with --bucket-mb 25; this run has pytorch_ddp"):
-        check_compatible(found, fields, cfg)
-    check_compatible(store.Found(tmp_path, 3, {"fields": fields, "form": "full", "strategy": "zero3"}), fields, cfg)
+    fields = state.fingerprint_fields(TrainConfig(strategy="pytorch_ddp"), 2)
+
+    def found(strategy: str, bucket_mb: float, form: str = "sharded") -> store.Found:
+        layout = REGISTRY[strategy].layout(StrategyConfig(bucket_mb=bucket_mb))
+        return store.Found(tmp_path, 3, {"fields": fields, "form": form, "strategy": strategy, "layout": layout})
+
+    def layout(strategy: str, bucket_mb: float = 25.0) -> dict:
+        return REGISTRY[strategy].layout(StrategyConfig(bucket_mb=bucket_mb))
+
+    with pytest.raises(ValueError, match="zero3's sharded form .* loads only into the layout it was saved with: "
+                                         "strategy 'zero3' \\(checkpoint\\) vs 'pytorch_ddp' \\(this run\\); resume with --strategy zero3"):
+        check_compatible(found("zero3", 25.0), fields, layout("pytorch_ddp"))
+    check_compatible(found("zero3", 25.0, form="full"), fields, layout("pytorch_ddp"))  # the full form loads anywhere
+    # zero1/2's flat groups are the buckets: another cap is another layout; zero3's units do not use it
+    with pytest.raises(ValueError, match="bucket_mb 25.0 \\(checkpoint\\) vs 10.0 \\(this run\\); resume with --strategy zero1 --bucket-mb 25"):
+        check_compatible(found("zero1", 25.0), fields, layout("zero1", 10.0))
+    check_compatible(found("zero3", 25.0), fields, layout("zero3", 10.0))

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from distval.ckpt import store
-from distval.launch import LaunchOptions, RankContext, run
+from distval.launch import LaunchOptions, run
 from distval.plan import presets
+from distval.rank import RankContext
 from distval.strategies import build
 from distval.strategies.base import StrategyConfig, initial_adam_state, optimizer_state_like
 from distval.train.loop import loss_of

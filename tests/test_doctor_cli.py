@@ -11,10 +11,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, free_port, run_cli
 
 from distval.doctor import net
 from distval.results import Status
+
+from conftest import REPO, free_port, run_cli
 
 DATA = REPO / "tests" / "data"
 CLEAN = ("GLOO_", "NCCL_")

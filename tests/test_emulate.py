@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from conftest import run_cli
 from distval.emulate import netns
 from distval.emulate.rates import format_latency, format_rate, parse_latency, parse_rate
 
+from conftest import run_cli
 
 # -- parsing ----------------------------------------------------------------------------------------
 

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from conftest import free_port, run_cli
 from distval.launch import check_world, detect_mode, first_slurm_host, worker_env
 from distval.results import CannotRun
+
+from conftest import free_port, run_cli
 
 
 def test_modes_are_detected_from_the_environment():
@@ -70,3 +71,20 @@ def test_as_srun_tasks(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outputs
     doc = json.loads(out.read_text())
     assert doc["meta"]["launch"] == "slurm" and doc["meta"]["world_size"] == 2 and doc["summary"]["OK"] == 4
+
+
+@pytest.mark.parametrize("action, expect", [("raise", "injected failure at broadcast"),
+                                            ("kill", "died without a word")])
+def test_under_torchrun_rank_0_names_the_rank_that_failed(tmp_path, action, expect):
+    """The rank channel over torchrun's own store: rank 1's state (or its silence, when killed)
+    reaches rank 0, whose report blames rank 1, not its own timeout waiting for it."""
+    out = tmp_path / "e.json"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "distval"]
+    res = run_cli("comm", "check", "--ops", "all_reduce,broadcast", "-d", "float32", "--counts", "7", "--timeout", "20s",
+                  "--json", str(out), prefix=torchrun, timeout=120,
+                  env={"DISTVAL_FAULT": f"op=broadcast,rank=1,action={action},nth=2"})
+    assert res.returncode != 0
+    (check,) = json.loads(out.read_text())["checks"]
+    assert check["status"] == "ERROR" and check["where"]["rank"] == 1, check
+    assert expect in check["summary"] and "comm check broadcast float32" in check["where"]["status"], check
+    assert check["details"]["ranks"]["0"]["error"]  # rank 0's own error (the peer's closed connection) is there too

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from distval.comm.layer import FaultSpec
-from distval.launch import LaunchOptions, RankContext, run
+from distval.launch import LaunchOptions, run
+from distval.rank import RankContext
 
 
 def _rank_fn(ctx: RankContext, cfg: dict):

@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from distval.plan import PlanConfig, evaluate, memory_rows
-from distval.plan import presets
+from distval.plan import PlanConfig, evaluate, memory_rows, presets
 from distval.plan.levers import accumulation_lever, at_world, lever_rows, scaling_rows
 from distval.plan.memory import activations, block_bytes_per_token, model_states
 from distval.plan.network import Link, Network

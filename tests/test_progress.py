@@ -1,21 +1,25 @@
-"""Live training progress: rank 0's per-step lines reach the console while training runs."""
+"""Live training progress: rank 0's steps, published on the rank channel, reach the console
+while training runs."""
 
-import json
-
-from distval.train.progress import watch
+from distval import channel as channels
+from distval.train.progress import ProgressView
 
 from conftest import run_cli
 
 
-def test_watch_reports_whole_lines_only(capsys):
-    with watch(total=3, label="train x", every_s=0, poll_s=0.01) as path:
-        with open(path, "a") as f:
-            for step in range(3):
-                f.write(json.dumps({"step": step, "loss": 5.0 - step, "step_time_s": 0.25}) + "\n")
-            f.write('{"step": 3, "lo')  # a line still being written is not read
-    err = capsys.readouterr().err
-    assert "train x: step 3/3 · loss 3.0000 · 0.250 s/step" in err
-    assert "step 4/3" not in err
+def test_progress_view_shows_each_new_step_once(capsys):
+    store, _ = channels.serve()
+    rank0, reader = channels.RankChannel(0, store), channels.ChannelReader(store)
+    view = ProgressView(total=3, label="train x", every_s=0)
+    view.tick(reader)  # nothing published yet: nothing shown
+    for step in range(3):
+        rank0.publish("step", {"step": step, "loss": 5.0 - step, "step_time_s": 0.25}, flush=True)
+        view.tick(reader)
+        view.tick(reader)  # the same step again: no second line
+    view.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" · ")[0] for line in lines] == ["train x: step 1/3", "train x: step 2/3", "train x: step 3/3"]
+    assert lines[-1].startswith("train x: step 3/3 · loss 3.0000 · 0.250 s/step")
 
 
 def test_train_shows_progress_on_stderr_while_running():

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from distval import strategies
-from distval.launch import LaunchOptions, RankContext, run
+from distval.launch import LaunchOptions, run
+from distval.rank import RankContext
 from distval.strategies.base import StrategyConfig
 from distval.strategies.flat import FlatGroup
 from distval.train.compare import parity

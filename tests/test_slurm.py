@@ -11,8 +11,9 @@ import subprocess
 
 import pytest
 
-from conftest import free_port, run_cli
 from distval.slurm import SlurmJob, check_syntax, sbatch_script
+
+from conftest import free_port, run_cli
 
 
 def test_script_content():

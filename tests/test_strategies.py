@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from distval import strategies
-from distval.launch import LaunchOptions, RankContext, run
+from distval.launch import LaunchOptions, run
+from distval.rank import RankContext
 from distval.strategies.base import StrategyConfig
 from distval.train.compare import parity
 from distval.train.loop import TrainConfig, train_rank
@@ -73,10 +74,10 @@ def test_collectives_per_step_are_what_each_strategy_claims():
         assert calls[name] == [num_params] * 3, name
     assert res["simple_ddp"]["expected_comm_bytes_per_step"] == grad_bytes * k
     assert res["simple_ddp_ga"]["expected_comm_bytes_per_step"] == grad_bytes
-    # buckets: fewer calls than parameters, one per bucket of at most 0.02 MB (or one parameter)
-    from distval.strategies.bucket_ddp_async import plan_buckets
+    # buckets: fewer calls than parameters, one per bucket of at most 0.02 MiB (or one parameter)
+    from distval.strategies.buckets import plan_buckets
 
-    expected_buckets = len(plan_buckets(list(_tiny_params()), int(0.02e6)))
+    expected_buckets = len(plan_buckets(list(_tiny_params()), int(0.02 * 2**20)))
     assert 1 < expected_buckets < num_params and calls["bucket_ddp_async"] == [expected_buckets] * 3
     assert all(c >= 1 for c in calls["pytorch_ddp"])
     # exposed communication: all of it for blocking strategies; for DDP the wait inside backward
@@ -107,3 +108,23 @@ def test_ddp_compression_hooks_halve_the_bytes(hook, factor):
 def test_unknown_strategy_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown strategy 'zero9'; choose from simple_ddp, simple_ddp_ga"):
         TrainConfig(strategy="zero9")
+
+
+def _bucket_caps(ctx: RankContext, bucket_mb: float) -> dict:
+    from distval.plan import presets
+    from distval.strategies import build
+    from distval.train.model import build_model
+
+    cfg = StrategyConfig(bucket_mb=bucket_mb)
+    ours = build("bucket_ddp_async", build_model(presets.model("tiny")), ctx.comm, cfg)
+    theirs = build("pytorch_ddp", build_model(presets.model("tiny")), ctx.comm, cfg)
+    return {"ours": ours.cap_bytes, "torch": theirs.ddp.bucket_bytes_cap,
+            "sizes": [sum(p.numel() * p.element_size() for p in b) for b in ours.buckets],
+            "singletons": [len(b) == 1 for b in ours.buckets]}
+
+
+def test_one_bucket_flag_gives_ours_and_torchs_ddp_the_same_cap():
+    """--bucket-mb is MiB for both (was 10^6 bytes for ours, 2^20 for torch's)."""
+    res = run(_bucket_caps, 0.02, LaunchOptions(nproc=2, timeout_s=60)).results[0]
+    assert res["ours"] == res["torch"] == int(0.02 * 2**20)
+    assert all(size <= res["ours"] or alone for size, alone in zip(res["sizes"], res["singletons"]))

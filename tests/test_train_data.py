@@ -8,16 +8,26 @@ import csv
 import importlib.util
 import json
 import math
-
 import sys
 
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from distval.train.data import (EOS_ID, PAD_ID, TEXT_VOCAB_SIZE, DataConfig, ShardedLoader, TokenDataset,
-                                accumulation_steps, decode, encode, load_data, synthetic_corpus,
-                                validate_data_source)
+from distval.train.data import (
+    EOS_ID,
+    PAD_ID,
+    TEXT_VOCAB_SIZE,
+    DataConfig,
+    ShardedLoader,
+    TokenDataset,
+    accumulation_steps,
+    decode,
+    encode,
+    load_data,
+    synthetic_corpus,
+    validate_data_source,
+)
 
 HAS_PYARROW = importlib.util.find_spec("pyarrow") is not None
 HAS_DATASETS = importlib.util.find_spec("datasets") is not None
@@ -292,7 +302,7 @@ def test_ranks_micro_batches_concatenate_to_the_single_process_batch(world_size,
             parts += [b["tokens"] for b in micro_batches]
         assert torch.equal(torch.cat(parts), reference["tokens"])
     assert single.epoch == 2
-    assert all((l.epoch, l.offset, l.step_offset) == (2, single.offset, 0) for l in ranks)  # position is world-size free
+    assert all((ld.epoch, ld.offset, ld.step_offset) == (2, single.offset, 0) for ld in ranks)  # position is world-size free
 
 
 def test_classification_batches_carry_labels():

@@ -83,7 +83,7 @@ def test_what_counts_as_unsupported():
     import torch.distributed as dist
 
     from distval.comm.agree import Unsupported, is_unsupported
-    from distval.launch import PeerFailed
+    from distval.rank import PeerFailed
 
     assert is_unsupported(Unsupported("avg of ints"))
     assert is_unsupported(RuntimeError("Cannot use ReduceOp.AVG with Gloo"))

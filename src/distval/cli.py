@@ -14,15 +14,23 @@ import typer
 from rich.console import Console
 
 from distval import __version__
-from distval.comm.names import BENCH_OPS, CHECK_OPS
-from distval.plan import presets
-from distval.plan.command import register as register_plan
 from distval.ckpt.drill import register as register_drill
+from distval.comm.names import BENCH_OPS, CHECK_OPS
 from distval.doctor.command import register as register_doctor
 from distval.emulate.command import register as register_emulate
-from distval.slurm import register as register_slurm
+from distval.plan import presets
+from distval.plan.command import register as register_plan
 from distval.report import terminal
-from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun, Report, check_writable, atomic_write_text, write_json
+from distval.results import (
+    EXIT_CANNOT_RUN,
+    EXIT_USAGE,
+    CannotRun,
+    Report,
+    atomic_write_text,
+    check_writable,
+    write_json,
+)
+from distval.slurm import register as register_slurm
 from distval.units import parse_duration, parse_size
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -194,7 +202,7 @@ Seed = Annotated[int, typer.Option("--seed", help="Seed of the model init and th
 Precision = Annotated[str, typer.Option("--precision", help="fp32 or bf16 (autocast).")]
 Data = Annotated[str, typer.Option("--data", help="synthetic, a .txt/.jsonl/.csv/.parquet path, or hf:NAME (offline cache).")]
 Task = Annotated[str, typer.Option("--task", help="lm (next token) or classify (label, text columns).")]
-BucketMb = Annotated[float, typer.Option("--bucket-mb", help="Bucket cap of bucket_ddp_async and pytorch_ddp.")]
+BucketMb = Annotated[float, typer.Option("--bucket-mb", help="Bucket cap in MiB (as torch's bucket_cap_mb) of bucket_ddp_async, pytorch_ddp, zero1 and zero2.")]
 CommHook = Annotated[str, typer.Option("--comm-hook", help="pytorch_ddp: none, fp16, bf16 or powersgd.")]
 PowerSGDRank = Annotated[int, typer.Option("--powersgd-rank", help="Rank of PowerSGD's approximation.")]
 MixedPrecision = Annotated[str, typer.Option("--mixed-precision", help="fsdp2: none or bf16 (bf16 parameters for compute, fp32 gradient reduction).")]
@@ -238,10 +246,9 @@ def train_cmd(
         check_tensorboard()
     cfg.log_jsonl = str(log_jsonl.resolve()) if log_jsonl else None
     cfg.tensorboard = str(tensorboard.resolve()) if tensorboard else None
-    from distval.train.progress import watch
+    from distval.train.progress import ProgressView
 
-    with watch(cfg.steps, f"train {cfg.strategy}") as cfg.progress:  # live progress on stderr
-        report = run_train(cfg, opts)
+    report = run_train(cfg, opts, watchers=[ProgressView(cfg.steps, f"train {cfg.strategy}")])  # live, on stderr
     ckpt_cmd.annotate(report, cfg)
     return finish(report, json, make_console(), skip_tables=("steps",) if steps > 30 else ())
 
@@ -290,18 +297,18 @@ def run_cmd(
     deadline: Deadline = None, json: JsonOut = None,
 ) -> int:
     """The acceptance ladder on this machine: comm check, then a comm bench sweep; one report."""
-    from distval import run as run_mod  # imports the HTML renderer only for this command
+    from distval import ladder  # imports the HTML renderer only for this command
 
-    cfg = run_mod.RunConfig.quick(str(out)) if quick else run_mod.RunConfig(out_dir=str(out))
+    cfg = ladder.RunConfig.quick(str(out)) if quick else ladder.RunConfig(out_dir=str(out))
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
     if json:
         check_writable(json, "--json")
-    out_dir = run_mod.prepare_out_dir(str(out))
-    report = run_mod.run_all(cfg, opts)
+    out_dir = ladder.prepare_out_dir(str(out))
+    report = ladder.run_ladder(cfg, opts)
     console = make_console()
     code = finish(report, json, console, skip_tables=("bench", "check_matrix"))
     if report is not None:
-        paths = run_mod.write_outputs(report, out_dir)
+        paths = ladder.write_outputs(report, out_dir)
         console.print(f"wrote {paths['json']} and {paths['html']}")
     return code
 

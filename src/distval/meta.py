@@ -9,10 +9,8 @@ import json
 import os
 import platform
 import sys
-from typing import Any
-
 from importlib import metadata
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import distval
 

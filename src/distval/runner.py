@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from distval import launch, meta
-from distval.launch import JobResult, LaunchOptions, RankFn, WorkerFailure
+from distval.health.diagnose import WorkerFailure
+from distval.launch import JobResult, LaunchOptions, RankFn, Watcher
 from distval.results import CannotRun, Check, Report, Status
 
 _FAILURE_HINT = ("see each rank's last status, progress and log lines in details; rerun with a larger --timeout if "
@@ -13,16 +15,17 @@ _FAILURE_HINT = ("see each rank's last status, progress and log lines in details
 
 
 def execute(command: str, rank_fn: RankFn, cfg: Any, opts: LaunchOptions,
-            build: Callable[[JobResult], Report]) -> Report | None:
+            build: Callable[[JobResult], Report], watchers: list[Watcher] | tuple = ()) -> Report | None:
     """Return the report where it is made (None on ranks other than 0 under torchrun/Slurm). A
     rank that crashed or hung, or an environment that cannot run the job, becomes an ERROR check
     (exit code 3) instead of a traceback; under an outer launcher a failed rank other than 0
-    reports in one line (CannotRun) and leaves the report to rank 0."""
+    reports in one line (CannotRun) and leaves the report to rank 0, which names the rank that
+    caused the failure from what every rank published on the rank channel."""
     mode = launch.detect_mode()
     try:
-        job = launch.run(rank_fn, cfg, opts)
+        job = launch.run(rank_fn, cfg, opts, watchers)
     except CannotRun as e:
-        if mode != "local" and isinstance(e, WorkerFailure) and e.rank not in (0, None):
+        if mode != "local" and isinstance(e, WorkerFailure) and os.environ.get("RANK", "0") != "0":
             raise
         report = Report(command, meta=meta.collect(None, cfg, launch=mode, backend=opts.backend,
                                                    world_size=_planned_world_size(opts)))

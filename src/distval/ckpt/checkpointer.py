@@ -45,7 +45,6 @@ from distval.results import atomic_write_text
 GRACE_S = 20.0  # after SIGTERM, a rank that reaches no step boundary in this time exits as before
 MODEL_FILE = "model.safetensors"
 DCP_DIR = "dcp"  # the sharded form: torch.distributed.checkpoint's files, each rank its own shards
-NO_RESTART_FILE = "no_restart.json"  # in the local run directory: tells distval's agent to stop retrying
 
 
 class Preempted(RuntimeError):
@@ -106,26 +105,21 @@ class Checkpointer:
         if self.dir and self.rank == 0:
             store.clean_temporary(self.dir)
         dist.barrier(group=self.group)  # nobody writes into a .tmp directory before the clean-up
-        self._previous_handler = signal.getsignal(signal.SIGTERM)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._remove_handler = ctx.signals.on(signal.SIGTERM, self._on_sigterm)
 
     # -- SIGTERM: a final save at the next step boundary -----------------------------------------
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
+    def _on_sigterm(self, signum: int) -> bool:
+        """Claim SIGTERM: stop at the next step boundary with a final save."""
         if self.stop_requested:  # the launcher forwards the job's SIGTERM too: one notice, one grace
-            return
+            return True
         self.stop_requested = True
-        # a rank stuck in a collective never reaches the boundary: after the grace, behave as
-        # before (the launcher's handler notes where this rank was, then exits)
-        timer = threading.Timer(GRACE_S, self._give_up, args=(signum,))
+        # a rank stuck in a collective never reaches the boundary: after the grace, the worker's
+        # default (note where this rank was, then exit)
+        timer = threading.Timer(GRACE_S, self.ctx.signals.default, args=(signum,))
         timer.daemon = True
         timer.start()
-
-    def _give_up(self, signum: int) -> None:
-        if callable(self._previous_handler):
-            self._previous_handler(signum, None)
-        os._exit(128 + signum)
+        return True
 
     # -- resume ------------------------------------------------------------------------------------
 
@@ -163,7 +157,7 @@ class Checkpointer:
             elif self.cfg.resume:
                 found = store.load_found(Path(self.cfg.resume))
             if found is not None:
-                check_compatible(found, self.fields, self.cfg)
+                check_compatible(found, self.fields, self.strategy.layout(self.cfg.strategy_cfg))
                 out["path"] = str(found.path)
         except ValueError as e:
             out["error"] = str(e)
@@ -187,10 +181,9 @@ class Checkpointer:
         return None
 
     def _no_restart(self, message: str, exit_code: int) -> None:
-        """Local mode: ask distval's agent to stop instead of restarting into the same error."""
-        if self.rank == 0 and self.ctx.run_dir:
-            atomic_write_text(Path(self.ctx.run_dir) / NO_RESTART_FILE,
-                              json.dumps({"message": message, "exit_code": exit_code}), fsync=False)
+        """Ask distval's agent (local mode) to stop instead of restarting into the same error."""
+        if self.rank == 0:
+            self.ctx.channel.publish("note", {"no_restart": message, "exit_code": exit_code}, flush=True)
 
     def _load(self, path: Path) -> int:
         trainer = json.loads((path / "trainer.json").read_text())
@@ -267,9 +260,7 @@ class Checkpointer:
         rank_state = {"rng": ckpt_state.rng_state(self.ctx.device), "data": self.loader.state_dict()}
         if self.rank != 0:
             return _Job(step, None, None, rank_state, sharded)
-        from distval.train.loop import lr_at
-
-        trainer = {"step": step, "lr_next": lr_at(self.cfg, step) if step < self.cfg.steps else None,
+        trainer = {"step": step,
                    "fingerprint": self.fingerprint, "fields": self.fields, "steps": list(self.history[:step])}
         return _Job(step, None if full is None else _to_host(full), trainer, rank_state, sharded)
 
@@ -317,7 +308,7 @@ class Checkpointer:
                         merged.update(store.describe_files(tmp, DCP_DIR))
                     store.commit(tmp, self.dir, job.step, merged, {
                         "fingerprint": self.fingerprint, "fields": self.fields, "world_size": self.ctx.world_size,
-                        "strategy": self.cfg.strategy, "bucket_mb": self.cfg.strategy_cfg.bucket_mb,
+                        "strategy": self.cfg.strategy, "layout": self.strategy.layout(self.cfg.strategy_cfg),
                         "form": "full" if job.sharded is None else "sharded", "time": time.time()})
                     store.prune(self.dir, self.cfg.ckpt_keep)
                 except OSError as e:
@@ -369,22 +360,25 @@ class Checkpointer:
             elif self._thread is not None:
                 self._thread.join(timeout=10)
         finally:
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, self._previous_handler)
+            self._remove_handler()
 
 
-def check_compatible(found: store.Found, fields: dict[str, Any], cfg: Any) -> None:
-    """The fingerprint fields must match; a sharded (DCP) checkpoint also needs the same strategy
-    and bucket cap (its shards are that strategy's flat groups). The full form loads anywhere."""
+def check_compatible(found: store.Found, fields: dict[str, Any], layout: dict[str, Any]) -> None:
+    """The fingerprint fields must match; a sharded (DCP) checkpoint also needs the layout it was
+    saved with (`Strategy.layout`: the strategy, and for zero1/2 the bucket cap that cut its flat
+    groups). The full form loads anywhere."""
     m = found.manifest
     diff = ckpt_state.differences(m.get("fields", {}), fields)
     if diff:
         raise ValueError(f"checkpoint {found.path} is from a different config: {'; '.join(diff)}; "
                          f"resume with the same settings or use another --ckpt-dir")
-    if m.get("form") == "sharded" and (m.get("strategy"), m.get("bucket_mb")) != (cfg.strategy, cfg.strategy_cfg.bucket_mb):
-        raise ValueError(f"checkpoint {found.path} is {m.get('strategy')}'s sharded form (torch.distributed.checkpoint), "
-                         f"which loads only into {m.get('strategy')} with --bucket-mb {m.get('bucket_mb'):g}; this run has "
-                         f"{cfg.strategy} with --bucket-mb {cfg.strategy_cfg.bucket_mb:g}")
+    saved = m.get("layout") or {"strategy": m.get("strategy")}
+    if m.get("form") == "sharded" and saved != layout:
+        flags = " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
+                         for k, v in saved.items())
+        raise ValueError(f"checkpoint {found.path} is {saved.get('strategy')}'s sharded form (torch.distributed.checkpoint), "
+                         f"which loads only into the layout it was saved with: "
+                         f"{'; '.join(ckpt_state.differences(saved, layout))}; resume with {flags}")
 
 
 def _to_host(tree: Any) -> Any:

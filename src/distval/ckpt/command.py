@@ -34,6 +34,7 @@ def check_ckpt_dir(path: str | os.PathLike, flag: str = "--ckpt-dir") -> Path:
 def prepare(cfg: Any, world_size: int, mode: str) -> None:
     """Validate the checkpoint flags against the disk before launching (exit 2, nothing
     written): the directory, and that the checkpoint a resume would load is from this config."""
+    from distval import strategies
     from distval.ckpt import store
     from distval.ckpt.checkpointer import check_compatible
     from distval.ckpt.state import fingerprint_fields
@@ -47,7 +48,8 @@ def prepare(cfg: Any, world_size: int, mode: str) -> None:
         found = store.load_found(Path(cfg.resume))
         cfg.resume = str(Path(cfg.resume).resolve())
     if found is not None:
-        check_compatible(found, fingerprint_fields(cfg, world_size), cfg)
+        layout = strategies.REGISTRY[cfg.strategy].layout(cfg.strategy_cfg)
+        check_compatible(found, fingerprint_fields(cfg, world_size), layout)
     # the journal's name: one per invocation locally; under torchrun every worker runs this
     # command, so they use the agent's run id (the same on all of them)
     cfg.run_id = f"distval-{uuid.uuid4().hex[:12]}" if mode == "local" else os.environ.get("TORCHELASTIC_RUN_ID")

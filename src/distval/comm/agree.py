@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from distval.launch import PeerFailed, RankContext
+from distval.rank import PeerFailed, RankContext
 
 _OK, _UNSUPPORTED, _FAILED = 0, 1, 2
 _NOT_UNSUPPORTED = ("timed out", "timeout", "connection", "closed", "reset", "abort")

@@ -28,7 +28,8 @@ from distval.comm.fit import fit_alpha_beta
 from distval.comm.inputs import DTYPES, dtype_name, parse_dtype
 from distval.comm.layer import REDUCE_OPS
 from distval.comm.ops import BENCH_OPS, OPS, Collective, count_for_bytes, inplace_variants
-from distval.launch import JobResult, LaunchOptions, RankContext
+from distval.launch import JobResult, LaunchOptions
+from distval.rank import RankContext
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
 from distval.units import format_size

@@ -18,14 +18,15 @@ from typing import Any
 
 import torch.distributed as dist
 
-from distval.comm.inputs import DTYPES, Mismatch, dtype_name, parse_dtype
-from distval.comm.ops import OPS as OP_SPECS
-from distval.comm.ops import Collective, inplace_variants
 from distval import meta
 from distval.comm.agree import Unsupported, run_agreed
+from distval.comm.inputs import DTYPES, Mismatch, dtype_name, parse_dtype
 from distval.comm.layer import REDUCE_OPS
 from distval.comm.names import CHECK_OPS
-from distval.launch import JobResult, LaunchOptions, RankContext
+from distval.comm.ops import OPS as OP_SPECS
+from distval.comm.ops import Collective, inplace_variants
+from distval.launch import JobResult, LaunchOptions
+from distval.rank import RankContext
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
 

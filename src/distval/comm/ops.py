@@ -15,9 +15,10 @@ from typing import Callable
 
 import torch
 
-from distval.comm.inputs import Mismatch, compare, input_kind, reduce_expected, values
 from distval.comm import names
+from distval.comm.inputs import Mismatch, compare, input_kind, reduce_expected, values
 from distval.comm.layer import Comm
+
 
 @dataclass(frozen=True)
 class OpSpec:

@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
                                          ifname_overrides=overrides, expect_world=expect_world)
 
         from distval import launch, runner  # torch from here on
+        from distval.health.diagnose import WorkerFailure
         from distval.results import Check, Status
 
         mode = launch.detect_mode()
@@ -76,7 +77,7 @@ def register(app: typer.Typer) -> None:
         else:
             try:
                 report = runner.execute("doctor", _probe(), cfg, opts, lambda job: doctor_report.build_ranks_report(job, cfg))
-            except launch.WorkerFailure as e:
+            except WorkerFailure as e:
                 # this rank (not 0) failed under torchrun/srun, e.g. the network pre-flight: its own
                 # host checks say why, on this node, where rank 0 cannot see
                 report = doctor_report.single_report(cfg)

@@ -47,11 +47,12 @@ import torch
 from torch import nn
 
 from distval.comm.layer import Comm
+from distval.strategies.buckets import MIB
 
 
 @dataclass
 class StrategyConfig:
-    bucket_mb: float = 25.0  # bucket_ddp_async, pytorch_ddp
+    bucket_mb: float = 25.0  # MiB, as torch's bucket_cap_mb: bucket_ddp_async, pytorch_ddp, zero1, zero2
     comm_hook: str = "none"  # pytorch_ddp: none | fp16 | bf16 | powersgd
     powersgd_rank: int = 1
     mixed_precision: str = "none"  # fsdp2: none | bf16 (bf16 parameters in compute, fp32 reduction)
@@ -66,6 +67,11 @@ class StrategyConfig:
         if self.mixed_precision not in ("none", "bf16", "fp16"):
             raise ValueError(f"--mixed-precision must be none, bf16 or fp16 (got {self.mixed_precision!r})")
 
+    @property
+    def bucket_bytes(self) -> int:
+        """The bucket cap in bytes, as torch's DDP computes it from bucket_cap_mb."""
+        return int(self.bucket_mb * MIB)
+
 
 class Strategy:
     name: ClassVar[str]
@@ -75,6 +81,7 @@ class Strategy:
     plan_model: ClassVar[str] = "ddp"  # its memory and traffic model: ddp, zero1, zero2, zero3 or fsdp
     overlaps_backward: ClassVar[bool] = False  # communication runs during backward (the planner's --overlap)
     call_per_tensor: ClassVar[bool] = False  # one all-reduce per parameter tensor, not per bucket
+    layout_options: ClassVar[tuple[str, ...]] = ()  # StrategyConfig fields that shape the sharded form
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         self.model, self.comm, self.cfg = model, comm, cfg
@@ -145,6 +152,12 @@ class Strategy:
 
     def finish_sharded_load(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """After `dcp.load` filled `state` (from `sharded_state_dict`) in place."""
+
+    @classmethod
+    def layout(cls, cfg: StrategyConfig) -> dict[str, Any]:
+        """What a sharded checkpoint of this strategy needs to match to load: the strategy and
+        the options that decide how its state is cut (zero1/2: the bucket cap)."""
+        return {"strategy": cls.name, **{name: getattr(cfg, name) for name in cls.layout_options}}
 
     def full_parameters(self) -> torch.Tensor:
         """Every parameter, flattened in registration order, as fp32 in host memory (collective

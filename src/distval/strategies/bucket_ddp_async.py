@@ -1,6 +1,6 @@
 """bucket_ddp_async: flat gradient buckets, all-reduced asynchronously as each fills.
 
-At construction, parameters are assigned to buckets of at most `bucket_mb` MB in reverse
+At construction, parameters are assigned to buckets of at most `--bucket-mb` MiB in reverse
 registration order (the order backward produces gradients, as DDP assumes); membership is fixed,
 so it is the same on every rank. During backward of the last micro-batch a post-accumulate-grad
 hook marks the parameter ready; when every member of the next bucket in line is ready, its
@@ -20,6 +20,7 @@ from torch import nn
 
 from distval.comm.layer import Comm
 from distval.strategies.base import HookStrategy, StrategyConfig
+from distval.strategies.buckets import plan_buckets
 
 
 class BucketDDPAsync(HookStrategy):
@@ -27,7 +28,8 @@ class BucketDDPAsync(HookStrategy):
     overlaps_backward = True
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
-        self.buckets = plan_buckets([p for p in model.parameters() if p.requires_grad], int(cfg.bucket_mb * 1e6))
+        self.cap_bytes = cfg.bucket_bytes
+        self.buckets = plan_buckets([p for p in model.parameters() if p.requires_grad], self.cap_bytes)
         self._bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self._ready: list[set[int]] = [set() for _ in self.buckets]
         self._next = 0  # the next bucket to launch
@@ -60,17 +62,3 @@ class BucketDDPAsync(HookStrategy):
         self._ready = [set() for _ in self.buckets]
         self._next = 0
 
-
-def plan_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[list[nn.Parameter]]:
-    """Reverse registration order, a new bucket when the next parameter would pass the cap (a
-    parameter larger than the cap gets a bucket of its own)."""
-    buckets: list[list[nn.Parameter]] = []
-    size = 0
-    for p in reversed(params):
-        nbytes = p.numel() * p.element_size()
-        if not buckets or size + nbytes > cap_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(p)
-        size += nbytes
-    return buckets

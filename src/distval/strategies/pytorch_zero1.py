@@ -46,7 +46,7 @@ class PytorchZero1(PytorchDDP):
         local = self._owned_state()
         device = next(self.model.parameters()).device  # where the collectives run (NCCL: the GPU)
         step = next((st["step"] for st in local.values() if st), torch.zeros(()))
-        step = step.detach().to(device=device, dtype=torch.float32).reshape(1)
+        step = step.detach().to(device=device, dtype=torch.float32, copy=True).reshape(1)
         self.comm.all_reduce(step, "max")  # ranks that own nothing learn the step; 0: nobody has stepped
         optim = {}
         if float(step) > 0:

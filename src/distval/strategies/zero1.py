@@ -1,6 +1,6 @@
 """zero1: optimizer state partitioned over ranks (ZeRO stage 1, Rajbhandari et al. 2020).
 
-Parameters are grouped into flat buckets of at most `bucket_mb` MB (reverse registration order,
+Parameters are grouped into flat buckets of at most `--bucket-mb` MiB (reverse registration order,
 as the DDP buckets) and each bucket is split into N equal element ranges (strategies/flat.py), so
 every rank owns 1/N of every bucket: balanced to within one element per bucket, unlike handing
 whole tensors to owner ranks. The model's parameters become views into the flat buckets and the
@@ -23,17 +23,18 @@ from torch import nn
 
 from distval.comm.layer import Comm
 from distval.strategies.base import StrategyConfig
-from distval.strategies.bucket_ddp_async import plan_buckets
+from distval.strategies.buckets import plan_buckets
 from distval.strategies.flat import ShardedStrategy
 
 
 class Zero1(ShardedStrategy):
     name = "zero1"
     plan_model = "zero1"
+    layout_options = ("bucket_mb",)  # the flat groups are the buckets
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         super().__init__(model, comm, cfg)
-        self._shard_replicated(plan_buckets([p for p in model.parameters() if p.requires_grad], int(cfg.bucket_mb * 1e6)))
+        self._shard_replicated(plan_buckets([p for p in model.parameters() if p.requires_grad], cfg.bucket_bytes))
         self.grad_flats = [torch.zeros(g.padded, dtype=g.dtype, device=g.params[0].device) for g in self.groups]
         self._point_grads()
 

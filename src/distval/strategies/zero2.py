@@ -23,18 +23,19 @@ from torch import nn
 
 from distval.comm.layer import Comm
 from distval.strategies.base import HookStrategy, StrategyConfig
-from distval.strategies.bucket_ddp_async import plan_buckets
+from distval.strategies.buckets import plan_buckets
 from distval.strategies.flat import ShardedStrategy
 
 
 class Zero2(HookStrategy, ShardedStrategy):
     name = "zero2"
     plan_model = "zero2"
+    layout_options = ("bucket_mb",)  # the flat groups are the buckets
     overlaps_backward = True  # bucket reduce-scatters launch during backward
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         super().__init__(model, comm, cfg)
-        self._shard_replicated(plan_buckets([p for p in model.parameters() if p.requires_grad], int(cfg.bucket_mb * 1e6)))
+        self._shard_replicated(plan_buckets([p for p in model.parameters() if p.requires_grad], cfg.bucket_bytes))
         self._group_of = {id(p): i for i, g in enumerate(self.groups) for p in g.params}
         self._ready: list[set[int]] = [set() for _ in self.groups]
         self._next = 0

@@ -23,7 +23,7 @@ import torch
 
 from distval import meta, strategies
 from distval.comm.bench import percentile
-from distval.launch import JobResult, LaunchOptions
+from distval.launch import JobResult, LaunchOptions, Watcher
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
 from distval.train.loop import TrainConfig, train_rank
@@ -46,7 +46,7 @@ def steps_table(result: dict[str, Any]) -> Table:
     return table
 
 
-def run_train(cfg: TrainConfig, opts: LaunchOptions) -> Report | None:
+def run_train(cfg: TrainConfig, opts: LaunchOptions, watchers: list[Watcher] | tuple = ()) -> Report | None:
     def build(job: JobResult) -> Report:
         r0 = job.results[0]
         checksums = {r["checksum"] for r in job.results}
@@ -61,7 +61,7 @@ def run_train(cfg: TrainConfig, opts: LaunchOptions) -> Report | None:
                          hint="" if len(checksums) == 1 else "the strategy does not keep replicas in sync"))
         return report
 
-    return execute("train", train_rank, cfg, opts, build)
+    return execute("train", train_rank, cfg, opts, build, watchers)
 
 
 def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict[str, Any], peak_flops: float,

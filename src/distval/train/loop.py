@@ -25,8 +25,8 @@ from distval import strategies
 from distval.ckpt.checkpointer import Checkpointer
 from distval.ckpt.faults import StepFault
 from distval.comm.ops import busbw_factor
-from distval.launch import RankContext
 from distval.plan import presets
+from distval.rank import RankContext
 from distval.strategies.base import StrategyConfig
 from distval.train import data as data_mod
 from distval.train.metrics import MetricsLogger
@@ -54,7 +54,6 @@ class TrainConfig:
     return_params: bool = False  # gather the final parameters (parity checks)
     log_jsonl: str | None = None  # rank 0 appends one JSON line per step
     tensorboard: str | None = None  # rank 0 writes TensorBoard scalars here
-    progress: str | None = None  # rank 0 appends a line per step for the live console view
     peak_flops: float | None = None  # per device; None: measured matmul rate on CPU
     ckpt_dir: str | None = None  # checkpoints (docs/checkpointing.md); None: no checkpoints
     ckpt_every: int = 10  # save after every N optimizer steps (and after the last)
@@ -140,7 +139,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     start, steps = ckpt.resume() if ckpt else (0, [])
     fault = StepFault.from_env()  # drills and tests only
     ctx.comm.reset_totals()
-    logger = MetricsLogger(cfg.log_jsonl, cfg.tensorboard, cfg.progress) if ctx.rank == 0 else MetricsLogger()
+    logger = MetricsLogger(cfg.log_jsonl, cfg.tensorboard) if ctx.rank == 0 else MetricsLogger()
     finished = False
     try:
         for step in range(start, cfg.steps):
@@ -151,6 +150,9 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
                 fault.at_step(step, ctx.rank)
             steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak))
             logger.log(steps[-1], step)
+            if ctx.rank == 0:  # the live progress view (train/progress.py)
+                ctx.channel.publish("step", {"step": step, "loss": steps[-1]["loss"],
+                                             "step_time_s": steps[-1]["step_time_s"]})
             if ckpt:
                 ckpt.after_step(step + 1)
         finished = True

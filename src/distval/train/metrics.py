@@ -3,8 +3,7 @@
 JSONL: one JSON object per step, appended and flushed (a crash keeps every finished step).
 TensorBoard: scalar event files through torch.utils.tensorboard (needs the optional
 `tensorboard` package; asking for it without the package is a one-line error before any worker
-starts). Progress: a short line per step for the console's live view (train/progress.py); the
-full console view is the report rendered at the end.
+starts). (The console's live view reads rank 0's steps from the rank channel: train/progress.py.)
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ def check_tensorboard() -> None:
 
 
 class MetricsLogger:
-    def __init__(self, jsonl: str | None = None, tensorboard: str | None = None, progress: str | None = None):
+    def __init__(self, jsonl: str | None = None, tensorboard: str | None = None):
         self._jsonl = open(jsonl, "a", encoding="utf-8") if jsonl else None
-        self._progress = open(progress, "a", encoding="utf-8") if progress else None  # train/progress.py tails it
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -36,19 +34,14 @@ class MetricsLogger:
         if self._jsonl:
             self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
             self._jsonl.flush()
-        if self._progress:
-            self._progress.write(json.dumps({"step": step, "loss": metrics.get("loss"),
-                                             "step_time_s": metrics.get("step_time_s")}) + "\n")
-            self._progress.flush()
         if self._tb:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and key != "step":
                     self._tb.add_scalar(key, value, step)
 
     def close(self) -> None:
-        for f in (self._jsonl, self._progress):
-            if f:
-                f.close()
+        if self._jsonl:
+            self._jsonl.close()
         if self._tb:
             self._tb.flush()
             self._tb.close()

@@ -1,67 +1,42 @@
 """Live progress of a training run on the console, from whichever process reports.
 
-Rank 0 appends one short JSON line per finished step to a progress file (`MetricsLogger`'s
-`progress` sink); the reporting process — the parent in local mode, rank 0 itself under torchrun
-— tails that file in a thread. On a terminal: a transient rich progress bar on stderr (step,
-loss, time per step, time left). Into a pipe or file: one line on stderr at most every
+Rank 0 publishes the metrics of every finished step on the rank channel (kind `step`); the
+monitor loop of the reporting process — distval's launcher in local mode, rank 0 itself under
+torchrun — feeds them to a `ProgressView`. On a terminal: a transient rich progress bar on stderr
+(step, loss, time per step, time left). Into a pipe or file: one line on stderr at most every
 `every_s` seconds, so CI logs show that a long run is alive without drowning the report on stdout.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sys
-import tempfile
-import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 
-@contextlib.contextmanager
-def watch(total: int, label: str, every_s: float | None = None, poll_s: float = 0.2) -> Iterator[str | None]:
-    """Yields the progress file path for rank 0 to write (None on processes that do not report).
-    `every_s` (default: $DISTVAL_PROGRESS_EVERY, else 10): seconds between lines off a terminal."""
-    if every_s is None:
-        every_s = float(os.environ.get("DISTVAL_PROGRESS_EVERY", "10"))
-    if os.environ.get("RANK", "0") != "0":  # under torchrun, only rank 0 reports
-        yield None
-        return
-    fd, path = tempfile.mkstemp(prefix="distval-progress-", suffix=".jsonl")
-    os.close(fd)
-    stop = threading.Event()
-    thread = threading.Thread(target=_follow, args=(path, total, label, stop, every_s, poll_s), daemon=True)
-    thread.start()
-    try:
-        yield path
-    finally:
-        stop.set()
-        thread.join(timeout=2)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+class ProgressView:
+    """A monitor-loop watcher (launch/monitor.py). `every_s` (default: $DISTVAL_PROGRESS_EVERY,
+    else 10): seconds between lines off a terminal."""
 
+    def __init__(self, total: int, label: str, every_s: float | None = None):
+        self.total, self.label = total, label
+        self.every_s = float(os.environ.get("DISTVAL_PROGRESS_EVERY", "10")) if every_s is None else every_s
+        self._view: _Bar | _Lines | None = None
+        self._seen: float | None = None
 
-def _follow(path: str, total: int, label: str, stop: threading.Event, every_s: float, poll_s: float) -> None:
-    tty = sys.stderr.isatty()
-    view = _Bar(total, label) if tty else _Lines(total, label, every_s)
-    offset = 0
-    try:
-        while True:
-            done = stop.wait(poll_s)
-            with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
-                f.seek(offset)
-                chunk = f.read()
-                # only whole lines: the writer may be half-way through one
-                complete = chunk[:chunk.rfind("\n") + 1]
-                offset += len(complete.encode("utf-8"))
-                for line in complete.splitlines():
-                    with contextlib.suppress(ValueError):
-                        view.update(json.loads(line))
-            if done:
-                break
-    finally:
-        view.close()
+    def tick(self, reader: Any) -> None:
+        row = reader.latest(0, "step")
+        if row is None or row.get("time") == self._seen:
+            return
+        self._seen = row.get("time")
+        if self._view is None:
+            self._view = _Bar(self.total, self.label) if sys.stderr.isatty() else _Lines(self.total, self.label, self.every_s)
+        self._view.update(row)
+
+    def close(self) -> None:
+        if self._view is not None:
+            self._view.close()
 
 
 def _describe(row: dict[str, Any], total: int, started: float, first_step: int | None) -> str:

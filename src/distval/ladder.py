@@ -16,7 +16,8 @@ from typing import Any
 
 from distval import meta
 from distval.comm import bench, check
-from distval.launch import JobResult, LaunchOptions, RankContext
+from distval.launch import JobResult, LaunchOptions
+from distval.rank import RankContext
 from distval.report.html import render_html
 from distval.results import Report, atomic_write_text, write_json
 from distval.runner import execute
@@ -73,7 +74,7 @@ def _stage(job: JobResult, key: str) -> JobResult:
     return JobResult(job.mode, job.backend, job.world_size, [r[key] for r in job.results], job.ranks)
 
 
-def run_all(cfg: RunConfig, opts: LaunchOptions) -> Report | None:
+def run_ladder(cfg: RunConfig, opts: LaunchOptions) -> Report | None:
     return execute("run", run_rank, cfg, opts, lambda job: build_report(job, cfg))
 
 

@@ -1,0 +1,152 @@
+"""The one channel from every rank to whoever watches the job, over a c10d store.
+
+Worker side, `RankChannel.publish(kind, payload)`: O(1) on the calling thread (the payload is
+put in a latest-value slot and a daemon thread writes it to the store), so training never waits
+on the network; `flush=True` writes at once (a rank that is about to die). Monitor side,
+`ChannelReader.latest(rank, kind)`: the last payload a rank published of that kind, or None.
+
+Kinds (the payload is a JSON object, with "time" added):
+  status   what the rank is about to do ("train zero2 step 41"): named when it dies or hangs there
+  step     rank 0's metrics of the step it just finished (the live progress view)
+  state    what a rank was doing when it failed or was stopped: error, status, collectives issued
+           and pending, traceback (read by health/diagnose.py)
+  note     a request to distval's agent: {"no_restart": message, "exit_code": 2|3}
+
+The store: in local mode the launching process serves a TCPStore and hands its address to the
+workers (`DISTVAL_CHANNEL=host:port`); under torchrun, Slurm or mpirun the job's own store at
+MASTER_ADDR:MASTER_PORT, joined once the process group is up. Keys are `distval/<kind>/<rank>`;
+a (re)started worker deletes its own `state`, so a restart never reads the last attempt's failure.
+A store that went away (its host died) makes publishing a no-op and reading None: the channel is
+how a failure is explained, never a way to cause one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import threading
+import time
+from typing import Any
+
+ENV = "DISTVAL_CHANNEL"
+KINDS = ("status", "step", "state", "note")
+
+
+def _key(kind: str, rank: int) -> str:
+    return f"distval/{kind}/{rank}"
+
+
+def connect(address: str, timeout_s: float = 30.0) -> Any:
+    """A client of the TCPStore at host:port."""
+    import torch.distributed as dist
+
+    host, _, port = address.rpartition(":")
+    return dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def serve() -> tuple[Any, str]:
+    """A TCPStore served by this process on a free loopback port, and its address for workers."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=30))
+    return store, f"127.0.0.1:{store.port}"
+
+
+class RankChannel:
+    """What one rank publishes. Without a store (before the job's store is reachable) every
+    publish is kept in the slot and written once `attach` gives one."""
+
+    def __init__(self, rank: int, store: Any = None):
+        self.rank = rank
+        self._store = None
+        self._slot: dict[str, bytes] = {}
+        self._cond = threading.Condition()
+        self._write_lock = threading.Lock()
+        self.errors = 0
+        self._thread = threading.Thread(target=self._run, name="distval-channel", daemon=True)
+        self._thread.start()
+        if store is not None:
+            self.attach(store)
+
+    def attach(self, store: Any) -> None:
+        """Start writing to `store`; this rank's failure note of an earlier attempt is removed."""
+        with self._cond:
+            self._store = store
+            self.clear("state")
+            self._cond.notify()
+
+    def clear(self, kind: str) -> None:
+        if self._store is not None:
+            try:
+                self._store.delete_key(_key(kind, self.rank))
+            except Exception:  # noqa: BLE001 (best effort, see the module docstring)
+                self.errors += 1
+
+    def publish(self, kind: str, payload: dict[str, Any], flush: bool = False) -> None:
+        data = json.dumps({**payload, "time": time.time()}, default=str).encode()
+        if flush:
+            self._write({kind: data})
+            return
+        with self._cond:
+            self._slot[kind] = data
+            self._cond.notify()
+
+    def reader(self) -> ChannelReader | None:
+        """A reader over the same store (rank 0 diagnosing its peers under an outer launcher)."""
+        return ChannelReader(self._store) if self._store is not None else None
+
+    def flush(self) -> None:
+        with self._cond:
+            pending, self._slot = self._slot, {}
+        self._write(pending)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._slot or self._store is None:
+                    self._cond.wait()
+                pending, self._slot = self._slot, {}
+            self._write(pending)
+
+    def _write(self, items: dict[str, bytes]) -> None:
+        if self._store is None or not items:
+            return
+        with self._write_lock:
+            for kind, data in items.items():
+                try:
+                    self._store.set(_key(kind, self.rank), data)
+                except Exception:  # noqa: BLE001 (the store's host is gone: nothing to tell)
+                    self.errors += 1
+
+
+class ChannelReader:
+    """The monitor's side: the latest payload of each rank and kind."""
+
+    def __init__(self, store: Any):
+        self._store = store
+
+    def latest(self, rank: int, kind: str) -> dict[str, Any] | None:
+        key = _key(kind, rank)
+        try:
+            if not self._store.check([key]):
+                return None
+            return json.loads(self._store.get(key))
+        except Exception:  # noqa: BLE001 (an unreachable store reads as "nothing published")
+            return None
+
+    def all(self, world_size: int, kind: str) -> dict[int, dict[str, Any] | None]:
+        return {r: self.latest(r, kind) for r in range(world_size)}
+
+
+def for_worker(rank: int) -> RankChannel:
+    """This worker's channel: connected now in local mode (the launcher's store), otherwise
+    waiting for `attach` once the job's store is up."""
+    address = os.environ.get(ENV)
+    return RankChannel(rank, connect(address) if address else None)
+
+
+def job_store(timeout_s: float) -> Any:
+    """The job's own store under torchrun/Slurm/mpirun (MASTER_ADDR:MASTER_PORT), as a new client."""
+    return connect(f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", timeout_s)

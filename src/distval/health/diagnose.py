@@ -1,0 +1,85 @@
+"""Name the rank that caused a failed job, from what every rank published on the rank channel
+(`state` when it failed or was stopped, its last `status`) and, in local mode, how each process
+exited. In order:
+  1. a rank with an error of its own (not a timeout, closed connection or PeerFailed: those are
+     what the others get when a peer fails); the earliest;
+  2. a rank that left no state at all while its peers saw their connections close or the agent
+     saw a signal (killed: SIGKILL, the OOM killer, a dead host);
+  3. the rank that issued fewer collectives than the others (it stopped while they waited for it
+     in the next one);
+  4. at a deadline, where every rank was.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from distval.results import CannotRun
+
+
+class WorkerFailure(CannotRun):
+    def __init__(self, rank: int | None, message: str, last_status: str = "", details: dict | None = None):
+        self.rank, self.message, self.last_status = rank, message, last_status
+        self.details = details or {}
+        who = f"rank {rank}" if rank is not None else "a worker"
+        where = f" (last status: {last_status})" if last_status else ""
+        super().__init__(f"{who} failed: {message}{where}")
+
+
+_SECONDARY = ("timed out", "timeout", "connection closed", "pair closure", "connection reset", "broken pipe",
+              "peerfailed")
+_CLOSED = ("connection closed", "connection reset", "broken pipe", "pair closure")
+
+
+def secondary(error: str) -> bool:
+    """True for the errors a rank gets because a peer failed (timeouts, closed connections,
+    PeerFailed), as opposed to an error of its own."""
+    return any(s in error.lower() for s in _SECONDARY)
+
+
+def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[str, Any] | None],
+             exitcodes: dict[int, int] | None = None, log_tails: dict[int, list[str]] | None = None,
+             deadline_s: float | None = None) -> WorkerFailure:
+    exitcodes, log_tails = exitcodes or {}, log_tails or {}
+    ranks = sorted(states)
+    status = {r: (statuses.get(r) or {}).get("status") or (states[r] or {}).get("status") or "not started" for r in ranks}
+    details = {"ranks": {r: {"error": (states[r] or {}).get("error"), "status": status[r],
+                             "issued": (states[r] or {}).get("issued"), "exitcode": exitcodes.get(r),
+                             "pending": [p["op"] for p in (states[r] or {}).get("pending", [])],
+                             "log_tail": log_tails.get(r, [])} for r in ranks}}
+    errors = {r: st["error"] for r, st in states.items() if st and st.get("error")}
+    own = sorted((states[r]["time"], r) for r, e in errors.items() if not secondary(e))
+    if own:
+        r = own[0][1]
+        return WorkerFailure(r, errors[r], states[r]["status"], details)
+    signalled = {r: -code for r, code in exitcodes.items() if code is not None and code < 0}
+    vanished = [r for r in ranks if states[r] is None]
+    if vanished and (signalled or any(any(c in e.lower() for c in _CLOSED) for e in errors.values())):
+        r = next((r for r in vanished if r in signalled), vanished[0])
+        how = (f"killed by {signal_name(signalled[r])}" if r in signalled
+               else "died without a word (its peers' connections to it closed)")
+        return WorkerFailure(r, how, status[r], details)
+    issued = {r: st["issued"] for r, st in states.items() if st}
+    if issued and len(set(issued.values())) > 1:
+        r = min(issued, key=lambda k: (issued[k], k))
+        waiting = sorted(k for k in issued if issued[k] > issued[r])
+        what = f"stopped after {issued[r]} collective(s) while ranks {waiting} waited in the next one"
+        if deadline_s is not None:
+            what += f" (job stopped at its deadline of {deadline_s:g}s)"
+        return WorkerFailure(r, what, status[r], details)
+    if deadline_s is not None:
+        return WorkerFailure(None, f"the job did not finish within its deadline of {deadline_s:g}s", "; ".join(
+            f"rank {r}: {s}" for r, s in status.items()), details)
+    if errors:
+        r = min(errors, key=lambda k: states[k]["time"])
+        return WorkerFailure(r, errors[r], states[r]["status"], details)
+    r = next(iter(exitcodes), None)
+    return WorkerFailure(r, f"exited with code {exitcodes.get(r)}", status.get(r, ""), details)
+
+
+def signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"

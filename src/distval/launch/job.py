@@ -1,0 +1,53 @@
+"""What a job is given (`LaunchOptions`) and what it returns to the reporting process (`JobResult`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from distval import device as devices
+from distval.rank import RankContext
+
+
+@dataclass
+class LaunchOptions:
+    nproc: int | None = None  # local mode only; None = number of GPUs, else 2
+    backend: str = "auto"
+    expect_world: int | None = None
+    timeout_s: float = 60.0  # each collective, and rendezvous
+    deadline_s: float | None = None  # the whole local job; None = no limit beyond timeouts
+    max_restarts: int = 0  # local mode: the elastic agent restarts all workers up to N times after a failure
+
+    def __post_init__(self) -> None:
+        if self.nproc is not None and self.nproc < 1:
+            raise ValueError(f"--nproc must be at least 1 (got {self.nproc})")
+        if self.expect_world is not None and self.expect_world < 1:
+            raise ValueError(f"--expect-world must be at least 1 (got {self.expect_world})")
+        if self.timeout_s <= 0:
+            raise ValueError(f"--timeout must be positive (got {self.timeout_s:g})")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            raise ValueError(f"--deadline must be positive (got {self.deadline_s:g})")
+        if self.max_restarts < 0:
+            raise ValueError(f"--max-restarts must be 0 or more (got {self.max_restarts})")
+        self.backend = devices.check_backend(self.backend)
+
+
+RankFn = Callable[[RankContext, Any], Any]
+
+
+@dataclass
+class JobResult:
+    """What rank 0 gathered: every rank's return value and facts about it, in rank order."""
+
+    mode: str
+    backend: str
+    world_size: int
+    results: list[Any]
+    ranks: list[dict[str, Any]]
+
+    @property
+    def hosts(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for info in self.ranks:
+            out.setdefault(info["host"], []).append(info["rank"])
+        return out

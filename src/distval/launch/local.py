@@ -1,0 +1,135 @@
+"""The local launcher: distval starts `nproc` workers itself with torchrun's own elastic agent
+(LocalElasticAgent via `elastic_launch`, c10d rendezvous on a free loopback port, restarts up to
+`--max-restarts`), serves the rank channel's store, and runs the one monitor loop (deadline, a
+worker's "do not restart" note, live views).
+
+A failed job is diagnosed from what every rank published on the channel and how each process
+exited (health/diagnose.py); the per-rank logs the agent redirects are only read for their last
+lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from distval import channel as channels
+from distval import device as devices
+from distval.health.diagnose import WorkerFailure, diagnose
+from distval.launch.job import JobResult, LaunchOptions, RankFn
+from distval.launch.monitor import Monitor, Watcher
+
+
+def _quiet_elastic_logs() -> None:
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+class _Stopped(Exception):
+    """Our SIGTERM arrived before torch's agent had installed its own signal handlers."""
+
+
+_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult | None:
+    from distval.launch.worker import run_worker
+
+    return run_worker(rank_fn, cfg, opts, "local")
+
+
+def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] | tuple = ()) -> JobResult:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    nproc = opts.nproc or devices.default_nproc()
+    _quiet_elastic_logs()
+    run_dir = tempfile.mkdtemp(prefix="distval-run-")
+    store, address = channels.serve()
+    reader = channels.ChannelReader(store)
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"distval-{os.getpid()}",
+        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"timeout": int(max(opts.timeout_s, 30))},
+        max_restarts=opts.max_restarts, monitor_interval=0.05, start_method="spawn", local_addr="127.0.0.1",
+        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL),
+    )
+    # The monitor stops the job the way a user's Ctrl-C would: SIGTERM to this process, whose
+    # handler (torch's agent's, or ours until the agent has installed its own) stops every worker.
+    # torch's agent never restores the handlers it installs: they are put back afterwards.
+    saved_handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
+    monitor = Monitor(reader, nproc, watchers)
+    stop = lambda *_: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
+    if opts.deadline_s:
+        monitor.stop_at(opts.deadline_s, stop)
+    if opts.max_restarts:  # a worker that knows a restart cannot help (bad checkpoint, crash loop)
+        monitor.on_no_restart(stop)
+    if opts.deadline_s or opts.max_restarts:
+        def _raise_stopped(signum: int, frame: Any) -> None:
+            raise _Stopped()
+
+        signal.signal(signal.SIGTERM, _raise_stopped)
+    # As torchrun does: one intra-op thread per worker unless the user chose, so N workers do
+    # not fight over the cores (spawned workers inherit the environment at start).
+    saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", channels.ENV)}
+    if saved_env["OMP_NUM_THREADS"] is None and nproc > 1:
+        os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ[channels.ENV] = address
+    monitor.start()
+    try:
+        try:
+            results = elastic_launch(config, _local_entry)(rank_fn, cfg, opts)
+        finally:
+            monitor.close()
+            for sig, handler in saved_handlers.items():
+                signal.signal(sig, handler)
+        return results[0]
+    except ChildFailedError as e:
+        _raise_no_restart(monitor, reader, run_dir, nproc)
+        raise _diagnose(reader, run_dir, nproc, {r: f.exitcode for r, f in e.failures.items()}) from None
+    except (SignalException, _Stopped):
+        _raise_no_restart(monitor, reader, run_dir, nproc)
+        if monitor.deadline_expired:
+            raise _diagnose(reader, run_dir, nproc, {}, deadline_s=opts.deadline_s) from None
+        raise KeyboardInterrupt from None
+    finally:
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _raise_no_restart(monitor: Monitor, reader: channels.ChannelReader, run_dir: str, nproc: int) -> None:
+    """A worker's note that restarting cannot help: a usage error (exit 2, one line) or a failure
+    naming the cause (exit 3)."""
+    note = monitor.note or next((n for r in range(nproc) if (n := reader.latest(r, "note")) and n.get("no_restart")),
+                                None)
+    if note is None:
+        return
+    if note.get("exit_code") == 2:
+        raise ValueError(note["no_restart"])
+    raise WorkerFailure(None, note["no_restart"], "", _diagnose(reader, run_dir, nproc, {}).details)
+
+
+def _diagnose(reader: channels.ChannelReader, run_dir: str, nproc: int, exitcodes: dict[int, int],
+              deadline_s: float | None = None) -> WorkerFailure:
+    return diagnose(reader.all(nproc, "state"), reader.all(nproc, "status"), exitcodes,
+                    {r: _log_tail(run_dir, r) for r in range(nproc)}, deadline_s)
+
+
+def _log_tail(run_dir: str, rank: int, lines: int = 5) -> list[str]:
+    # the last attempt's log (the agent numbers attempts 0, 1, ... when it restarts workers)
+    for path in sorted(Path(run_dir, "logs").rglob(f"attempt_*/{rank}/stderr.log"),
+                       key=lambda p: int(p.parent.parent.name.split("_")[1]), reverse=True):
+        try:
+            return [line for line in path.read_text(errors="replace").splitlines() if line.strip()][-lines:]
+        except OSError:
+            return []  # the log vanished with its worker: nothing to show
+    return []

@@ -1,0 +1,72 @@
+"""The one watchdog loop outside the ranks: every `interval_s` it reads the rank channel and runs
+its rules. In local mode it runs in distval's launching process (the agent's), where it also
+enforces `--deadline` and stops the agent when a worker notes that a restart cannot help; under
+torchrun/Slurm it runs in rank 0's process for the live views. The hang, straggler and health
+rules of later issues are added here, as more `Watcher`s."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Protocol
+
+from distval.channel import ChannelReader
+
+
+class Watcher(Protocol):
+    """A rule or view fed by the monitor loop."""
+
+    def tick(self, reader: ChannelReader) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Monitor:
+    def __init__(self, reader: ChannelReader, world_size: int, watchers: list[Watcher] | tuple = (),
+                 interval_s: float = 0.05):
+        self.reader, self.world_size, self.interval_s = reader, world_size, interval_s
+        self.watchers = list(watchers)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._deadline: tuple[float, Callable[[], None]] | None = None
+        self._on_note: Callable[[dict], None] | None = None
+        self.deadline_expired = False
+        self.note: dict | None = None
+
+    def stop_at(self, deadline_s: float, action: Callable[[], None]) -> None:
+        """Run `action` once `deadline_s` seconds have passed since `start`."""
+        self._deadline = (deadline_s, action)
+
+    def on_no_restart(self, action: Callable[[dict], None]) -> None:
+        """Run `action(note)` once a rank publishes a `note` asking not to be restarted."""
+        self._on_note = action
+
+    def start(self) -> Monitor:
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="distval-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._tick_watchers()  # the last word of every view (the final step)
+        for w in self.watchers:
+            w.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if self._deadline and not self.deadline_expired and time.monotonic() - self._started >= self._deadline[0]:
+                self.deadline_expired = True
+                self._deadline[1]()
+            if self._on_note and self.note is None:
+                self.note = next((n for r in range(self.world_size)
+                                  if (n := self.reader.latest(r, "note")) and n.get("no_restart")), None)
+                if self.note is not None:
+                    self._on_note(self.note)
+            self._tick_watchers()
+
+    def _tick_watchers(self) -> None:
+        for w in self.watchers:
+            w.tick(self.reader)

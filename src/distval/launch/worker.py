@@ -1,0 +1,114 @@
+"""One worker, in every launch mode: initialise the process groups and the rank channel, run the
+per-rank function, gather the results to rank 0 over the Gloo control group.
+
+A failure (an exception, or SIGTERM from the agent) is published on the channel as this rank's
+`state` before the worker goes. Under torchrun/Slurm/mpirun rank 0 then reads every rank's state
+from the job's store and names the rank that caused it (health/diagnose.py), so the report blames
+the culprit, not the rank that merely timed out waiting for it; in local mode the launching
+process does that (launch/local.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import time
+import traceback
+from typing import Any
+
+import torch.distributed as dist
+
+from distval import channel as channels
+from distval import device as devices
+from distval.comm.layer import Comm
+from distval.health.diagnose import WorkerFailure, diagnose
+from distval.launch.job import JobResult, LaunchOptions, RankFn
+from distval.launch.monitor import Monitor, Watcher
+from distval.rank import RankContext, state_payload
+
+PEER_STATES_WAIT_S = 3.0  # rank 0, after a failure under an outer launcher: how long to wait for the others' states
+
+
+def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watchers: list[Watcher] | tuple = ()
+               ) -> JobResult | None:
+    rank = int(os.environ["RANK"])
+    channel = channels.for_worker(rank)
+    ctx: RankContext | None = None
+    monitor: Monitor | None = None
+    try:
+        timeout = datetime.timedelta(seconds=opts.timeout_s)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = devices.device_for(opts.backend, local_rank)
+        if mode != "local":  # an advertised address no peer can reach: an ERROR naming it now, not a hang at init
+            from distval.netcheck import preflight
+            preflight(os.environ, timeout_s=min(opts.timeout_s, 5.0))
+        _init_process_group(opts.backend, timeout)
+        if mode != "local":
+            channel.attach(channels.job_store(opts.timeout_s))
+        # Bookkeeping (agreeing, gathering results, timing barriers) always goes over its own
+        # Gloo group, so it can never pair with, or be counted as, the traffic being measured.
+        control = dist.new_group(backend="gloo", timeout=timeout)
+        ctx = RankContext(rank, dist.get_world_size(), local_rank, opts.backend, device, Comm(), control,
+                          socket.gethostname(), channel, control_comm=Comm(group=control, name="control", fault=None))
+        ctx.signals.install(signal.SIGTERM)
+        if mode != "local" and rank == 0 and watchers:
+            monitor = Monitor(channels.ChannelReader(channels.job_store(opts.timeout_s)), ctx.world_size, watchers).start()
+        ctx.status("running")
+        result = rank_fn(ctx, cfg)
+        ctx.status("gathering results")
+        gathered: list[Any] | None = [None] * ctx.world_size if rank == 0 else None
+        dist.gather_object((ranks_info(ctx), result), gathered, dst=0, group=control)
+        if gathered is None:
+            return None
+        return JobResult(mode, opts.backend, ctx.world_size, [r for _, r in gathered], [i for i, _ in gathered])
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}".strip()
+        tb = traceback.format_exc(limit=8)
+        if ctx is None:  # failed before the process group was up
+            channel.publish("state", state_payload(rank, "initialising", [], error, tb), flush=True)
+            raise WorkerFailure(rank, error, "initialising") from e
+        ctx.signals.on(signal.SIGTERM, lambda signum: True)  # the agent stopping us must not cut the report short
+        ctx.publish_state(error=error, traceback_text=tb)
+        reader = channel.reader()
+        if mode != "local" and rank == 0 and reader is not None:
+            raise _diagnose_peers(ctx.world_size, reader) from e
+        raise WorkerFailure(rank, error, ctx.last_status) from e
+    finally:
+        if monitor is not None:
+            monitor.close()
+        channel.flush()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _diagnose_peers(world_size: int, reader: channels.ChannelReader) -> WorkerFailure:
+    """Rank 0 under an outer launcher: every rank's state from the job's store (each failed rank
+    publishes one; a killed rank none), then the culprit."""
+    deadline = time.monotonic() + PEER_STATES_WAIT_S
+    states = reader.all(world_size, "state")
+    while any(s is None for s in states.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        states = reader.all(world_size, "state")
+    return diagnose(states, reader.all(world_size, "status"))
+
+
+def _init_process_group(backend: str, timeout: datetime.timedelta) -> None:
+    """init_process_group, except after an elastic restart: the agent's store outlives the
+    attempt, and the previous attempt's Gloo addresses in it would be read as this one's
+    (connection refused). Keys of attempt N go under their own prefix."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    world_size = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"/distval/attempt_{attempt}", store),
+                            rank=int(os.environ["RANK"]), world_size=world_size, timeout=timeout)
+
+
+def ranks_info(ctx: RankContext) -> dict[str, Any]:
+    return {"rank": ctx.rank, "local_rank": ctx.local_rank, "host": ctx.hostname, "pid": os.getpid(),
+            "device": devices.device_name(ctx.device)}
