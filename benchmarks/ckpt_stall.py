@@ -96,11 +96,11 @@ def recovery(args: argparse.Namespace, root: Path) -> None:
         ckpt.mkdir()
         cfg = TrainConfig(model=args.model, strategy=args.strategy, steps=args.kill_step + 2, ckpt_every=args.every,
                           ckpt_async=False, resume="auto", ckpt_dir=str(ckpt), run_id=f"kill-{i}", peak_flops=1e12)
-        os.environ["DISTVAL_STEP_FAULT"] = f"step={args.kill_step},rank=1,action=kill"  # spawned workers inherit it
+        os.environ["DISTVAL_FAULT"] = f"step={args.kill_step},rank=1,action=kill"  # spawned workers inherit it
         try:
             run(train_rank, cfg, LaunchOptions(nproc=args.nproc, timeout_s=120, max_restarts=1))
         finally:
-            os.environ.pop("DISTVAL_STEP_FAULT")
+            os.environ.pop("DISTVAL_FAULT")
         a0, a1 = json.loads((ckpt / "runs" / f"kill-{i}.json").read_text())["attempts"][:2]
         times.append(a1["first_step_time"] - a0["last_step_time"])
         print(f"  kill {i}: rank 1 killed at step {a0['last_step']}, resumed from step {a1['resumed_from_step']}, "

@@ -124,7 +124,7 @@ class Checker:
         clean = self.run_ok(*base, "--ckpt-dir", str(dirs[0]), name=f"resume-{strategy}-a")
         killed = self.run_ok(*base, "--ckpt-dir", str(dirs[1]), "--max-restarts", "2",
                              "--resume", "auto", name=f"resume-{strategy}-b",
-                             env={"DISTVAL_STEP_FAULT": "step=7,rank=0,action=kill"})
+                             env={"DISTVAL_FAULT": "step=7,rank=0,action=kill"})
         attempts = rows(killed, "attempts")
         if len(attempts) < 2:
             raise Item("FAIL", f"the fault did not fire: {len(attempts)} attempt(s)")
@@ -153,7 +153,7 @@ class Checker:
         return counts(report)
 
     def run(self) -> str:
-        return counts(self.run_ok("run", *self.common, name="run", timeout=1200))
+        return counts(self.run_ok("run", *self.common, "--out", str(self.work / "run"), name="run", timeout=1200))
 
 
 def gpus() -> int:

@@ -71,7 +71,7 @@ def wrapper_overhead_s(ctx: RankContext, calls: int = 20000) -> float:
     """Median extra time of Comm.all_reduce over dist.all_reduce on a one-rank group."""
     groups = [dist.new_group([r]) for r in range(ctx.world_size)]  # every rank creates every group
     mine = groups[ctx.rank]
-    comm = Comm(group=mine, name="self", fault=None)
+    comm = Comm(group=mine, name="self")
     t = torch.ones(1)
     diffs = np.empty(calls)
     for i in range(calls):

@@ -48,8 +48,8 @@ def _bad_cases(tmp_path: Path, read_only: Path) -> list[tuple[list[str], str]]:
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     return [
-        (["--ckpt-dir", str(tmp_path / "missing")], "does not exist or is not a directory"),
-        (["--ckpt-dir", str(a_file)], "does not exist or is not a directory"),
+        (["--ckpt-dir", str(a_file)], "exists and is not a directory"),
+        (["--ckpt-dir", "/proc/distval-ckpt"], "cannot be created"),
         (["--ckpt-dir", str(read_only)], "is not writable"),
         (["--max-restarts", "-1"], "--max-restarts must be 0 or more (got -1)"),
         (["--ckpt-dir", str(other), "--resume", "auto"],
@@ -128,7 +128,7 @@ def test_a_crash_loop_stops_before_the_restarts_run_out(tmp_path):
     ckpt.mkdir()
     res = run_cli("train", "--nproc", "2", "--strategy", "simple_ddp", "--steps", "8", "--ckpt-dir", str(ckpt),
                   "--ckpt-every", "3", "--no-ckpt-async", "--max-restarts", "5", "--resume", "auto", "--json", str(out),
-                  env={"DISTVAL_STEP_FAULT": "step=4,rank=1,action=raise,attempt=-1"}, timeout=240)
+                  env={"DISTVAL_FAULT": "step=4,rank=1,action=raise,attempt=-1"}, timeout=240)
     assert res.returncode == 3, res.stderr[-2000:]
     doc = json.loads(out.read_text())
     error = next(c for c in doc["checks"] if c["status"] == "ERROR")

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from distval.ckpt import state, store
-from distval.ckpt.faults import StepFault
 from distval.train.loop import TrainConfig
 
 
@@ -120,14 +119,6 @@ def test_fingerprint_names_what_differs_and_ignores_the_split():
     assert state.fingerprint(a) == state.fingerprint(b)  # same global batch of 4, strategy free
     c = state.fingerprint_fields(TrainConfig(micro_batch=2, lr=1e-3, model="small"), world_size=2)
     assert state.differences(a, c) == ["lr 0.003 (checkpoint) vs 0.001 (this run)", "model 'tiny' (checkpoint) vs 'small' (this run)"]
-
-
-def test_step_fault_spec():
-    f = StepFault.from_env("step=7,rank=1,action=kill_in_save,attempt=-1")
-    assert (f.step, f.rank, f.action, f.attempt) == (7, 1, "kill_in_save", -1)
-    assert f.in_save(9, 1) and not f.in_save(6, 1) and not f.in_save(9, 0)
-    with pytest.raises(ValueError, match="choose from"):
-        StepFault.from_env("step=1,rank=0,action=explode")
 
 
 def test_a_sharded_checkpoint_needs_its_own_strategy(tmp_path):

@@ -1,9 +1,7 @@
 """The instrumented collective layer: what it records is what later issues account with."""
 
-import pytest
 import torch
 
-from distval.comm.layer import FaultSpec
 from distval.launch import LaunchOptions, run
 from distval.rank import RankContext
 
@@ -54,11 +52,3 @@ def test_ring_buffer_is_bounded():
     recs = job.results[0]["records"]
     assert len(recs) == 4096 and recs[-1]["seq"] == 6 + 5000 - 1
     assert job.results[0]["totals"]["all_reduce"][0] == 5002  # counters are not bounded
-
-
-def test_fault_spec_parsing():
-    assert FaultSpec.from_env("op=all_reduce,rank=1,index=3") == FaultSpec("all_reduce", 1, 3)
-    assert FaultSpec.from_env("op=broadcast,rank=0,action=hang").action == "hang"
-    assert FaultSpec.from_env("") is None
-    with pytest.raises(ValueError, match="action 'explode'"):
-        FaultSpec.from_env("op=x,rank=0,action=explode")

@@ -2,9 +2,10 @@
 
 import pytest
 
-from distval.comm.bench import BenchConfig, percentile
+from distval.comm.bench import BenchConfig
 from distval.comm.check import CheckConfig, cases
 from distval.comm.ops import busbw_factor, count_for_bytes
+from distval.stats import percentile
 from distval.units import format_size, parse_duration, parse_size
 
 

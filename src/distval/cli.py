@@ -14,9 +14,9 @@ import typer
 from rich.console import Console
 
 from distval import __version__
-from distval.ckpt.drill import register as register_drill
 from distval.comm.names import BENCH_OPS, CHECK_OPS
 from distval.doctor.command import register as register_doctor
+from distval.drill import register as register_drill
 from distval.emulate.command import register as register_emulate
 from distval.plan import presets
 from distval.plan.command import register as register_plan
@@ -28,6 +28,7 @@ from distval.results import (
     Report,
     atomic_write_text,
     check_writable,
+    output_dir,
     write_json,
 )
 from distval.slurm import register as register_slurm
@@ -303,7 +304,7 @@ def run_cmd(
     opts = launch_options(nproc, backend, expect_world, timeout, deadline)
     if json:
         check_writable(json, "--json")
-    out_dir = ladder.prepare_out_dir(str(out))
+    out_dir = output_dir(out, "--out")
     report = ladder.run_ladder(cfg, opts)
     console = make_console()
     code = finish(report, json, console, skip_tables=("bench", "check_matrix"))

@@ -51,3 +51,35 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return "cpu"
+
+
+def nccl_version() -> str | None:
+    """NCCL's version where NCCL and a GPU are there (e.g. "2.28.9"), else None."""
+    if dist.is_nccl_available() and cuda_usable():
+        return ".".join(str(v) for v in torch.cuda.nccl.version())
+    return None
+
+
+def bf16_unsupported() -> bool:
+    """True on a GPU without bf16 (pre-Ampere); False on CPU, which emulates it."""
+    return cuda_usable() and not torch.cuda.is_bf16_supported()
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """The CUDA allocator's peak on a GPU; the process's peak RSS on the host."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def rng_state(device: torch.device) -> torch.Tensor | None:
+    """The generator state of this CUDA device (in host memory); None on the host."""
+    return torch.cuda.get_rng_state(device).cpu() if device.type == "cuda" else None
+
+
+def set_rng_state(state: torch.Tensor, device: torch.device) -> None:
+    """Restore a CUDA device's generator (on that device), from `rng_state`."""
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)

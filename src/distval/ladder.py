@@ -41,21 +41,6 @@ class RunConfig:
                                            iters=5, warmup=1))
 
 
-def prepare_out_dir(path: str) -> Path:
-    """Create OUT (and parents) or explain why not, before any work is done."""
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {path!r} exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".distval-write-probe"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"--out {path!r} is not writable ({e.strerror})") from None
-    return out
-
-
 def run_rank(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:
     return {"check": check.check_rank(ctx, cfg.check), "bench": bench.bench_rank(ctx, cfg.bench)}
 

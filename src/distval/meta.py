@@ -28,9 +28,10 @@ def versions() -> dict[str, Any]:
         import torch
         import torch.distributed as dist
 
-        out.update(gloo=dist.is_gloo_available(), mpi=dist.is_mpi_available(), cuda=torch.version.cuda, nccl=None)
-        if dist.is_nccl_available() and torch.cuda.is_available():
-            out["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        from distval.device import nccl_version
+
+        out.update(gloo=dist.is_gloo_available(), mpi=dist.is_mpi_available(), cuda=torch.version.cuda,
+                   nccl=nccl_version())
     return out
 
 

@@ -2,8 +2,8 @@
 (both use it; it imports neither at run time).
 
 A context carries the rank's identity and device, the instrumented `Comm` of the measured group
-and of the Gloo control group, the rank channel (`channel.py`: status, step, state, note), and the
-one registry of the worker's signal handlers.
+and of the Gloo control group, the rank channel (`channel.py`: status, step, state, note), the
+one registry of the worker's signal handlers, and the test/drill faults armed on this rank.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 if TYPE_CHECKING:
     from distval.channel import RankChannel
     from distval.comm.layer import Comm
+    from distval.health.faults import Faults
 
 
 class PeerFailed(RuntimeError):
@@ -71,6 +72,7 @@ class RankContext:
     hostname: str
     channel: RankChannel
     control_comm: Comm | None = None
+    faults: Faults | None = None  # test/drill-only (health/faults.py), set by the worker (empty when none is armed)
     last_status: str = "started"
     signals: Signals = field(init=False)
 
@@ -104,3 +106,4 @@ def state_payload(rank: int, status: str, comms: list[Comm], error: str | None, 
     return {"rank": rank, "error": error, "status": status, "issued": sum(c.issued for c in comms),
             "pending": [r.to_dict() for c in comms for r in c.pending()], "last_op": last.to_dict() if last else None,
             "traceback": traceback_text}
+

@@ -160,12 +160,33 @@ def check_writable(path: str | os.PathLike, what: str = "output path") -> Path:
         raise ValueError(f"{what} {str(p)!r} is a directory; give a file name")
     if not parent.is_dir():
         raise ValueError(f"{what} {str(p)!r}: directory {str(parent)!r} does not exist")
-    # Probe by creating (and removing) a scratch file: os.access() says yes to root even on a
-    # read-only file system.
+    if (error := _unwritable(parent)) is not None:
+        raise ValueError(f"{what} {str(p)!r}: directory {str(parent)!r} is not writable ({error})")
+    return p
+
+
+def output_dir(path: str | os.PathLike, flag: str) -> Path:
+    """An output folder (`--out`, `--ckpt-dir`): created with its parents when missing, then
+    probed, before any work is done (exit 2 with the reason otherwise)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {str(p)!r} exists and is not a directory")
     try:
-        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.probe.", dir=parent)
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {str(p)!r} cannot be created ({e.strerror})") from None
+    if (error := _unwritable(p)) is not None:
+        raise ValueError(f"{flag} {str(p)!r} is not writable ({error})")
+    return p.resolve()
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why nothing can be written in `directory`, or None. Probed by creating (and removing) a
+    scratch file: os.access() says yes to root even on a read-only file system."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".distval-probe.", dir=directory)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise ValueError(f"{what} {str(p)!r}: directory {str(parent)!r} is not writable ({e.strerror})")
-    return p
+        return e.strerror or str(e)
+    return None

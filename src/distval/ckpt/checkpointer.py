@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from distval.ckpt import state as ckpt_state
 from distval.ckpt import store
-from distval.ckpt.faults import StepFault, attempt_number
+from distval.health.faults import attempt_number
 from distval.results import atomic_write_text
 
 GRACE_S = 20.0  # after SIGTERM, a rank that reaches no step boundary in this time exits as before
@@ -94,7 +94,6 @@ class Checkpointer:
         self.fields = ckpt_state.fingerprint_fields(cfg, ctx.world_size)
         self.fingerprint = ckpt_state.fingerprint(self.fields)
         self.attempt = attempt_number()
-        self.fault = StepFault.from_env()
         self.history: list[dict[str, Any]] = []
         self.stop_requested = False
         self._thread: threading.Thread | None = None
@@ -211,8 +210,7 @@ class Checkpointer:
         if self.journal:
             self.journal.current.update(last_step=step, last_step_time=time.time())
             self.journal.write()
-        if self.fault:
-            self.fault.at_step(step, self.rank)
+        self.ctx.faults.at_step(step)
         # every rank learns whether any rank got SIGTERM, so all stop at the same boundary
         if max(self.ctx.exchange(int(self.stop_requested))):
             path = self.save(step, final=True)
@@ -283,7 +281,7 @@ class Checkpointer:
         error = None
         try:
             tmp.mkdir(parents=True, exist_ok=True)
-            midway = _kill_self if self.fault and self.fault.in_save(job.step, self.rank) else None
+            midway = _kill_self if self.ctx.faults.in_save(job.step) else None
             if job.sharded is not None:
                 error = _dcp_save(job.sharded, tmp / DCP_DIR, self.group, self.rank)
             if job.state is not None:

@@ -7,28 +7,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
-from distval.results import Check, Report, Status, Table
+from distval.results import Check, Report, Status, Table, output_dir
 
 ATTEMPT_COLUMNS = ["attempt", "resumed_from_step", "checkpoint", "last_step", "outcome", "recovery_s"]
-
-
-def check_ckpt_dir(path: str | os.PathLike, flag: str = "--ckpt-dir") -> Path:
-    """An existing, writable directory (probed by creating a file: os.access lies to root)."""
-    p = Path(path)
-    if not p.is_dir():
-        raise ValueError(f"{flag} {str(p)!r} does not exist or is not a directory; create it first")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=p)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise ValueError(f"{flag} {str(p)!r} is not writable ({e.strerror})") from None
-    return p.resolve()
 
 
 def prepare(cfg: Any, world_size: int, mode: str) -> None:
@@ -40,7 +25,7 @@ def prepare(cfg: Any, world_size: int, mode: str) -> None:
     from distval.ckpt.state import fingerprint_fields
 
     if cfg.ckpt_dir:
-        cfg.ckpt_dir = str(check_ckpt_dir(cfg.ckpt_dir))
+        cfg.ckpt_dir = str(output_dir(cfg.ckpt_dir, "--ckpt-dir"))
     found = None
     if cfg.resume == "auto":
         found = store.find_latest(Path(cfg.ckpt_dir), [])

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from distval import device as devices
+
 FINGERPRINT_FIELDS = ("model", "task", "data", "seed", "global_batch", "lr", "warmup_steps", "min_lr_ratio",
                       "weight_decay", "clip", "steps", "precision")
 
@@ -56,8 +58,9 @@ def rng_state(device: torch.device) -> dict[str, Any]:
         "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
         "torch": _b64(torch.get_rng_state()),
     }
-    if device.type == "cuda":
-        out["cuda"] = _b64(torch.cuda.get_rng_state(device).cpu())
+    cuda = devices.rng_state(device)
+    if cuda is not None:
+        out["cuda"] = _b64(cuda)
     return out
 
 
@@ -67,5 +70,5 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(_tensor(state["torch"]))
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(_tensor(state["cuda"]), device)
+    if "cuda" in state:
+        devices.set_rng_state(_tensor(state["cuda"]), device)

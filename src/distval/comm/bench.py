@@ -32,6 +32,7 @@ from distval.launch import JobResult, LaunchOptions
 from distval.rank import RankContext
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
+from distval.stats import percentile
 from distval.units import format_size
 
 BENCH_COLUMNS = ["op", "dtype", "bytes", "count", "inplace", "redop", "root", "time_us_p50", "time_us_p95",
@@ -170,17 +171,6 @@ def measure_copy_gbps(ctx: RankContext, size_bytes: int = COPY_BYTES, reps: int 
 
 
 # -- rank 0: tables and verdicts ------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
-    xs = sorted(values)
-    if len(xs) == 1:
-        return xs[0]
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Table, Table, float | None]:

@@ -12,9 +12,10 @@ read this one source of truth.
   reduce_scatter, scatter                       the full input (world_size x output)
   all_to_all                                    the per-rank send buffer
 
-A test-only fault hook (`DISTVAL_FAULT`, see `FaultSpec`) corrupts one element of one op's output
-on one rank after the op completes, or makes that rank raise, hang or die there, so tests can prove
-the checkers catch a wrong result and the launcher names a failed rank.
+Neutral hooks let the layers above act on every op without the layer knowing them:
+`on_issue(rec)` as an op is issued, `on_finish(rec, outputs)` as it completes (on the thread that
+completes it). The worker installs the test-only faults there (health/faults.py); the heartbeat
+and trace marks of later issues go there too.
 """
 
 from __future__ import annotations
@@ -22,16 +23,15 @@ from __future__ import annotations
 import collections
 import functools
 import os
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from distval.comm.inputs import BITS_OF_SIZE, dtype_name
+from distval.comm.inputs import dtype_name
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -99,51 +99,6 @@ class OpTotals:
     blocked_s: float = 0.0  # of which the issuing thread was waiting (exposed communication)
 
 
-FAULT_ACTIONS = ("corrupt", "raise", "hang", "kill")
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    """A test-only fault on rank `rank` at op `op` ("any": every op), on the `nth` matching call
-    (0 = every call):
-    corrupt   flip the lowest bit of element `index` (flattened over the op's outputs)
-    raise     raise RuntimeError after the op (a crashing rank)
-    hang      sleep forever after the op (a hung rank)
-    kill      SIGKILL this process after the op (a rank lost without a word)
-    Parsed from DISTVAL_FAULT="op=all_reduce,rank=1,index=3" or "op=broadcast,rank=0,action=hang"."""
-
-    op: str
-    rank: int
-    index: int = 0
-    nth: int = 0
-    action: str = "corrupt"
-
-    @classmethod
-    def from_env(cls, value: str | None) -> FaultSpec | None:
-        if not value:
-            return None
-        fields: dict[str, Any] = {}
-        for part in value.split(","):
-            key, _, val = part.partition("=")
-            key = key.strip()
-            fields[key] = val.strip() if key in ("op", "action") else int(val)
-        spec = cls(**fields)
-        if spec.action not in FAULT_ACTIONS:
-            raise ValueError(f"DISTVAL_FAULT action {spec.action!r}; choose from {', '.join(FAULT_ACTIONS)}")
-        return spec
-
-    def apply(self, outputs: Sequence[torch.Tensor]) -> None:
-        if self.action == "corrupt":
-            _corrupt(outputs, self.index)
-        elif self.action == "raise":
-            raise RuntimeError(f"DISTVAL_FAULT: injected failure at {self.op} on rank {self.rank}")
-        elif self.action == "hang":
-            while True:
-                time.sleep(3600)
-        elif self.action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 class _Handle:
     """An async collective's work handle that stamps the record's end when waited."""
 
@@ -169,7 +124,8 @@ class Comm:
     group: Any = None
     name: str = "world"
     capacity: int = 4096
-    fault: FaultSpec | None = field(default_factory=lambda: FaultSpec.from_env(os.environ.get("DISTVAL_FAULT")))
+    on_issue: list[Callable[[OpRecord], None]] = field(default_factory=list)
+    on_finish: list[Callable[[OpRecord, Sequence[torch.Tensor]], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rank = dist.get_rank(self.group)
@@ -177,7 +133,6 @@ class Comm:
         self.records: collections.deque[OpRecord] = collections.deque(maxlen=self.capacity)
         self.totals: dict[str, OpTotals] = collections.defaultdict(OpTotals)
         self._seq = 0
-        self._fault_hits = 0
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -204,6 +159,8 @@ class Comm:
         )
         self._seq += 1
         self.records.append(rec)
+        for hook in self.on_issue:
+            hook(rec)
         return rec
 
     def _finish(self, rec: OpRecord, outputs: Sequence[torch.Tensor], blocking: bool = False) -> None:
@@ -215,10 +172,8 @@ class Comm:
         tot.bytes += rec.bytes
         tot.time_s += rec.end_s - rec.start_s
         tot.blocked_s += rec.blocked_s
-        if self.fault is not None and self.fault.op in (rec.op, "any") and self.fault.rank == self.rank:
-            self._fault_hits += 1
-            if self.fault.nth in (0, self._fault_hits):
-                self.fault.apply(outputs)
+        for hook in self.on_finish:
+            hook(rec, outputs)
 
     def _run(self, rec: OpRecord, work: Any, outputs: Sequence[torch.Tensor], async_op: bool):
         if async_op:
@@ -325,17 +280,3 @@ class Comm:
 
     def _global(self, group_rank: int) -> int:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
-
-
-def _corrupt(outputs: Sequence[torch.Tensor], index: int) -> None:
-    """Flip the lowest bit of element `index`, counted across `outputs` in order: a change every
-    dtype can represent, and the smallest one, so only an exact comparison catches it."""
-    for out in outputs:
-        n = out.numel()
-        if index < n:
-            flat = out.view(-1)
-            bits = flat[index : index + 1].view(BITS_OF_SIZE[out.element_size()])
-            bits ^= 1
-            return
-        index -= n
-

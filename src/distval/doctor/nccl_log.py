@@ -271,7 +271,7 @@ def check_p2p_paths(log: NcclLog, topo: Topo | None) -> Check:
         conns = "; ".join(f"{b['src_rank']}->{b['dst_rank']} ({b['gpus']}) via {b['transport']} on channel(s) "
                           f"{','.join(f'{c:02d}' for c in b['channels'])}" for b in bad)
         return Check(name, Status.FAIL, f"P2P between GPUs whose path is SYS (across NUMA nodes){where_host}: {conns}; "
-                     "the pattern of seed 002's hang (kernels spin at 100% with no progress)",
+                     "the classic P2P hang (kernels spin at 100% with no progress)",
                      details={"connections": bad, "paths": paths, "topology": topo.source},
                      hint="NCCL_P2P_DISABLE=1 (traffic goes through SHM/NET), or NCCL_P2P_LEVEL=NODE so P2P stops at the "
                           "socket boundary; check ACS/IOMMU (iommu=pt, ACS off) if P2P should work",

@@ -175,7 +175,7 @@ def check_paths(topo: Topo, env: Mapping[str, str]) -> Check:
     guard = p2p_disabled_by(env)
     if sys_pairs and not guard:
         return Check(name, Status.WARN, f"{', '.join(sys_pairs)}: path SYS (across NUMA nodes, no NVLink); NCCL P2P between "
-                     "them is the classic init/first-step hang (seed 002)" + (f"; also through the CPU: {', '.join(cpu_pairs)}" if cpu_pairs else ""),
+                     "them is the classic init/first-step hang (two GPUs on different NUMA nodes)" + (f"; also through the CPU: {', '.join(cpu_pairs)}" if cpu_pairs else ""),
                      details=details, where={"pairs": sys_pairs},
                      hint="if NCCL hangs or is slow: NCCL_P2P_DISABLE=1, or NCCL_P2P_LEVEL=NODE (P2P stops at the socket); "
                           "check ACS/IOMMU (lspci -vvv | grep ACSCtl, iommu=pt); run with NCCL_DEBUG=INFO and pass the log "

@@ -24,6 +24,7 @@ from distval import channel as channels
 from distval import device as devices
 from distval.comm.layer import Comm
 from distval.health.diagnose import WorkerFailure, diagnose
+from distval.health.faults import Faults
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
 from distval.rank import RankContext, state_payload
@@ -51,8 +52,11 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         # Gloo group, so it can never pair with, or be counted as, the traffic being measured.
         control = dist.new_group(backend="gloo", timeout=timeout)
         ctx = RankContext(rank, dist.get_world_size(), local_rank, opts.backend, device, Comm(), control,
-                          socket.gethostname(), channel, control_comm=Comm(group=control, name="control", fault=None))
+                          socket.gethostname(), channel, control_comm=Comm(group=control, name="control"))
         ctx.signals.install(signal.SIGTERM)
+        ctx.faults = faults = Faults.from_env(rank)
+        if faults.on_ops:  # the measured group only: bookkeeping is never faulted
+            ctx.comm.on_finish.append(lambda rec, outputs: faults.after_op(rec.op, outputs))
         if mode != "local" and rank == 0 and watchers:
             monitor = Monitor(channels.ChannelReader(channels.job_store(opts.timeout_s)), ctx.world_size, watchers).start()
         ctx.status("running")

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from distval import meta, strategies
-from distval.comm.bench import percentile
 from distval.launch import JobResult, LaunchOptions, Watcher
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
+from distval.stats import percentile
 from distval.train.loop import TrainConfig, train_rank
 
 STEP_COLUMNS = ["step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "comm_calls", "comm_bytes",

@@ -13,7 +13,6 @@ Metrics bookkeeping goes over the control group, never counted as the strategy's
 from __future__ import annotations
 
 import math
-import resource
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,9 +20,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from distval import device as devices
 from distval import strategies
 from distval.ckpt.checkpointer import Checkpointer
-from distval.ckpt.faults import StepFault
 from distval.comm.ops import busbw_factor
 from distval.plan import presets
 from distval.rank import RankContext
@@ -76,7 +75,7 @@ class TrainConfig:
         if mp != "none" and self.strategy != "fsdp2":
             raise ValueError(f"--mixed-precision {mp} is fsdp2's parameter/reduce policy; {self.strategy} computes in "
                              f"--precision: use --strategy fsdp2, or --precision bf16 (autocast) with {self.strategy}")
-        if mp == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        if mp == "bf16" and devices.bf16_unsupported():
             raise ValueError("--mixed-precision bf16: this GPU has no bf16 support; use --mixed-precision fp16")
         for name in ("ckpt_every", "ckpt_keep"):
             if getattr(self, name) < 1:
@@ -137,7 +136,6 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     # checkpoints (distval/ckpt): resume restores model, optimizer, RNG, data position and metrics so far
     ckpt = Checkpointer(ctx, cfg, strategy, optimizer, loader) if cfg.ckpt_dir or cfg.resume else None
     start, steps = ckpt.resume() if ckpt else (0, [])
-    fault = StepFault.from_env()  # drills and tests only
     ctx.comm.reset_totals()
     logger = MetricsLogger(cfg.log_jsonl, cfg.tensorboard) if ctx.rank == 0 else MetricsLogger()
     finished = False
@@ -145,9 +143,9 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
         for step in range(start, cfg.steps):
             ctx.status(f"train {cfg.strategy} step {step}")
             if ckpt:
-                ckpt.before_step(step)
-            elif fault:
-                fault.at_step(step, ctx.rank)
+                ckpt.before_step(step)  # the journal, this step's test/drill fault, a stop asked by SIGTERM
+            else:
+                ctx.faults.at_step(step)
             steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak))
             logger.log(steps[-1], step)
             if ctx.rank == 0:  # the live progress view (train/progress.py)
@@ -204,7 +202,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
         "comm_calls": sum(t.calls for t in comm.values()), "comm_bytes": sum(t.bytes for t in comm.values()),
         "comm_wire_bytes": round(sum(t.bytes * busbw_factor(op, ctx.world_size) for op, t in comm.items())),
         "comm_time_s": sum(t.time_s for t in comm.values()), "comm_blocked_s": sum(t.blocked_s for t in comm.values()),
-        "peak_mem_bytes": peak_memory_bytes(ctx.device), "model_state_bytes": int(maxima[1]),
+        "peak_mem_bytes": devices.peak_memory_bytes(ctx.device), "model_state_bytes": int(maxima[1]),
     }
 
 
@@ -239,12 +237,6 @@ def held_bytes(tensors: Any) -> int:
         if st.nbytes():
             storages[st.data_ptr()] = st.nbytes()
     return sum(storages.values())
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def _measured_peak(ctx: RankContext, n: int = 512, reps: int = 3) -> float:

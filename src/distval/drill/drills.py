@@ -108,9 +108,9 @@ class Driller:
         cmd = [sys.executable, "-m", "distval", "train", "--nproc", str(self.cfg.nproc), "--model", self.cfg.model,
                "--strategy", self.cfg.strategy, "--steps", str(self.cfg.steps), "--ckpt-dir", str(ckpt_dir),
                "--ckpt-every", str(self.cfg.ckpt_every), "--timeout", "30s", "--json", str(out), *extra]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTVAL_STEP_FAULT", "DISTVAL_FAULT", "TORCHELASTIC"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTVAL_FAULT", "TORCHELASTIC"))}
         if fault:
-            env["DISTVAL_STEP_FAULT"] = fault
+            env["DISTVAL_FAULT"] = fault
         before = set((ckpt_dir / "runs").glob("*.json")) if (ckpt_dir / "runs").exists() else set()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                 start_new_session=new_session)
@@ -279,7 +279,7 @@ class Driller:
                    f"losses bitwise equal to the uninterrupted run" if ok else f"{name}: " + "; ".join(out.notes or ["not detected"]))
         return row, Check(f"drill {name}", Status.OK if ok else Status.FAIL, summary,
                           details={**row, "notes": out.notes, "drill_s": time.perf_counter() - start},
-                          hint="" if ok else "see details.notes; rerun `distval train` with the same DISTVAL_STEP_FAULT to look closer",
+                          hint="" if ok else "see details.notes; rerun `distval train` with the same DISTVAL_FAULT to look closer",
                           where={"drill": name})
 
 

@@ -1,0 +1,152 @@
+"""Test- and drill-only faults: one grammar, one catalogue, read from DISTVAL_FAULT.
+
+    DISTVAL_FAULT="op=all_reduce,rank=1,index=3,nth=2"         a collective's result corrupted
+    DISTVAL_FAULT="op=broadcast,rank=0,action=hang"            a rank hung after a collective
+    DISTVAL_FAULT="step=7,rank=1,action=kill,attempt=-1"       a rank killed at a training step
+    DISTVAL_FAULT="step=7,rank=1,action=kill;op=any,rank=0,action=hang,nth=500"   several: `;`
+
+Where a fault fires, by its key:
+  op=OP     after the `nth` call (0: every call) of collective OP ("any": every op) on the
+            measured group completes on rank `rank` (a `Comm` finish hook the worker installs;
+            the control group is never faulted)
+  step=N    at the start of training step N on rank `rank`, in restart attempt `attempt`
+            (TORCHELASTIC_RESTART_COUNT; default 0, the first attempt; -1: every attempt, a
+            fault that comes back after each restart); `kill_in_save`: halfway through writing
+            this rank's files of the first save at or after step N
+
+The catalogue (ACTIONS: where each applies):
+  corrupt       op     flip the lowest bit of element `index` of the op's outputs
+  raise         both   raise RuntimeError (a crashing rank)
+  hang          both   sleep forever (a hung rank)
+  kill          both   SIGKILL this process (a rank lost without a word: OOM killer, dead host)
+  sigterm       step   SIGTERM this rank (a preemption notice to one worker)
+  sigterm_job   step   SIGTERM this rank's process group: the launcher and every worker
+  kill_in_save  step   SIGKILL halfway through this rank's files of the next checkpoint save
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from distval.comm.inputs import BITS_OF_SIZE
+
+ENV = "DISTVAL_FAULT"
+ACTIONS = {"corrupt": ("op",), "raise": ("op", "step"), "hang": ("op", "step"), "kill": ("op", "step"),
+           "sigterm": ("step",), "sigterm_job": ("step",), "kill_in_save": ("step",)}
+_INT_FIELDS = ("rank", "index", "nth", "step", "attempt")
+
+
+def attempt_number() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+@dataclass(frozen=True)
+class Fault:
+    rank: int
+    action: str
+    op: str | None = None  # a collective fault ...
+    step: int | None = None  # ... or a step fault
+    index: int = 0
+    nth: int = 0
+    attempt: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.op is None) == (self.step is None):
+            raise ValueError(f"{ENV}: a fault names either op= (a collective) or step= (a training step)")
+        where = "op" if self.op is not None else "step"
+        if self.action not in ACTIONS:
+            raise ValueError(f"{ENV} action {self.action!r}; choose from {', '.join(ACTIONS)}")
+        if where not in ACTIONS[self.action]:
+            raise ValueError(f"{ENV} action {self.action!r} applies to {' or '.join(ACTIONS[self.action])}=, not {where}=")
+
+    def armed(self, rank: int) -> bool:
+        return rank == self.rank and self.attempt in (-1, attempt_number())
+
+
+def parse(value: str | None) -> list[Fault]:
+    """Every fault of a DISTVAL_FAULT value (empty: none)."""
+    faults = []
+    for spec in filter(None, (s.strip() for s in (value or "").split(";"))):
+        fields: dict[str, object] = {"action": "corrupt"} if "op=" in spec else {}
+        for part in spec.split(","):
+            key, _, val = (x.strip() for x in part.partition("="))
+            if key not in ("op", "action", *_INT_FIELDS):
+                raise ValueError(f"{ENV}: unknown key {key!r} in {spec!r}")
+            try:
+                fields[key] = int(val) if key in _INT_FIELDS else val
+            except ValueError:
+                raise ValueError(f"{ENV}: {key}={val!r} is not a whole number") from None
+        if "rank" not in fields:
+            raise ValueError(f"{ENV}: {spec!r} names no rank=")
+        faults.append(Fault(**fields))  # type: ignore[arg-type]
+    return faults
+
+
+class Faults:
+    """This rank's faults: the collective ones as a `Comm` finish hook, the step ones asked at
+    each step boundary and save."""
+
+    def __init__(self, faults: list[Fault], rank: int):
+        self.rank = rank
+        self.on_ops = [f for f in faults if f.op is not None and f.armed(rank)]
+        self.on_steps = [f for f in faults if f.step is not None and f.armed(rank)]
+        self._hits = [0] * len(self.on_ops)
+
+    @classmethod
+    def from_env(cls, rank: int) -> Faults:
+        return cls(parse(os.environ.get(ENV)), rank)
+
+    def __bool__(self) -> bool:
+        return bool(self.on_ops or self.on_steps)
+
+    def after_op(self, op: str, outputs: Sequence[torch.Tensor]) -> None:
+        """The `Comm` finish hook."""
+        for i, f in enumerate(self.on_ops):
+            if f.op in (op, "any"):
+                self._hits[i] += 1
+                if f.nth in (0, self._hits[i]):
+                    _act(f, outputs, f"at {op} on rank {self.rank}")
+
+    def at_step(self, step: int) -> None:
+        for f in self.on_steps:
+            if f.step == step and f.action != "kill_in_save":
+                _act(f, (), f"at step {step} on rank {self.rank}")
+
+    def in_save(self, step: int) -> bool:
+        """True when this save (the first one at or after the fault's step) must be killed mid-write."""
+        return any(f.action == "kill_in_save" and step >= f.step for f in self.on_steps)
+
+
+def _act(f: Fault, outputs: Sequence[torch.Tensor], where: str) -> None:
+    if f.action == "corrupt":
+        corrupt(outputs, f.index)
+    elif f.action == "raise":
+        raise RuntimeError(f"{ENV}: injected failure {where}")
+    elif f.action == "hang":
+        while True:
+            time.sleep(3600)
+    elif f.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif f.action == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif f.action == "sigterm_job":
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+
+
+def corrupt(outputs: Sequence[torch.Tensor], index: int) -> None:
+    """Flip the lowest bit of element `index`, counted across `outputs` in order: a change every
+    dtype can represent, and the smallest one, so only an exact comparison catches it."""
+    for out in outputs:
+        n = out.numel()
+        if index < n:
+            flat = out.view(-1)
+            bits = flat[index : index + 1].view(BITS_OF_SIZE[out.element_size()])
+            bits ^= 1
+            return
+        index -= n
