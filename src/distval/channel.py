@@ -7,6 +7,7 @@ on the network; `flush=True` writes at once (a rank that is about to die). Monit
 
 Kinds (the payload is a JSON object, with "time" added):
   status   what the rank is about to do ("train zero2 step 41"): named when it dies or hangs there
+           (written at once by `RankContext.status`: a killed rank cannot flush)
   step     rank 0's metrics of the step it just finished (the live progress view)
   state    what a rank was doing when it failed or was stopped: error, status, collectives issued
            and pending, traceback (read by health/diagnose.py)
