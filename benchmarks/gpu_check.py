@@ -114,13 +114,13 @@ class Checker:
                 f"({worst['strategy']}); bitwise equal to the reference: {', '.join(bitwise) or 'none'}")
 
     def resume(self, strategy: str) -> str:
-        """SIGKILL rank 0 at step 7 (after the checkpoint at 5); the agent restarts the workers,
-        they resume from step 5; every step's loss must equal the uninterrupted run's bit for bit."""
+        """SIGKILL rank 0 at step 7 (after the synchronous checkpoint at 5: an async save still
+        in flight when a rank dies is lost, and the restart would begin at step 0); the agent
+        restarts the workers, they must resume from step 5, and every step's loss must equal the
+        uninterrupted run's bit for bit."""
         base = ["train", *self.common, "--model", self.args.model, "--steps", "12", "--strategy", strategy,
-                "--ckpt-every", "5"]
+                "--ckpt-every", "5", "--no-ckpt-async"]
         dirs = [self.work / f"ckpt-{strategy}-{run}" for run in "ab"]
-        for d in dirs:
-            d.mkdir()
         clean = self.run_ok(*base, "--ckpt-dir", str(dirs[0]), name=f"resume-{strategy}-a")
         killed = self.run_ok(*base, "--ckpt-dir", str(dirs[1]), "--max-restarts", "2",
                              "--resume", "auto", name=f"resume-{strategy}-b",
@@ -128,15 +128,17 @@ class Checker:
         attempts = rows(killed, "attempts")
         if len(attempts) < 2:
             raise Item("FAIL", f"the fault did not fire: {len(attempts)} attempt(s)")
+        resumed = attempts[-1]
+        if resumed["resumed_from_step"] != 5:
+            raise Item("FAIL", f"attempt {resumed['attempt']} resumed from {resumed['resumed_from_step']}, not the "
+                               f"checkpoint at step 5")
         a = [s["loss"] for s in rows(clean, "steps")]
         b = [s["loss"] for s in rows(killed, "steps")]
         if a != b:
             first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             raise Item("FAIL", f"losses differ from step {first}: {a[first:first + 1]} vs {b[first:first + 1]}")
-        resumed = attempts[-1]
-        recovery = f"{resumed['recovery_s']:.1f}s" if resumed["recovery_s"] is not None else "?"
-        return (f"killed at step 7, attempt {resumed['attempt']} resumed from step {resumed['resumed_from_step']} "
-                f"(recovery {recovery}); {len(a)} losses bitwise equal to an uninterrupted run")
+        return (f"killed at step 7, attempt {resumed['attempt']} resumed from step 5 (recovery "
+                f"{resumed['recovery_s']:.1f}s); {len(a)} losses bitwise equal to an uninterrupted run")
 
     def drill(self) -> str:
         if self.args.nproc < 2:

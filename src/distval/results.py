@@ -177,7 +177,7 @@ def output_dir(path: str | os.PathLike, flag: str) -> Path:
         raise ValueError(f"{flag} {str(p)!r} cannot be created ({e.strerror})") from None
     if (error := _unwritable(p)) is not None:
         raise ValueError(f"{flag} {str(p)!r} is not writable ({error})")
-    return p.resolve()
+    return p
 
 
 def _unwritable(directory: Path) -> str | None:

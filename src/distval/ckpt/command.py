@@ -25,7 +25,7 @@ def prepare(cfg: Any, world_size: int, mode: str) -> None:
     from distval.ckpt.state import fingerprint_fields
 
     if cfg.ckpt_dir:
-        cfg.ckpt_dir = str(output_dir(cfg.ckpt_dir, "--ckpt-dir"))
+        cfg.ckpt_dir = str(output_dir(cfg.ckpt_dir, "--ckpt-dir").resolve())  # workers may start elsewhere
     found = None
     if cfg.resume == "auto":
         found = store.find_latest(Path(cfg.ckpt_dir), [])

@@ -30,6 +30,7 @@ from distval.launch.monitor import Monitor, Watcher
 from distval.rank import RankContext, state_payload
 
 PEER_STATES_WAIT_S = 3.0  # rank 0, after a failure under an outer launcher: how long to wait for the others' states
+CHANNEL_TIMEOUT_S = 10.0  # a store whose host died must not hold a failing rank for the whole --timeout
 
 
 def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watchers: list[Watcher] | tuple = ()
@@ -47,7 +48,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
             preflight(os.environ, timeout_s=min(opts.timeout_s, 5.0))
         _init_process_group(opts.backend, timeout)
         if mode != "local":
-            channel.attach(channels.job_store(opts.timeout_s))
+            channel.attach(channels.job_store(min(opts.timeout_s, CHANNEL_TIMEOUT_S)))
         # Bookkeeping (agreeing, gathering results, timing barriers) always goes over its own
         # Gloo group, so it can never pair with, or be counted as, the traffic being measured.
         control = dist.new_group(backend="gloo", timeout=timeout)
@@ -58,7 +59,8 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         if faults.on_ops:  # the measured group only: bookkeeping is never faulted
             ctx.comm.on_finish.append(lambda rec, outputs: faults.after_op(rec.op, outputs))
         if mode != "local" and rank == 0 and watchers:
-            monitor = Monitor(channels.ChannelReader(channels.job_store(opts.timeout_s)), ctx.world_size, watchers).start()
+            monitor = Monitor(channels.ChannelReader(channels.job_store(min(opts.timeout_s, CHANNEL_TIMEOUT_S))), ctx.world_size,
+                              watchers).start()
         ctx.status("running")
         result = rank_fn(ctx, cfg)
         ctx.status("gathering results")
