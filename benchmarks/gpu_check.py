@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -101,7 +102,7 @@ class Checker:
         report = self.run_ok("train", *self.common, "--model", self.args.model, "--steps", "6", "--strategy", strategy,
                              name=f"train-{strategy}")
         steps = rows(report, "steps")
-        p50 = sorted(s["step_time_s"] for s in steps[1:] or steps)[len(steps[1:] or steps) // 2]
+        p50 = statistics.median(s["step_time_s"] for s in steps[1:] or steps)  # the first step warms up
         return f"loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, step {p50 * 1e3:.1f} ms, MFU {steps[-1]['mfu']:.1%}"
 
     def compare(self) -> str:

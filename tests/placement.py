@@ -18,7 +18,7 @@ _TRANSFERS = {torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default, tor
 
 
 class DevicePlacementError(RuntimeError):
-    pass
+    """An op mixed devices: where a GPU run would fail with the same message."""
 
 
 class DevicePlacement(TorchDispatchMode):

@@ -31,7 +31,6 @@ import time
 from typing import Any
 
 ENV = "DISTVAL_CHANNEL"
-KINDS = ("status", "step", "state", "note")
 
 
 def _key(kind: str, rank: int) -> str:
@@ -139,6 +138,10 @@ class ChannelReader:
 
     def all(self, world_size: int, kind: str) -> dict[int, dict[str, Any] | None]:
         return {r: self.latest(r, kind) for r in range(world_size)}
+
+    def no_restart_note(self, world_size: int) -> dict[str, Any] | None:
+        """The first rank's note asking distval's agent not to restart the job, if any."""
+        return next((n for n in self.all(world_size, "note").values() if n and n.get("no_restart")), None)
 
 
 def for_worker(rank: int) -> RankChannel:

@@ -109,8 +109,7 @@ def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Wat
 def _raise_no_restart(monitor: Monitor, reader: channels.ChannelReader, run_dir: str, nproc: int) -> None:
     """A worker's note that restarting cannot help: a usage error (exit 2, one line) or a failure
     naming the cause (exit 3)."""
-    note = monitor.note or next((n for r in range(nproc) if (n := reader.latest(r, "note")) and n.get("no_restart")),
-                                None)
+    note = monitor.note or reader.no_restart_note(nproc)
     if note is None:
         return
     if note.get("exit_code") == 2:

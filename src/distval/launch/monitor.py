@@ -61,8 +61,7 @@ class Monitor:
                 self.deadline_expired = True
                 self._deadline[1]()
             if self._on_note and self.note is None:
-                self.note = next((n for r in range(self.world_size)
-                                  if (n := self.reader.latest(r, "note")) and n.get("no_restart")), None)
+                self.note = self.reader.no_restart_note(self.world_size)
                 if self.note is not None:
                     self._on_note(self.note)
             self._tick_watchers()

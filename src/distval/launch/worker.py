@@ -59,8 +59,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         if faults.on_ops:  # the measured group only: bookkeeping is never faulted
             ctx.comm.on_finish.append(lambda rec, outputs: faults.after_op(rec.op, outputs))
         if mode != "local" and rank == 0 and watchers:
-            monitor = Monitor(channels.ChannelReader(channels.job_store(min(opts.timeout_s, CHANNEL_TIMEOUT_S))), ctx.world_size,
-                              watchers).start()
+            monitor = Monitor(channel.reader(), ctx.world_size, watchers).start()
         ctx.status("running")
         result = rank_fn(ctx, cfg)
         ctx.status("gathering results")

@@ -217,7 +217,11 @@ class HookStrategy(Strategy, abc.ABC):
 
 def _step_on_device(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> bool:
     """torch's Adam family keeps the 'step' counter on the parameter's device when fused or
-    capturable, on the host otherwise."""
+    capturable, on the host otherwise. The flags are per group; when every group agrees (the
+    usual case) no search for the parameter's group is needed."""
+    on_device = {bool(g.get("fused") or g.get("capturable")) for g in optimizer.param_groups}
+    if len(on_device) == 1:
+        return on_device.pop()
     group = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), optimizer.defaults)
     return bool(group.get("fused") or group.get("capturable"))
 
