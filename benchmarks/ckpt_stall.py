@@ -36,9 +36,12 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from distval.ckpt.checkpointer import run_id
+from distval.ckpt.config import CheckpointConfig
 from distval.launch import LaunchOptions, run
 from distval.rank import RankContext
-from distval.train.loop import TrainConfig, train_rank
+from distval.train.config import TrainConfig
+from distval.train.loop import train_rank
 
 
 def timed_runs(ctx: RankContext, args: tuple[TrainConfig, int, str]) -> dict:
@@ -51,20 +54,20 @@ def timed_runs(ctx: RankContext, args: tuple[TrainConfig, int, str]) -> dict:
             if ctx.rank == 0 and mode != "none":
                 ckpt.mkdir()
             dist.barrier(group=ctx.control)
-            one = dataclasses.replace(cfg, ckpt_dir=None if mode == "none" else str(ckpt), ckpt_async=mode == "async",
-                                      run_id=f"{mode}-{rep}")
+            one = dataclasses.replace(cfg, ckpt=dataclasses.replace(
+                cfg.ckpt, dir=None if mode == "none" else str(ckpt), async_save=mode == "async"))
             result = train_rank(ctx, one)
             saves = []
             if ctx.rank == 0 and mode != "none":
-                saves = json.loads((ckpt / "runs" / f"{mode}-{rep}.json").read_text())["saves"]
+                saves = json.loads(one.ckpt.journal_path(run_id()).read_text())["saves"]
                 shutil.rmtree(ckpt)
             out[mode].append({"step_s": [s["step_time_s"] for s in result["steps"]], "saves": saves})
     return out
 
 
 def stall(args: argparse.Namespace, root: Path) -> None:
-    cfg = TrainConfig(model=args.model, strategy=args.strategy, steps=args.steps, ckpt_every=args.every, ckpt_keep=2,
-                      peak_flops=1e12)
+    cfg = TrainConfig(model=args.model, strategy=args.strategy, steps=args.steps,
+                      ckpt=CheckpointConfig(every=args.every, keep=2), peak_flops=1e12)
     res = run(timed_runs, (cfg, args.repeats, str(root)), LaunchOptions(nproc=args.nproc, timeout_s=600)).results[0]
     num_saves = len(res["sync"][0]["saves"])
     mid_saves = len([s for s in res["sync"][0]["saves"] if s["step"] < args.steps])  # saves followed by steps
@@ -94,11 +97,11 @@ def recovery(args: argparse.Namespace, root: Path) -> None:
     for i in range(args.kills):
         ckpt = root / f"kill-{i}"
         ckpt.mkdir()
-        cfg = TrainConfig(model=args.model, strategy=args.strategy, steps=args.kill_step + 2, ckpt_every=args.every,
-                          ckpt_async=False, resume="auto", ckpt_dir=str(ckpt), run_id=f"kill-{i}", peak_flops=1e12)
+        cfg = TrainConfig(model=args.model, strategy=args.strategy, steps=args.kill_step + 2, peak_flops=1e12,
+                          ckpt=CheckpointConfig(dir=str(ckpt), every=args.every, async_save=False, resume="auto"))
         os.environ["DISTVAL_FAULT"] = f"step={args.kill_step},rank=1,action=kill"  # spawned workers inherit it
         try:
-            run(train_rank, cfg, LaunchOptions(nproc=args.nproc, timeout_s=120, max_restarts=1))
+            run(train_rank, cfg, LaunchOptions(nproc=args.nproc, timeout_s=120, max_restarts=1, run_id=f"kill-{i}"))
         finally:
             os.environ.pop("DISTVAL_FAULT")
         a0, a1 = json.loads((ckpt / "runs" / f"kill-{i}.json").read_text())["attempts"][:2]

@@ -22,7 +22,8 @@ from distval import strategies
 from distval.launch import LaunchOptions, run
 from distval.rank import RankContext
 from distval.strategies.base import StrategyConfig
-from distval.train.loop import TrainConfig, train_rank
+from distval.train.config import TrainConfig
+from distval.train.loop import train_rank
 
 
 def all_strategies(ctx: RankContext, args: tuple[TrainConfig, list[str]]) -> dict:

@@ -5,10 +5,11 @@ import math
 
 import pytest
 
-from distval.comm.bench import BenchConfig, csv_text, nccl_text, run_bench
+from distval.comm.bench import BenchConfig, csv_text, nccl_text
 from distval.comm.ops import BENCH_OPS, busbw_factor, count_for_bytes
 from distval.launch import LaunchOptions
 from distval.results import Status
+from distval.runner import run_bench
 
 S_MULT = {"all_reduce": 1, "broadcast": 1, "reduce": 1, "sendrecv": 1}  # else S = n * count * elt
 

@@ -3,10 +3,11 @@ corrupted result is caught with the right rank and index."""
 
 import pytest
 
-from distval.comm.check import CheckConfig, cases, run_check
+from distval.comm.check import CheckConfig, cases
 from distval.comm.inputs import DTYPES
 from distval.launch import LaunchOptions
 from distval.results import Status
+from distval.runner import run_check
 
 # What Gloo may legitimately skip: avg of integers (we define avg for floats only).
 EXPECTED_SKIPS = {f"all_reduce/avg {d}" for d in ("int32", "int64", "uint8", "int8")}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from distval.ckpt import state, store
-from distval.train.loop import TrainConfig
+from distval.train.config import OptimConfig, TrainConfig
 
 from conftest import REPO, run_cli
 
@@ -44,7 +44,7 @@ def read_only_dir(tmp_path):
 def _bad_cases(tmp_path: Path, read_only: Path) -> list[tuple[list[str], str]]:
     other = tmp_path / "other"
     other.mkdir()
-    _fake_checkpoint(other, TrainConfig(lr=1e-3, model="tiny"))
+    _fake_checkpoint(other, TrainConfig(optim=OptimConfig(lr=1e-3), model="tiny"))
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
     return [

@@ -9,12 +9,20 @@ from pathlib import Path
 
 import torch
 
+from distval.ckpt.config import CheckpointConfig
 from distval.launch import LaunchOptions, run
 from distval.rank import RankContext
-from distval.train.loop import TrainConfig, train_rank
+from distval.train.config import OptimConfig, TrainConfig
+from distval.train.loop import train_rank
 
-BASE = TrainConfig(model="tiny", steps=8, micro_batch=2, lr=3e-3, warmup_steps=2, seed=5, return_params=True,
-                   peak_flops=1e12, ckpt_every=3, ckpt_keep=5)
+BASE = TrainConfig(model="tiny", steps=8, micro_batch=2, optim=OptimConfig(lr=3e-3, warmup_steps=2), seed=5,
+                   return_params=True, peak_flops=1e12, ckpt=CheckpointConfig(every=3, keep=5))
+
+
+def with_ckpt(cfg: TrainConfig, **changes) -> CheckpointConfig:
+    return dataclasses.replace(cfg.ckpt, **changes)
+
+
 DDP = ["simple_ddp", "simple_ddp_ga", "simple_ddp_hook", "simple_ddp_async", "bucket_ddp_async", "pytorch_ddp"]
 SHARDED = ["fsdp2", "zero1", "zero3"]  # async, sync, async saves (i % 2 below)
 
@@ -25,10 +33,10 @@ def _interrupted_and_resumed(ctx: RankContext, arg: tuple) -> dict:
     cfg, names = arg
     out = {}
     for i, name in enumerate(names):
-        ckpt = Path(cfg.ckpt_dir) / name
-        one = dataclasses.replace(cfg, strategy=name, ckpt_dir=str(ckpt), ckpt_async=i % 2 == 0, run_id=f"{name}-a")
+        ckpt = Path(cfg.ckpt.dir) / name
+        one = dataclasses.replace(cfg, strategy=name, ckpt=with_ckpt(cfg, dir=str(ckpt), async_save=i % 2 == 0))
         full = train_rank(ctx, one)
-        resumed = train_rank(ctx, dataclasses.replace(one, ckpt_dir=None, resume=str(ckpt / "step-00000003")))
+        resumed = train_rank(ctx, dataclasses.replace(one, ckpt=with_ckpt(one, dir=None, resume=str(ckpt / "step-00000003"))))
         out[name] = (full, resumed)
     return out
 
@@ -45,7 +53,7 @@ def _check(results: dict, names: list[str]) -> None:
 def test_ddp_family_resumes_bitwise(tmp_path):
     for name in DDP:
         (tmp_path / name).mkdir()
-    cfg = dataclasses.replace(BASE, ckpt_dir=str(tmp_path))
+    cfg = dataclasses.replace(BASE, ckpt=with_ckpt(BASE, dir=str(tmp_path)))
     job = run(_interrupted_and_resumed, (cfg, DDP), LaunchOptions(nproc=2, timeout_s=60))
     _check(job.results[0], DDP)
     # the async and sync saves both left verified checkpoints at 3, 6 and the end
@@ -58,7 +66,7 @@ def test_ddp_family_resumes_bitwise(tmp_path):
 def test_sharded_strategy_resumes_bitwise(tmp_path):
     for name in SHARDED:
         (tmp_path / name).mkdir()
-    cfg = dataclasses.replace(BASE, ckpt_dir=str(tmp_path), steps=6)
+    cfg = dataclasses.replace(BASE, ckpt=with_ckpt(BASE, dir=str(tmp_path)), steps=6)
     job = run(_interrupted_and_resumed, (cfg, SHARDED), LaunchOptions(nproc=2, timeout_s=60))
     _check(job.results[0], SHARDED)
     for name in SHARDED:  # saved in the sharded form: each rank wrote its shards through DCP
@@ -76,9 +84,9 @@ def _resume_on_one_rank(ctx: RankContext, cfg: TrainConfig) -> dict:
 def test_checkpoint_loads_on_another_world_size(tmp_path):
     """Saved by 2 ranks x micro-batch 2, resumed by 1 rank x micro-batch 4: same global batch,
     same samples per step, so the losses agree closely (not bitwise: another summation order)."""
-    cfg = dataclasses.replace(BASE, strategy="simple_ddp", ckpt_dir=str(tmp_path), steps=6)
+    cfg = dataclasses.replace(BASE, strategy="simple_ddp", ckpt=with_ckpt(BASE, dir=str(tmp_path)), steps=6)
     two = run(train_rank, cfg, LaunchOptions(nproc=2, timeout_s=60)).results[0]
-    one_cfg = dataclasses.replace(cfg, micro_batch=4, ckpt_dir=None, resume=str(tmp_path / "step-00000003"))
+    one_cfg = dataclasses.replace(cfg, micro_batch=4, ckpt=with_ckpt(cfg, dir=None, resume=str(tmp_path / "step-00000003")))
     one = run(_resume_on_one_rank, one_cfg, LaunchOptions(nproc=1, timeout_s=60)).results[0]
     assert [s["loss"] for s in one["steps"][:3]] == [s["loss"] for s in two["steps"][:3]]  # carried over
     for a, b in zip(one["steps"][3:], two["steps"][3:]):
@@ -88,10 +96,10 @@ def test_checkpoint_loads_on_another_world_size(tmp_path):
 def test_sharded_checkpoint_resumes_on_three_ranks(tmp_path):
     """zero1's DCP checkpoint from 2 ranks x micro-batch 3 resumed on 3 ranks x micro-batch 2: DCP
     reshards the flat shards; same global batch, so the losses agree closely."""
-    cfg = dataclasses.replace(BASE, strategy="zero1", micro_batch=3, ckpt_dir=str(tmp_path), steps=6)
+    cfg = dataclasses.replace(BASE, strategy="zero1", micro_batch=3, ckpt=with_ckpt(BASE, dir=str(tmp_path)), steps=6)
     two = run(train_rank, cfg, LaunchOptions(nproc=2, timeout_s=60)).results[0]
     assert (tmp_path / "step-00000003" / "dcp" / ".metadata").exists()
-    three_cfg = dataclasses.replace(cfg, micro_batch=2, ckpt_dir=None, resume=str(tmp_path / "step-00000003"))
+    three_cfg = dataclasses.replace(cfg, micro_batch=2, ckpt=with_ckpt(cfg, dir=None, resume=str(tmp_path / "step-00000003")))
     three = run(train_rank, three_cfg, LaunchOptions(nproc=3, timeout_s=60)).results[0]
     for a, b in zip(three["steps"][3:], two["steps"][3:]):
         assert abs(a["loss"] - b["loss"]) < 1e-4

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from distval.ckpt import state, store
-from distval.train.loop import TrainConfig
+from distval.train.config import OptimConfig, TrainConfig
 
 
 def _save(ckpt_dir, step, keep=10, fields=None):
@@ -114,10 +114,10 @@ def test_rng_states_round_trip_as_json():
 
 
 def test_fingerprint_names_what_differs_and_ignores_the_split():
-    a = state.fingerprint_fields(TrainConfig(micro_batch=2, lr=3e-3), world_size=2)
-    b = state.fingerprint_fields(TrainConfig(micro_batch=4, lr=3e-3, strategy="pytorch_ddp"), world_size=1)
+    a = state.fingerprint_fields(TrainConfig(micro_batch=2, optim=OptimConfig(lr=3e-3)), world_size=2)
+    b = state.fingerprint_fields(TrainConfig(micro_batch=4, optim=OptimConfig(lr=3e-3), strategy="pytorch_ddp"), world_size=1)
     assert state.fingerprint(a) == state.fingerprint(b)  # same global batch of 4, strategy free
-    c = state.fingerprint_fields(TrainConfig(micro_batch=2, lr=1e-3, model="small"), world_size=2)
+    c = state.fingerprint_fields(TrainConfig(micro_batch=2, optim=OptimConfig(lr=1e-3), model="small"), world_size=2)
     assert state.differences(a, c) == ["lr 0.003 (checkpoint) vs 0.001 (this run)", "model 'tiny' (checkpoint) vs 'small' (this run)"]
 
 

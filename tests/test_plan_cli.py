@@ -1,5 +1,4 @@
-"""`distval plan` as a user meets it: the real CLI entry point (`distval.cli.main`, with the plan
-command registered the way cli.py does it), exit codes, one-line errors, the JSON report keys,
+"""`distval plan` as a user meets it: the real CLI entry point (`distval.cli.main`), exit codes, one-line errors, the JSON report keys,
 --sweep, and the time the plan takes. Most cases run in-process (the CLI code path without a
 1.7 s interpreter start each); two run as real subprocesses."""
 
@@ -14,35 +13,13 @@ import pytest
 
 from conftest import run_cli
 
-# The plan command on the real CLI app, whether or not cli.py registers it already (register()
-# does nothing the second time).
-SCRIPT = ("import sys; from distval import cli; from distval.plan.command import register; "
-          "register(cli.app); cli.main(sys.argv[1:])")
-
-
-def ensure_registered() -> None:
-    from distval import cli
-    from distval.plan.command import register
-
-    register(cli.app)
-
-
-def test_register_is_idempotent():
-    import typer
-
-    from distval.plan.command import register
-
-    app = typer.Typer()
-    register(app)
-    register(app)
-    assert [c.name for c in app.registered_commands] == ["plan"]
+SCRIPT = "import sys; from distval import cli; cli.main(sys.argv[1:])"
 
 
 def plan(capsys, *args: str) -> tuple[int, str, str]:
     """Run `distval plan ARGS` through cli.main in this process: (exit code, stdout, stderr)."""
     from distval import cli
 
-    ensure_registered()
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["plan", *args])
     out = capsys.readouterr()

@@ -15,13 +15,14 @@ from distval.rank import RankContext
 from distval.strategies.base import StrategyConfig
 from distval.strategies.flat import FlatGroup
 from distval.train.compare import parity
-from distval.train.loop import TrainConfig, train_rank
+from distval.train.config import OptimConfig, TrainConfig
+from distval.train.loop import train_rank
 
 from conftest import run_cli
 
 # clip 0.5: the tiny model's gradient norm is ~1 early on, so clipping scales most steps and the
 # global norm across shards must be right for parity to hold.
-BASE = TrainConfig(model="tiny", steps=20, micro_batch=2, lr=1e-3, warmup_steps=3, clip=0.5, seed=5,
+BASE = TrainConfig(model="tiny", steps=20, micro_batch=2, optim=OptimConfig(lr=1e-3, warmup_steps=3, clip=0.5), seed=5,
                    return_params=True, peak_flops=1e12, strategy_cfg=StrategyConfig(bucket_mb=0.05))
 SHARDED = strategies.SHARDED
 
@@ -50,7 +51,7 @@ def test_sharded_strategies_match_one_process_hold_their_memory_and_move_their_b
     reference = _reference(cfg, world)
     job = run(_sharded, cfg, LaunchOptions(nproc=world, timeout_s=90))
     res = job.results[0]
-    assert sum(s["grad_norm"] > cfg.clip for s in reference["steps"]) >= 5  # clipping was active
+    assert sum(s["grad_norm"] > cfg.optim.clip for s in reference["steps"]) >= 5  # clipping was active
     psi, n = _num_params(), world
     formula = {"simple_ddp_ga": 16 * psi, "zero1": 8 * psi + 8 * psi / n, "pytorch_zero1": 8 * psi + 8 * psi / n,
                "zero2": 4 * psi + 12 * psi / n, "zero3": 16 * psi / n, "fsdp2": 16 * psi / n}

@@ -11,11 +11,12 @@ from distval.launch import LaunchOptions, run
 from distval.rank import RankContext
 from distval.strategies.base import StrategyConfig
 from distval.train.compare import parity
-from distval.train.loop import TrainConfig, train_rank
+from distval.train.config import OptimConfig, TrainConfig
+from distval.train.loop import train_rank
 
 # lr 1e-3: Adam turns the last-bit differences of a different summation order into parameter
 # differences that grow with the learning rate (3e-3 gives ~1.2e-5 after 20 steps, 1e-3 ~3.6e-6).
-BASE = TrainConfig(model="tiny", steps=20, micro_batch=2, lr=1e-3, warmup_steps=3, clip=1.0, seed=3,
+BASE = TrainConfig(model="tiny", steps=20, micro_batch=2, optim=OptimConfig(lr=1e-3, warmup_steps=3, clip=1.0), seed=3,
                    return_params=True, peak_flops=1e12)
 
 

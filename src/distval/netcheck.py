@@ -24,18 +24,18 @@ address). DISTVAL_NETCHECK=0 turns the check off.
 from __future__ import annotations
 
 import errno
-import fcntl
 import ipaddress
 import os
 import socket
-import struct
 import sys
 from dataclasses import dataclass
 from typing import Mapping
 
+from distval.netaddr import family_of, hostname_address, interface_address, interface_names, interface_of, is_loopback
+from distval.netaddr import ipv4_of as ipv4_of  # re-exported: part of this module's interface
+from distval.netaddr import route_source as route_source  # re-exported likewise
 from distval.results import CannotRun
 
-_SIOCGIFADDR = 0x8915
 _UNREACHABLE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL, errno.ETIMEDOUT, errno.EINVAL}
 
 
@@ -50,59 +50,6 @@ class Advertised:
     why: str  # how Gloo arrives at it, in words
 
 
-# -- interfaces and addresses (no subprocess: this runs in every worker) ---------------------------
-
-
-def interface_names() -> list[str]:
-    return [name for _, name in socket.if_nameindex()]
-
-
-def ipv4_of(name: str) -> str | None:
-    """The primary IPv4 address of an interface (None when it has none)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(raw[20:24])
-
-
-def ipv6_of(name: str) -> list[str]:
-    """The interface's IPv6 addresses, from /proc/net/if_inet6."""
-    out = []
-    try:
-        with open("/proc/net/if_inet6") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) == 6 and fields[5] == name:
-                    out.append(str(ipaddress.IPv6Address(bytes.fromhex(fields[0]))))
-    except OSError:
-        return []
-    return out
-
-
-def interface_of(address: str) -> str | None:
-    """The interface that holds `address` (loopback addresses: lo)."""
-    ip = ipaddress.ip_address(address)
-    if ip.is_loopback:
-        return "lo"
-    for name in interface_names():
-        if (ip.version == 4 and ipv4_of(name) == address) or (ip.version == 6 and address in ipv6_of(name)):
-            return name
-    return None
-
-
-def route_source(address: str, port: int) -> str | None:
-    """The source address the kernel picks to reach `address` (a UDP connect sends nothing)."""
-    family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((address, port))
-        except OSError:
-            return None
-        return s.getsockname()[0]
-
-
 def gloo_address(env: Mapping[str, str], hostname: str | None = None) -> list[Advertised]:
     """What Gloo will advertise, one entry per device it creates (see the module docstring).
     NetworkPreflightError when GLOO_SOCKET_IFNAME names an interface that is missing or has no
@@ -114,24 +61,16 @@ def gloo_address(env: Mapping[str, str], hostname: str | None = None) -> list[Ad
             if name not in interface_names():
                 raise NetworkPreflightError(f"GLOO_SOCKET_IFNAME={env['GLOO_SOCKET_IFNAME']}: no interface {name!r} on "
                                             f"{socket.gethostname()} (it has {', '.join(interface_names())})")
-            address = ipv4_of(name) or next(iter(ipv6_of(name)), None)
+            address = interface_address(name)
             if address is None:
                 raise NetworkPreflightError(f"GLOO_SOCKET_IFNAME={env['GLOO_SOCKET_IFNAME']}: interface {name} on "
                                             f"{socket.gethostname()} has no IP address")
             out.append(Advertised(address, name, f"GLOO_SOCKET_IFNAME={env['GLOO_SOCKET_IFNAME']}"))
         return out
     hostname = hostname or socket.gethostname()
-    try:
-        infos = socket.getaddrinfo(hostname, None, type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        infos = []
-    for family, _, _, _, sockaddr in infos:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((sockaddr[0], 0))
-            except OSError:
-                continue
-        return [Advertised(sockaddr[0], interface_of(sockaddr[0]), f"GLOO_SOCKET_IFNAME unset; hostname {hostname} resolves to it")]
+    address = hostname_address(hostname)
+    if address is not None:
+        return [Advertised(address, interface_of(address), f"GLOO_SOCKET_IFNAME unset; hostname {hostname} resolves to it")]
     return [Advertised("127.0.0.1", "lo", f"GLOO_SOCKET_IFNAME unset; hostname {hostname} resolves to no local address, so loopback")]
 
 
@@ -152,7 +91,7 @@ def multi_node(env: Mapping[str, str]) -> bool:
 def reachable(source: str, address: str, port: int, timeout_s: float) -> tuple[bool, str]:
     """Connect from `source` to address:port. (True, how) when anything answers (a refusal proves
     the path both ways), (False, why) on silence or no route."""
-    family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    family = family_of(address)
     if ipaddress.ip_address(source).version != ipaddress.ip_address(address).version:
         return True, "different address families: not probed"
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -192,7 +131,7 @@ def preflight(env: Mapping[str, str] | None = None, timeout_s: float = 5.0, warn
     fix = f"set GLOO_SOCKET_IFNAME={route_if}" if route_if else "set GLOO_SOCKET_IFNAME to the interface that reaches MASTER_ADDR"
     for adv in gloo_address(env):
         label = f"{adv.address} on interface {adv.interface or '?'}"
-        if ipaddress.ip_address(adv.address).is_loopback and not ipaddress.ip_address(master_ip).is_loopback:
+        if is_loopback(adv.address) and not is_loopback(master_ip):
             raise NetworkPreflightError(f"{where}: Gloo will advertise {label} ({adv.why}), which no other host can "
                                         f"reach; init would hang: {fix} (route to MASTER_ADDR {master}) or fix /etc/hosts")
         ok, how = reachable(adv.address, master_ip, port, timeout_s)

@@ -1,4 +1,5 @@
-"""Run a per-rank job and turn what comes back, results or a failure, into a Report."""
+"""Run a per-rank job and turn what comes back, results or a failure, into a Report; the two
+collective jobs (comm check, comm bench) as one call each."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 from typing import Any, Callable
 
 from distval import launch, meta
+from distval.comm import bench, check
 from distval.health.diagnose import WorkerFailure
 from distval.launch import JobResult, LaunchOptions, RankFn, Watcher
 from distval.results import CannotRun, Check, Report, Status
@@ -44,3 +46,11 @@ def _planned_world_size(opts: LaunchOptions) -> int | None:
         return launch.planned_world_size(opts)
     except (KeyError, ValueError, CannotRun):
         return None
+
+
+def run_check(cfg: check.CheckConfig, opts: LaunchOptions) -> Report | None:
+    return execute("comm check", check.check_rank, cfg, opts, lambda job: check.build_report(job, cfg))
+
+
+def run_bench(cfg: bench.BenchConfig, opts: LaunchOptions) -> Report | None:
+    return execute("comm bench", bench.bench_rank, cfg, opts, lambda job: bench.build_report(job, cfg))

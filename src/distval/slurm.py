@@ -11,23 +11,17 @@ VPN or the management network. The script is checked with `bash -n` before it is
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Optional
-
-import typer
 
 _TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
 _PARTITION = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 RDZV_PORT = 29500
-O = typer.Option  # noqa: E741
 
 
 @dataclass(frozen=True)
@@ -102,39 +96,3 @@ def check_syntax(text: str) -> None:
         return  # nothing to check with; the script is plain POSIX-ish bash built from quoted parts
     res = subprocess.run([bash, "-n"], input=text, capture_output=True, text=True)
     assert res.returncode == 0, f"generated sbatch script does not parse: {res.stderr.strip()}"
-
-
-def register(app: typer.Typer) -> None:
-    """Add the `slurm` command to a Typer app (once: a second call changes nothing)."""
-    if any(info.name == "slurm" for info in app.registered_commands):
-        return
-
-    @app.command("slurm")
-    def slurm(
-        command: Annotated[Optional[list[str]], typer.Argument(help="The distval command to run, after `--`.", show_default=False)] = None,
-        nodes: Annotated[int, O("--nodes", help="Nodes (one srun task, one torchrun each).")] = 1,
-        gpus_per_node: Annotated[Optional[int], O("--gpus-per-node", help="GPUs per node (#SBATCH --gpus-per-node; one worker each).")] = None,
-        nproc_per_node: Annotated[Optional[int], O("--nproc-per-node", help="Workers per node (default: --gpus-per-node, else 1).")] = None,
-        partition: Annotated[Optional[str], O("--partition", help="Slurm partition.")] = None,
-        time_limit: Annotated[Optional[str], O("--time", help="Time limit, e.g. 00:30:00.")] = None,
-        ifname: Annotated[Optional[str], O("--ifname", help="Network interface for Gloo and NCCL (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME).")] = None,
-        out: Annotated[Optional[Path], O("--out", help="Write the script here (default: print it).")] = None,
-    ) -> int:
-        """Write an sbatch script: srun one task per node, torchrun per node, c10d rendezvous on the first node."""
-        from distval.emulate.command import check_inner
-        from distval.results import atomic_write_text, check_writable
-
-        inner = check_inner(command or [], app, where="distval slurm")
-        job = SlurmJob(tuple(inner), num_nodes=nodes, gpus_per_node=gpus_per_node, nproc_per_node=nproc_per_node,
-                       partition=partition, time=time_limit, ifname=ifname)
-        text = sbatch_script(job)
-        check_syntax(text)
-        if out is None:
-            print(text, end="")
-            return 0
-        check_writable(out, "--out")
-        atomic_write_text(out, text)
-        os.chmod(out, 0o755)
-        print(f"wrote {out}; submit it with: sbatch {out}")
-        return 0
-

@@ -1,8 +1,8 @@
 """The checkpointer the training loop calls: resume, periodic saves (sync or async), a final save
 on SIGTERM, and the run journal.
 
-    ckpt = Checkpointer(ctx, cfg, strategy, optimizer, loader)   # every rank (creates a Gloo group)
-    start, history = ckpt.resume()                                # step to start at, metrics so far
+    ckpt = Checkpointer(ctx, cfg.ckpt, cfg.steps, fields, strategy, optimizer, loader)  # every rank
+    start, history = ckpt.resume()         # step to start at, metrics so far
     for step in range(start, cfg.steps):
         ckpt.before_step(step)             # SIGTERM seen on any rank -> final save, Preempted
         history.append(train_step(...))
@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from distval.ckpt import state as ckpt_state
 from distval.ckpt import store
+from distval.ckpt.config import CheckpointConfig
 from distval.health.faults import attempt_number
 from distval.results import atomic_write_text
 
@@ -65,11 +66,18 @@ class _Job:
     started: float = field(default_factory=time.perf_counter)
 
 
+def run_id() -> str:
+    """The run journal's name: the elastic agent's run id, which distval's local launcher takes
+    from LaunchOptions.run_id and torchrun from --rdzv-id, the same on every worker and every
+    restart of one run."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") or "run"
+
+
 class Journal:
     """Rank 0's record of one run (all its restart attempts), DIR/runs/<run id>.json."""
 
-    def __init__(self, ckpt_dir: Path, run_id: str):
-        self.path = ckpt_dir / "runs" / f"{run_id}.json"
+    def __init__(self, path: Path, run_id: str):
+        self.path = path
         self.path.parent.mkdir(exist_ok=True)
         try:
             self.doc = json.loads(self.path.read_text())
@@ -86,12 +94,18 @@ class Journal:
 
 
 class Checkpointer:
-    def __init__(self, ctx: Any, cfg: Any, strategy: Any, optimizer: torch.optim.Optimizer, loader: Any,
-                 timeout_s: float = 120.0):
-        self.ctx, self.cfg, self.strategy, self.optimizer, self.loader = ctx, cfg, strategy, optimizer, loader
+    """`cfg`: what the user asked of checkpoints; `steps`: the run's length (the last step saves);
+    `fields`: what a checkpoint must agree on to be resumed (ckpt/state.py's fingerprint_fields);
+    `strategy`, `optimizer`, `loader`: what a checkpoint holds. Creates a Gloo group: every rank."""
+
+    def __init__(self, ctx: Any, cfg: CheckpointConfig, steps: int, fields: dict[str, Any], strategy: Any,
+                 optimizer: torch.optim.Optimizer, loader: Any, timeout_s: float = 120.0):
+        self.ctx, self.cfg, self.steps, self.strategy, self.optimizer, self.loader = \
+            ctx, cfg, steps, strategy, optimizer, loader
         self.rank = ctx.rank
-        self.dir = Path(cfg.ckpt_dir) if cfg.ckpt_dir else None
-        self.fields = ckpt_state.fingerprint_fields(cfg, ctx.world_size)
+        self.dir = Path(cfg.dir) if cfg.dir else None
+        self.fields = fields
+        self.layout = strategy.layout(strategy.cfg)
         self.fingerprint = ckpt_state.fingerprint(self.fields)
         self.attempt = attempt_number()
         self.history: list[dict[str, Any]] = []
@@ -99,8 +113,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
         self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-        run_id = cfg.run_id or os.environ.get("TORCHELASTIC_RUN_ID") or "run"
-        self.journal = Journal(self.dir, run_id) if self.dir and self.rank == 0 else None
+        self.journal = Journal(cfg.journal_path(run_id()), run_id()) if self.dir and self.rank == 0 else None
         if self.dir and self.rank == 0:
             store.clean_temporary(self.dir)
         dist.barrier(group=self.group)  # nobody writes into a .tmp directory before the clean-up
@@ -156,7 +169,7 @@ class Checkpointer:
             elif self.cfg.resume:
                 found = store.load_found(Path(self.cfg.resume))
             if found is not None:
-                check_compatible(found, self.fields, self.strategy.layout(self.cfg.strategy_cfg))
+                check_compatible(found, self.fields, self.layout)
                 out["path"] = str(found.path)
         except ValueError as e:
             out["error"] = str(e)
@@ -224,7 +237,7 @@ class Checkpointer:
         if self.journal and self.journal.current["first_step_time"] is None:
             self.journal.current["first_step_time"] = time.time()
             self.journal.write()
-        if self.dir and (done % self.cfg.ckpt_every == 0 or done == self.cfg.steps):
+        if self.cfg.due(done, self.steps):
             self.save(done)
 
     # -- saving ----------------------------------------------------------------------------------------
@@ -236,7 +249,7 @@ class Checkpointer:
             return None
         start = time.perf_counter()
         self.wait()  # at most one save in flight
-        background = self.cfg.ckpt_async and not final
+        background = self.cfg.async_save and not final
         job = self._snapshot(step, copy_shards=background)
         if background:
             self._thread = threading.Thread(target=self._background, args=(job,), name="distval-ckpt", daemon=True)
@@ -306,9 +319,9 @@ class Checkpointer:
                         merged.update(store.describe_files(tmp, DCP_DIR))
                     store.commit(tmp, self.dir, job.step, merged, {
                         "fingerprint": self.fingerprint, "fields": self.fields, "world_size": self.ctx.world_size,
-                        "strategy": self.cfg.strategy, "layout": self.strategy.layout(self.cfg.strategy_cfg),
+                        "strategy": self.strategy.name, "layout": self.layout,
                         "form": "full" if job.sharded is None else "sharded", "time": time.time()})
-                    store.prune(self.dir, self.cfg.ckpt_keep)
+                    store.prune(self.dir, self.cfg.keep)
                 except OSError as e:
                     errors.append(f"rank 0: commit: {e.strerror or e}")
             if errors:

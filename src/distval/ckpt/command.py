@@ -7,44 +7,50 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import uuid
 from pathlib import Path
 from typing import Any
 
+from distval.ckpt.config import CheckpointConfig
 from distval.results import Check, Report, Status, Table, output_dir
 
 ATTEMPT_COLUMNS = ["attempt", "resumed_from_step", "checkpoint", "last_step", "outcome", "recovery_s"]
 
 
-def prepare(cfg: Any, world_size: int, mode: str) -> None:
-    """Validate the checkpoint flags against the disk before launching (exit 2, nothing
-    written): the directory, and that the checkpoint a resume would load is from this config."""
+def prepare(cfg: Any, world_size: int) -> CheckpointConfig:
+    """Validate the checkpoint flags of a TrainConfig against the disk before launching (exit 2,
+    nothing written): the directory, and that the checkpoint a resume would load is from this
+    config. Returns the checkpoint config resolved (absolute paths, the directory created)."""
     from distval import strategies
     from distval.ckpt import store
     from distval.ckpt.checkpointer import check_compatible
     from distval.ckpt.state import fingerprint_fields
 
-    if cfg.ckpt_dir:
-        cfg.ckpt_dir = str(output_dir(cfg.ckpt_dir, "--ckpt-dir").resolve())  # workers may start elsewhere
+    ckpt: CheckpointConfig = cfg.ckpt
+    if ckpt.dir:
+        output_dir(ckpt.dir, "--ckpt-dir")
+    ckpt = ckpt.resolved()
     found = None
-    if cfg.resume == "auto":
-        found = store.find_latest(Path(cfg.ckpt_dir), [])
-    elif cfg.resume:
-        found = store.load_found(Path(cfg.resume))
-        cfg.resume = str(Path(cfg.resume).resolve())
+    if ckpt.resume == "auto":
+        found = store.find_latest(Path(ckpt.dir), [])
+    elif ckpt.resume:
+        found = store.load_found(Path(ckpt.resume))
     if found is not None:
         layout = strategies.REGISTRY[cfg.strategy].layout(cfg.strategy_cfg)
         check_compatible(found, fingerprint_fields(cfg, world_size), layout)
-    # the journal's name: one per invocation locally; under torchrun every worker runs this
-    # command, so they use the agent's run id (the same on all of them)
-    cfg.run_id = f"distval-{uuid.uuid4().hex[:12]}" if mode == "local" else os.environ.get("TORCHELASTIC_RUN_ID")
+    return ckpt
 
 
-def read_journal(cfg: Any) -> dict[str, Any] | None:
-    if not cfg.ckpt_dir or not cfg.run_id:
+def job_run_id(mode: str, local_run_id: str) -> str | None:
+    """The run id that names the journal: ours locally; under torchrun every worker runs the
+    command, and they all see the agent's (the same on all of them)."""
+    return local_run_id if mode == "local" else os.environ.get("TORCHELASTIC_RUN_ID")
+
+
+def read_journal(ckpt: CheckpointConfig, run_id: str | None) -> dict[str, Any] | None:
+    if not ckpt.dir or not run_id:
         return None
     try:
-        return json.loads((Path(cfg.ckpt_dir) / "runs" / f"{cfg.run_id}.json").read_text())
+        return json.loads(ckpt.journal_path(run_id).read_text())
     except (OSError, ValueError):
         return None
 
@@ -63,10 +69,10 @@ def attempts_table(journal: dict[str, Any]) -> Table:
     return table
 
 
-def annotate(report: Report | None, cfg: Any) -> None:
+def annotate(report: Report | None, ckpt: CheckpointConfig, run_id: str | None) -> None:
     """Add the run journal to the train report: table `attempts`, meta `restarts` and
     `resumed_from_step`, a check on the saves, one WARN per skipped checkpoint or failed save."""
-    journal = read_journal(cfg) if report is not None else None
+    journal = read_journal(ckpt, run_id) if report is not None else None
     if journal is None or not journal["attempts"]:
         return
     table = attempts_table(journal)
@@ -82,8 +88,8 @@ def annotate(report: Report | None, cfg: Any) -> None:
                          f"{len(done)} of {len(saves)} checkpoint(s) saved ({'async' if any(s['async'] for s in saves) else 'sync'}), latest "
                          f"{done[-1]['name'] if done else 'none'}; training stalled {stall * 1e3:.1f} ms per save (median)",
                          details={"saves": saves, "stall_s_p50": stall,
-                                  "write_s_p50": statistics.median(writes) if writes else None, "dir": cfg.ckpt_dir},
+                                  "write_s_p50": statistics.median(writes) if writes else None, "dir": ckpt.dir},
                          hint="" if len(done) == len(saves) else "see the warnings: free space or fix the checkpoint directory"))
     for text in journal["warnings"]:
         report.add(Check("train checkpoint warning", Status.WARN, text, hint="the checkpoint named was not used; "
-                         "delete it or investigate the storage", where={"dir": cfg.ckpt_dir}))
+                         "delete it or investigate the storage", where={"dir": ckpt.dir}))

@@ -21,12 +21,16 @@ import torch
 
 from distval import device as devices
 
-FINGERPRINT_FIELDS = ("model", "task", "data", "seed", "global_batch", "lr", "warmup_steps", "min_lr_ratio",
-                      "weight_decay", "clip", "steps", "precision")
+# What a checkpoint must agree on to be resumed (the optimizer's fields by their own names, as
+# checkpoints have always recorded them).
+RUN_FIELDS = ("model", "task", "data", "seed", "steps", "precision")
+OPTIM_FIELDS = ("lr", "warmup_steps", "min_lr_ratio", "weight_decay", "clip")
 
 
 def fingerprint_fields(cfg: Any, world_size: int) -> dict[str, Any]:
-    values = {name: getattr(cfg, name) for name in FINGERPRINT_FIELDS if name != "global_batch"}
+    """`cfg`: a TrainConfig (its optimizer part in `cfg.optim`)."""
+    values = {name: getattr(cfg, name) for name in RUN_FIELDS}
+    values.update({name: getattr(cfg.optim, name) for name in OPTIM_FIELDS})
     values["global_batch"] = cfg.global_batch_for(world_size)
     return values
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,12 +28,13 @@ from distval.comm.fit import fit_alpha_beta
 from distval.comm.inputs import DTYPES, dtype_name, parse_dtype
 from distval.comm.layer import REDUCE_OPS
 from distval.comm.ops import BENCH_OPS, OPS, Collective, count_for_bytes, inplace_variants
-from distval.launch import JobResult, LaunchOptions
-from distval.rank import RankContext
 from distval.results import Check, Report, Status, Table
-from distval.runner import execute
 from distval.stats import percentile
 from distval.units import format_size
+
+if TYPE_CHECKING:  # types only: the launcher and the rank context sit above the collective layer
+    from distval.launch import JobResult
+    from distval.rank import RankContext
 
 BENCH_COLUMNS = ["op", "dtype", "bytes", "count", "inplace", "redop", "root", "time_us_p50", "time_us_p95",
                  "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps", "busbw_pct_of_copy", "wrong"]
@@ -290,7 +291,3 @@ def build_report(job: JobResult, cfg: BenchConfig) -> Report:
     report.checks = bench_checks(bench, fits, cfg, job.world_size, copy_gbps, job.results[0]["skipped"])
     report.tables += [bench, fits]
     return report
-
-
-def run_bench(cfg: BenchConfig, opts: LaunchOptions) -> Report | None:
-    return execute("comm bench", bench_rank, cfg, opts, lambda job: build_report(job, cfg))

@@ -14,7 +14,7 @@ reduce_scatter both out-of-place and in-place, send/recv as a shift around the r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
@@ -25,10 +25,11 @@ from distval.comm.layer import REDUCE_OPS
 from distval.comm.names import CHECK_OPS
 from distval.comm.ops import OPS as OP_SPECS
 from distval.comm.ops import Collective, inplace_variants
-from distval.launch import JobResult, LaunchOptions
-from distval.rank import RankContext
 from distval.results import Check, Report, Status, Table
-from distval.runner import execute
+
+if TYPE_CHECKING:  # types only: the launcher and the rank context sit above the collective layer
+    from distval.launch import JobResult
+    from distval.rank import RankContext
 
 OPS = CHECK_OPS
 # Size classes: element counts per rank (for all_gather/reduce_scatter/all_to_all, per chunk).
@@ -231,7 +232,3 @@ def build_report(job: JobResult, cfg: CheckConfig) -> Report:
     report = Report("comm check", meta=meta.collect(job, cfg, num_cases=len(checks)), checks=checks)
     report.tables.append(matrix_table(checks, cfg))
     return report
-
-
-def run_check(cfg: CheckConfig, opts: LaunchOptions) -> Report | None:
-    return execute("comm check", check_rank, cfg, opts, lambda job: build_report(job, cfg))

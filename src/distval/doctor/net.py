@@ -5,7 +5,8 @@ launcher's pre-flight and `distval emulate` can import it cheaply.
 Where the facts come from: `ip -j addr`, `ip -j route`, `ip -j route get ADDR` (iproute2, the
 current network namespace) with /sys/class/net for link speed; without iproute2, the interface
 list of the socket module, /sys/class/net, /proc/net/if_inet6, an ioctl for IPv4 addresses, and a
-connected UDP socket to learn which source address (hence interface) the kernel picks.
+connected UDP socket to learn which source address (hence interface) the kernel picks (those
+readers, and name resolution, live in `distval.netaddr`, shared with the worker's pre-flight).
 
 The two variables have different grammars (verified against torch 2.13's Gloo and the NCCL
 environment-variable documentation):
@@ -22,22 +23,28 @@ so `virbr0`, `tun0`, `wg0`, `veth*` or `br-*` can win and hang a multi-node job 
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import ipaddress
 import json
 import os
 import re
 import shutil
 import socket
-import struct
 import subprocess
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distval.netaddr import (
+    family_of,
+    interface_names,
+    ipv4_with_prefix,
+    ipv6_addresses,
+    is_loopback,
+    resolve,
+    route_source,
+)
 from distval.results import Check, Status
 
 SYS_NET = Path("/sys/class/net")
@@ -124,35 +131,18 @@ def interfaces() -> list[Interface]:
 
 
 def _interfaces_without_ip() -> list[Interface]:
-    v6: dict[str, list[str]] = {}
-    with contextlib.suppress(OSError, ValueError):  # no IPv6 on this host: IPv4 addresses only
-        for line in Path("/proc/net/if_inet6").read_text().splitlines():
-            hexaddr, _, plen, _, _, name = line.split()
-            v6.setdefault(name, []).append(f"{ipaddress.IPv6Address(bytes.fromhex(hexaddr))}/{int(plen, 16)}")
+    """The interfaces from the socket module, /sys/class/net, an ioctl and /proc/net/if_inet6."""
+    v6 = ipv6_addresses()  # {} without IPv6 on this host: IPv4 addresses only
     out = []
-    for _, name in socket.if_nameindex():
+    for name in interface_names():
         flags = int(_sys_read(name, "flags") or "0", 16)
-        v4 = _ipv4_of(name)
+        v4 = ipv4_with_prefix(name)
         mtu = _sys_read(name, "mtu")
         out.append(Interface(name=name, up=bool(flags & 0x1), state=(_sys_read(name, "operstate") or "unknown").upper(),
                              mtu=int(mtu) if mtu and mtu.isdigit() else None,
                              addresses=([v4] if v4 else []) + v6.get(name, []),
                              speed_mbps=_speed(name), loopback=bool(flags & 0x8)))
     return out
-
-
-def _ipv4_of(name: str) -> str | None:
-    """'addr/prefixlen' of an interface's (first) IPv4 address, from the SIOCGIFADDR and
-    SIOCGIFNETMASK ioctls; None if it has none."""
-    SIOCGIFADDR, SIOCGIFNETMASK = 0x8915, 0x891B
-    request = struct.pack("256s", name.encode()[:15])
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFADDR, request)[20:24])
-            mask = socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFNETMASK, request)[20:24])
-        except OSError:
-            return None
-    return f"{addr}/{ipaddress.IPv4Network(f'0.0.0.0/{mask}').prefixlen}"
 
 
 def routes() -> list[dict[str, Any]]:
@@ -164,19 +154,6 @@ def routes() -> list[dict[str, Any]]:
             out.append({k: r.get(k) for k in ("dst", "gateway", "dev", "prefsrc", "metric") if r.get(k) is not None}
                        | {"family": "inet" if family == "-4" else "inet6"})
     return out
-
-
-def resolve(host: str) -> list[str]:
-    """The addresses `host` resolves to, IPv4 first, without duplicates ([] if it does not)."""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError):
-        return []
-    addrs = []
-    for family, *_, sockaddr in sorted(infos, key=lambda i: i[0] != socket.AF_INET):
-        if sockaddr[0] not in addrs:
-            addrs.append(sockaddr[0])
-    return addrs
 
 
 def owner_of(addr: str, ifaces: list[Interface]) -> str | None:
@@ -200,22 +177,11 @@ def route_to(addr: str, ifaces: list[Interface] | None = None) -> dict[str, Any]
         return {"addr": addr, "dev": dev, "src": r.get("prefsrc"), "gateway": r.get("gateway"), "local": local}
     if shutil.which("ip") is not None:
         return None  # iproute2 answered "unreachable"
-    src = _source_address(addr)
+    src = route_source(addr)
     if src is None:
         return None
     local = owner_of(addr, ifaces) is not None
     return {"addr": addr, "dev": owner_of(addr if local else src, ifaces), "src": src, "gateway": None, "local": local}
-
-
-def _source_address(addr: str) -> str | None:
-    """The source address the kernel picks for `addr` (connecting a UDP socket sends nothing)."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((addr, 9))
-        except OSError:
-            return None
-        return s.getsockname()[0]
 
 
 def interface_for(addr: str) -> str | None:
@@ -226,16 +192,6 @@ def interface_for(addr: str) -> str | None:
         return None
     route = route_to(ips[0])
     return route["dev"] if route else None
-
-
-def is_loopback(addr: str) -> bool:
-    try:
-        ip = ipaddress.ip_address(addr)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
 
 
 # -- the socket-interface variables -------------------------------------------------------------
@@ -506,8 +462,7 @@ def check_port(addr: str, port: int, listening_expected: bool, timeout_s: float 
     ips = resolve(addr)
     if not ips:
         return Check(name, Status.FAIL, f"{addr} does not resolve", where=where, hint="fix MASTER_ADDR")
-    family = socket.AF_INET6 if ":" in ips[0] else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+    with socket.socket(family_of(ips[0]), socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
         try:
             s.connect((ips[0], port))

@@ -35,9 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
-
-import typer
+from typing import Any, Callable
 
 from distval.results import Check, Report, Status, Table
 
@@ -324,31 +322,3 @@ def run_drills(cfg: DrillConfig, work: Path | None = None) -> Report:
         if own:
             shutil.rmtree(work, ignore_errors=True)
     return report
-
-
-def register(app: typer.Typer) -> None:
-    @app.command("drill")
-    def drill_cmd(
-        nproc: Annotated[int, typer.Option("--nproc", help="Ranks of each drill job (at least 2).")] = 2,
-        model: Annotated[str, typer.Option("--model", help="Model preset.")] = "tiny",
-        strategy: Annotated[str, typer.Option("--strategy", help="Strategy of the drilled training.")] = "simple_ddp",
-        steps: Annotated[int, typer.Option("--steps", help="Steps of each run.")] = 12,
-        ckpt_every: Annotated[int, typer.Option("--ckpt-every", help="Checkpoint every N steps.")] = 3,
-        fault_step: Annotated[int, typer.Option("--fault-step", help="The step k the faults fire at.")] = 7,
-        only: Annotated[Optional[str], typer.Option("--only", help=f"Comma list of drills ({', '.join(DRILLS)}).")] = None,
-        json: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON (schema distval.report/1).")] = None,
-    ) -> int:
-        """Fault drills: kill -9, exception, SIGTERM, kill mid-save, corrupt file, full disk; each must recover bitwise."""
-        from distval import strategies
-        from distval.cli import finish, make_console
-        from distval.plan import presets
-        from distval.results import check_writable
-
-        presets.model(model)
-        strategies.check_name(strategy)
-        drills = tuple(x.strip() for x in only.split(",") if x.strip()) if only else DRILLS
-        cfg = DrillConfig(nproc=nproc, model=model, strategy=strategy, steps=steps, ckpt_every=ckpt_every,
-                          fault_step=fault_step, drills=drills)
-        if json:
-            check_writable(json, "--json")
-        return finish(run_drills(cfg), json, make_console())

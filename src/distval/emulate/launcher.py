@@ -4,7 +4,7 @@
              python -m torch.distributed.run --nnodes N --nproc-per-node P --node-rank i
                  --rdzv-backend c10d --rdzv-endpoint 10.77.0.1:29400 --rdzv-id dv-<pid>
                  --local-addr 10.77.0.<i+1> [--rdzv-conf is_host=true on node 0] --max-restarts 0
-                 -m distval.emulate.worker <the distval command>
+                 -m distval.cli.node <the distval command>
 
 c10d rendezvous orders nodes by their address, so global rank 0 runs on node 0, whose
 `--local-addr` becomes every worker's MASTER_ADDR; GLOO_SOCKET_IFNAME=eth0 unless the run is the
@@ -53,7 +53,7 @@ def torchrun_argv(cluster: Cluster, i: int, inner: list[str]) -> list[str]:
             "--rdzv-id", cluster.tag, "--local-addr", cluster.address(i), "--max-restarts", "0"]
     if i == 0:
         argv += ["--rdzv-conf", "is_host=true"]
-    return argv + ["-m", "distval.emulate.worker", *inner]
+    return argv + ["-m", "distval.cli.node", *inner]
 
 
 def node_env(cluster: Cluster, run_dir: str, latency_emulated: bool) -> dict[str, str]:

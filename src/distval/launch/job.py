@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from distval import device as devices
@@ -17,6 +18,9 @@ class LaunchOptions:
     timeout_s: float = 60.0  # each collective, and rendezvous
     deadline_s: float | None = None  # the whole local job; None = no limit beyond timeouts
     max_restarts: int = 0  # local mode: the elastic agent restarts all workers up to N times after a failure
+    # local mode: the elastic agent's run id (workers see it as TORCHELASTIC_RUN_ID; it names the run
+    # journal). Under torchrun/Slurm the outer launcher's (--rdzv-id) is used instead.
+    run_id: str = field(default_factory=lambda: f"distval-{uuid.uuid4().hex[:12]}")
 
     def __post_init__(self) -> None:
         if self.nproc is not None and self.nproc < 1:

@@ -54,7 +54,7 @@ def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Wat
     store, address = channels.serve()
     reader = channels.ChannelReader(store)
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"distval-{os.getpid()}",
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=opts.run_id,
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"timeout": int(max(opts.timeout_s, 30))},
         max_restarts=opts.max_restarts, monitor_interval=0.05, start_method="spawn", local_addr="127.0.0.1",
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL),

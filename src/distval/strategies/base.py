@@ -50,7 +50,7 @@ from distval.comm.layer import Comm
 from distval.strategies.buckets import MIB
 
 
-@dataclass
+@dataclass(frozen=True)
 class StrategyConfig:
     bucket_mb: float = 25.0  # MiB, as torch's bucket_cap_mb: bucket_ddp_async, pytorch_ddp, zero1, zero2
     comm_hook: str = "none"  # pytorch_ddp: none | fp16 | bf16 | powersgd
@@ -152,6 +152,15 @@ class Strategy:
 
     def finish_sharded_load(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """After `dcp.load` filled `state` (from `sharded_state_dict`) in place."""
+
+    @classmethod
+    def check_options(cls, cfg: StrategyConfig) -> None:
+        """Options this strategy cannot honour are bad input (ValueError), not silently ignored.
+        Here: the parameter/reduce dtype policy, which only fsdp2 has."""
+        if cfg.mixed_precision != "none":
+            raise ValueError(f"--mixed-precision {cfg.mixed_precision} is fsdp2's parameter/reduce policy; {cls.name} "
+                             f"computes in --precision: use --strategy fsdp2, or --precision bf16 (autocast) with "
+                             f"{cls.name}")
 
     @classmethod
     def layout(cls, cfg: StrategyConfig) -> dict[str, Any]:

@@ -31,6 +31,13 @@ class FSDP2(Strategy):
     plan_model = "fsdp"
     overlaps_backward = True
 
+    @classmethod
+    def check_options(cls, cfg: StrategyConfig) -> None:
+        from distval import device as devices
+
+        if cfg.mixed_precision == "bf16" and devices.bf16_unsupported():
+            raise ValueError("--mixed-precision bf16: this GPU has no bf16 support; use --mixed-precision fp16")
+
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         super().__init__(model, comm, cfg)
         import torch.distributed as dist

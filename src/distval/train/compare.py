@@ -26,7 +26,8 @@ from distval.launch import JobResult, LaunchOptions, Watcher
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
 from distval.stats import percentile
-from distval.train.loop import TrainConfig, train_rank
+from distval.train.config import TrainConfig
+from distval.train.loop import train_rank
 
 STEP_COLUMNS = ["step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "comm_calls", "comm_bytes",
                 "comm_time_s", "comm_blocked_s", "mfu", "peak_mem_bytes"]

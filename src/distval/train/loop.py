@@ -12,9 +12,7 @@ Metrics bookkeeping goes over the control group, never counted as the strategy's
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -23,94 +21,14 @@ import torch.nn.functional as F
 from distval import device as devices
 from distval import strategies
 from distval.ckpt.checkpointer import Checkpointer
+from distval.ckpt.state import fingerprint_fields
 from distval.comm.ops import busbw_factor
 from distval.plan import presets
 from distval.rank import RankContext
-from distval.strategies.base import StrategyConfig
 from distval.train import data as data_mod
+from distval.train.config import TrainConfig
 from distval.train.metrics import MetricsLogger
 from distval.train.model import build_model
-
-
-@dataclass
-class TrainConfig:
-    model: str = "tiny"
-    strategy: str = "simple_ddp"
-    steps: int = 20
-    micro_batch: int = 2  # sequences per rank per micro-batch
-    grad_accum: int = 1
-    global_batch: int | None = None  # checked against micro_batch x world x grad_accum when given
-    lr: float = 3e-3
-    warmup_steps: int = 5
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    clip: float = 1.0
-    seed: int = 0
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
-    data: str = "synthetic"
-    task: str = "lm"  # lm | classify (a (label, text) file or data set)
-    strategy_cfg: StrategyConfig = field(default_factory=StrategyConfig)
-    return_params: bool = False  # gather the final parameters (parity checks)
-    log_jsonl: str | None = None  # rank 0 appends one JSON line per step
-    tensorboard: str | None = None  # rank 0 writes TensorBoard scalars here
-    peak_flops: float | None = None  # per device; None: measured matmul rate on CPU
-    ckpt_dir: str | None = None  # checkpoints (docs/checkpointing.md); None: no checkpoints
-    ckpt_every: int = 10  # save after every N optimizer steps (and after the last)
-    ckpt_keep: int = 3  # keep the newest K checkpoints
-    ckpt_async: bool = True  # write in a background thread; the loop only waits for the snapshot
-    resume: str | None = None  # "auto" (newest valid checkpoint in ckpt_dir, or start at 0), a checkpoint path, or None
-    run_id: str | None = None  # names the run journal in ckpt_dir/runs (None: the elastic agent's run id)
-
-    def __post_init__(self) -> None:
-        presets.model(self.model)  # unknown preset -> ValueError listing the known ones
-        strategies.check_name(self.strategy)
-        for name in ("steps", "micro_batch", "grad_accum"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"--precision must be fp32 or bf16 (got {self.precision!r})")
-        if self.lr <= 0:
-            raise ValueError(f"--lr must be positive (got {self.lr:g})")
-        mp = self.strategy_cfg.mixed_precision
-        if mp != "none" and self.strategy != "fsdp2":
-            raise ValueError(f"--mixed-precision {mp} is fsdp2's parameter/reduce policy; {self.strategy} computes in "
-                             f"--precision: use --strategy fsdp2, or --precision bf16 (autocast) with {self.strategy}")
-        if mp == "bf16" and devices.bf16_unsupported():
-            raise ValueError("--mixed-precision bf16: this GPU has no bf16 support; use --mixed-precision fp16")
-        for name in ("ckpt_every", "ckpt_keep"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
-        if self.resume == "auto" and not self.ckpt_dir:
-            raise ValueError("--resume auto needs --ckpt-dir (where to look for checkpoints)")
-
-    def data_config(self) -> data_mod.DataConfig:
-        return data_mod.DataConfig(source=self.data, task=self.task)
-
-    def check_world(self, world_size: int) -> None:
-        """The global batch must split evenly over ranks and micro-batches; a sharded strategy
-        needs at least one element per rank."""
-        if self.strategy in strategies.SHARDED and world_size > presets.model(self.model).num_params():
-            raise ValueError(f"{world_size} ranks is more than the {presets.model(self.model).num_params()} parameters of "
-                             f"{self.model} to shard; use fewer ranks or a larger --model")
-        if self.global_batch is None:
-            return
-        per_step = self.micro_batch * world_size * self.grad_accum
-        if self.global_batch != per_step:
-            raise ValueError(
-                f"--global-batch {self.global_batch} is not --micro-batch {self.micro_batch} x {world_size} ranks x "
-                f"--grad-accum {self.grad_accum} = {per_step}; change one of them")
-
-    def global_batch_for(self, world_size: int) -> int:
-        return self.micro_batch * world_size * self.grad_accum
-
-
-def lr_at(cfg: TrainConfig, step: int) -> float:
-    """Linear warm-up to lr, then cosine decay to min_lr_ratio·lr at the last step."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(cfg.steps - cfg.warmup_steps, 1)
-    progress = min((step - cfg.warmup_steps) / span, 1.0)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def loss_of(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -130,14 +48,15 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     num_classes = getattr(getattr(loader, "dataset", None), "num_classes", None)
     model = build_model(spec, seed=cfg.seed, num_classes=num_classes, device=ctx.device)
     strategy = strategies.build(cfg.strategy, model, ctx.comm, cfg.strategy_cfg)
-    optimizer = strategy.build_optimizer(torch.optim.AdamW, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+    optimizer = strategy.build_optimizer(torch.optim.AdamW, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, foreach=False)
     flops_per_token = spec.flops_per_token()
     peak = cfg.peak_flops or _measured_peak(ctx)
     # checkpoints (distval/ckpt): resume restores model, optimizer, RNG, data position and metrics so far
-    ckpt = Checkpointer(ctx, cfg, strategy, optimizer, loader) if cfg.ckpt_dir or cfg.resume else None
+    ckpt = Checkpointer(ctx, cfg.ckpt, cfg.steps, fingerprint_fields(cfg, ctx.world_size), strategy, optimizer,
+                        loader) if cfg.ckpt.enabled else None
     start, steps = ckpt.resume() if ckpt else (0, [])
     ctx.comm.reset_totals()
-    logger = MetricsLogger(cfg.log_jsonl, cfg.tensorboard) if ctx.rank == 0 else MetricsLogger()
+    logger = MetricsLogger(cfg.metrics if ctx.rank == 0 else None)
     finished = False
     try:
         for step in range(start, cfg.steps):
@@ -175,12 +94,12 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
 def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer,
                loader: Any, step: int, flops_per_token: float, peak: float) -> dict[str, Any]:
     for group in optimizer.param_groups:
-        group["lr"] = lr_at(cfg, step)
+        group["lr"] = cfg.optim.lr_at(step, cfg.steps)
     ctx.control_comm.barrier()  # start together, so step time measures this step only
     start = time.perf_counter()
     loss = forward_backward(cfg, strategy, loader, ctx.device)
     strategy.sync_gradients()
-    grad_norm = strategy.clip_grad_norm(cfg.clip)  # a tensor on the device, read below
+    grad_norm = strategy.clip_grad_norm(cfg.optim.clip)  # a tensor on the device, read below
     optimizer.step()
     held = held_bytes(strategy.model_state_tensors(optimizer))  # everything of the model state exists now
     optimizer.zero_grad(set_to_none=True)
@@ -196,7 +115,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     tokens = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1)
     step_s = float(maxima[0])
     return {
-        "step": step, "loss": float(loss_sum) / ctx.world_size, "grad_norm": float(grad_norm), "lr": lr_at(cfg, step),
+        "step": step, "loss": float(loss_sum) / ctx.world_size, "grad_norm": float(grad_norm), "lr": cfg.optim.lr_at(step, cfg.steps),
         "step_time_s": step_s, "tokens_per_s": tokens / step_s,
         "mfu": tokens / ctx.world_size * flops_per_token / step_s / peak,
         "comm_calls": sum(t.calls for t in comm.values()), "comm_bytes": sum(t.bytes for t in comm.values()),
@@ -245,7 +164,3 @@ def _measured_peak(ctx: RankContext, n: int = 512, reps: int = 3) -> float:
 
     a, b = torch.randn(n, n, device=ctx.device), torch.randn(n, n, device=ctx.device)
     return matmul_flops(torch.mm, a, b, n, reps)
-
-
-def config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    return asdict(cfg)

@@ -8,27 +8,42 @@ starts). (The console's live view reads rank 0's steps from the rank channel: tr
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 
-def check_tensorboard() -> None:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+@dataclass(frozen=True)
+class MetricsConfig:
+    log_jsonl: str | None = None  # rank 0 appends one JSON line per step
+    tensorboard: str | None = None  # rank 0 writes TensorBoard scalars into this folder
+
+    def __post_init__(self) -> None:
+        if self.tensorboard:
+            try:
+                import tensorboard  # noqa: F401
+            except ImportError:
+                raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+
+    def resolved(self) -> MetricsConfig:
+        """The paths made absolute: the workers may start in another folder."""
+        return dataclasses.replace(self, **{k: str(Path(v).resolve()) for k, v in dataclasses.asdict(self).items() if v})
 
 
 class MetricsLogger:
-    def __init__(self, jsonl: str | None = None, tensorboard: str | None = None):
-        self._jsonl = open(jsonl, "a", encoding="utf-8") if jsonl else None
+    """Rank 0 logs into the sinks `cfg` names; every other rank (cfg None) into none."""
+
+    def __init__(self, cfg: MetricsConfig | None):
+        cfg = cfg or MetricsConfig()
+        self._jsonl = open(cfg.log_jsonl, "a", encoding="utf-8") if cfg.log_jsonl else None
         self._tb = None
-        if tensorboard:
+        if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            Path(tensorboard).mkdir(parents=True, exist_ok=True)
-            self._tb = SummaryWriter(log_dir=tensorboard)
+            Path(cfg.tensorboard).mkdir(parents=True, exist_ok=True)
+            self._tb = SummaryWriter(log_dir=cfg.tensorboard)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if self._jsonl:

@@ -1,4 +1,5 @@
-"""What torchrun starts on an emulated node: the distval CLI, plus a note of this rank's exit code.
+"""What torchrun starts on an emulated node (`python -m distval.cli.node ARGS`): the distval CLI,
+plus a note of this rank's exit code.
 
 torchrun folds every worker failure into its own exit code 1, so `distval emulate` would otherwise
 not know whether a rank reported a FAIL (1), bad input (2) or could not run (3). Each rank writes

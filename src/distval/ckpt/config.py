@@ -1,0 +1,41 @@
+"""What the user asked of checkpoints; validates itself, and `resolved()` is a new value with the
+paths made absolute (the workers may start in another folder). torch-free."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    dir: str | None = None  # None: no checkpoints (docs/checkpointing.md)
+    every: int = 10  # save after every N optimizer steps, and after the last
+    keep: int = 3  # keep the newest K checkpoints
+    async_save: bool = True  # write in a background thread; the loop only waits for the snapshot
+    resume: str | None = None  # "auto" (newest valid checkpoint in dir, or start at 0), a checkpoint path, or None
+
+    def __post_init__(self) -> None:
+        for name, flag in (("every", "--ckpt-every"), ("keep", "--ckpt-keep")):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{flag} must be at least 1 (got {getattr(self, name)})")
+        if self.resume == "auto" and not self.dir:
+            raise ValueError("--resume auto needs --ckpt-dir (where to look for checkpoints)")
+
+    @property
+    def enabled(self) -> bool:
+        """The loop needs a checkpointer: to save, or to load."""
+        return bool(self.dir or self.resume)
+
+    def due(self, done: int, steps: int) -> bool:
+        """A save after `done` optimizer steps of `steps`."""
+        return bool(self.dir) and (done % self.every == 0 or done == steps)
+
+    def journal_path(self, run_id: str) -> Path | None:
+        """Where rank 0 keeps the journal of the run `run_id` (all its restart attempts)."""
+        return Path(self.dir) / "runs" / f"{run_id}.json" if self.dir else None
+
+    def resolved(self) -> CheckpointConfig:
+        resume = self.resume if self.resume in (None, "auto") else str(Path(self.resume).resolve())
+        return dataclasses.replace(self, dir=str(Path(self.dir).resolve()) if self.dir else None, resume=resume)

@@ -1,0 +1,47 @@
+"""The `distval` command line: each command parses its flags, calls the library, renders.
+
+Errors a user can cause (a bad flag, size, dtype, path) end in one line on stderr and exit code 2,
+before anything is written; an environment that cannot run the job ends in exit code 3.
+
+`app.py` holds the app, the shared options and the config builders; each command lives in a small
+module of its own, imported here (its decorators add it to the app).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from distval.cli import comm, doctor, drill, emulate, plan, run, slurm, train  # noqa: F401 (each adds its commands)
+from distval.cli.app import app
+from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun
+
+__all__ = ["app", "main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        code = app(args=argv, prog_name="distval", standalone_mode=False)
+    except ValueError as e:
+        _fail(str(e), EXIT_USAGE)
+    except CannotRun as e:
+        _fail(str(e), EXIT_CANNOT_RUN)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as e:
+        # Usage errors of click (or the click Typer vendors, depending on its version) carry
+        # exit_code 2 and a format_message(); Abort is Ctrl-C at a prompt.
+        if type(e).__name__ == "NoArgsIsHelpError":  # `distval` or `distval comm` alone: show the help
+            print(e.format_message())
+            sys.exit(0)
+        if getattr(e, "exit_code", None) == EXIT_USAGE and hasattr(e, "format_message"):
+            _fail(e.format_message(), EXIT_USAGE)
+        if type(e).__name__ == "Abort":
+            _fail("interrupted", 130)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, code: int) -> None:
+    first = " ".join(message.strip().split("\n")[:1])
+    print(f"distval: error: {first}", file=sys.stderr)
+    sys.exit(code)

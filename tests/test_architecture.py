@@ -1,0 +1,116 @@
+"""The shape of the house, checked from the source: no import circle between distval's packages
+(imports inside functions count; imports for type annotations only, under TYPE_CHECKING, do
+not), and the command line's framework stays in `cli/`."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import distval
+
+SRC = Path(distval.__file__).parent
+
+
+def _unit(module: str) -> str:
+    """The package (or top-level module) a dotted distval module belongs to: distval.comm.layer
+    -> comm, distval.rank -> rank."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "distval"
+
+
+def _runtime_imports(tree: ast.AST) -> list[str]:
+    """Every distval module imported, anywhere in the file, except under `if TYPE_CHECKING:`."""
+    found: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("distval"):
+            found.extend(f"{node.module}.{a.name}" if node.module == "distval" else node.module for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.extend(a.name for a in node.names if a.name.startswith("distval"))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def package_graph() -> dict[str, dict[str, str]]:
+    """unit -> {unit it imports: one file that does}."""
+    graph: dict[str, dict[str, str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        module = ".".join(rel.parts).removesuffix(".__init__")
+        unit = _unit(module) if path.parent != SRC else rel.parts[-1]
+        for imported in _runtime_imports(ast.parse(path.read_text(), str(path))):
+            target = _unit(imported)
+            if target not in (unit, "distval", "__version__"):
+                graph.setdefault(unit, {}).setdefault(target, str(path.relative_to(SRC)))
+    return graph
+
+
+def find_cycle(graph: dict[str, dict[str, str]]) -> list[str] | None:
+    """One import circle as a path [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, {})):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := walk(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := walk(start)):
+            return cycle
+    return None
+
+
+def test_no_import_circle_between_packages():
+    graph = package_graph()
+    cycle = find_cycle(graph)
+    where = [f"{a} -> {b} ({graph[a][b]})" for a, b in zip(cycle, cycle[1:])] if cycle else []
+    assert cycle is None, "import circle: " + "; ".join(where)
+    assert {"comm", "launch", "rank"} <= set(graph["runner"]) | set(graph["launch"])  # the graph is really read
+
+
+@pytest.mark.parametrize("graph, expected", [
+    ({"a": {"b": "x"}, "b": {"c": "y"}, "c": {"a": "z"}}, ["a", "b", "c", "a"]),
+    ({"a": {"b": "x"}, "b": {"c": "y"}, "c": {}}, None),
+])
+def test_find_cycle(graph, expected):
+    assert find_cycle(graph) == expected
+
+
+def test_type_checking_imports_are_not_runtime_imports():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from distval.rank import X\n"
+                     "def f():\n    from distval.comm import layer\n")
+    assert _runtime_imports(tree) == ["distval.comm"]
+
+
+def test_only_the_command_line_imports_typer():
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                   if any(name == "typer" or name.startswith("typer.") for name in _imports_of(p)))
+    assert users and all(u.startswith("cli/") for u in users), users
+
+
+def _imports_of(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return names
