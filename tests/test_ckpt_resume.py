@@ -54,12 +54,12 @@ def test_ddp_family_resumes_bitwise(tmp_path):
     for name in DDP:
         (tmp_path / name).mkdir()
     cfg = dataclasses.replace(BASE, ckpt=with_ckpt(BASE, dir=str(tmp_path)))
-    job = run(_interrupted_and_resumed, (cfg, DDP), LaunchOptions(nproc=2, timeout_s=60))
+    job = run(_interrupted_and_resumed, (cfg, DDP), LaunchOptions(nproc=2, timeout_s=60, run_id="first"))
     _check(job.results[0], DDP)
     # the async and sync saves both left verified checkpoints at 3, 6 and the end
     for name in DDP:
         assert sorted(p.name for p in (tmp_path / name).glob("step-*")) == ["step-00000003", "step-00000006", "step-00000008"]
-        journal = json.loads((tmp_path / name / "runs" / f"{name}-a.json").read_text())
+        journal = json.loads((tmp_path / name / "runs" / "first.json").read_text())  # the job's run id
         assert [s["ok"] for s in journal["saves"]] == [True, True, True]
 
 

@@ -1,10 +1,12 @@
 """The checkpointer the training loop calls: resume, periodic saves (sync or async), a final save
-on SIGTERM, and the run journal.
+on SIGTERM, and the run journal (rank 0's record on disk, written when an attempt starts and ends
+and at each save; the step an attempt is in goes on the rank channel, and the next attempt reads
+it from there if this one dies without a word).
 
     ckpt = Checkpointer(ctx, cfg.ckpt, cfg.steps, fields, strategy, optimizer, loader)  # every rank
     start, history = ckpt.resume()         # step to start at, metrics so far
     for step in range(start, cfg.steps):
-        ckpt.before_step(step)             # SIGTERM seen on any rank -> final save, Preempted
+        ckpt.before_step(step)             # rank 0's position on the channel; SIGTERM seen on any rank -> final save, Preempted
         history.append(train_step(...))
         ckpt.after_step(step + 1)          # every --ckpt-every steps and at the end: save
     ckpt.close(ok=True)                    # finish a save still in flight
@@ -45,6 +47,7 @@ from distval.results import atomic_write_text
 
 GRACE_S = 20.0  # after SIGTERM, a rank that reaches no step boundary in this time exits as before
 MODEL_FILE = "model.safetensors"
+POSITION = "position"  # the channel kind: {"attempt", "step"} of the step rank 0 is in
 DCP_DIR = "dcp"  # the sharded form: torch.distributed.checkpoint's files, each rank its own shards
 
 
@@ -110,6 +113,8 @@ class Checkpointer:
         self.attempt = attempt_number()
         self.history: list[dict[str, Any]] = []
         self.stop_requested = False
+        self._step: int | None = None  # the step this attempt is in, and when it started
+        self._step_time: float | None = None
         self._thread: threading.Thread | None = None
         self._thread_error: BaseException | None = None
         self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
@@ -161,6 +166,7 @@ class Checkpointer:
 
     def _choose(self) -> dict[str, Any]:
         """Rank 0: which checkpoint, or why not (a usage error, a crash loop)."""
+        self._close_previous_attempt()
         out: dict[str, Any] = {"path": None, "error": None, "crash_loop": None, "warnings": []}
         try:
             found = None
@@ -192,6 +198,27 @@ class Checkpointer:
                     f"rerun with --resume auto)")
         return None
 
+    def _close_previous_attempt(self) -> None:
+        """The step the previous attempt was in when it died, and when it started that step: from
+        the channel, where rank 0 put it at every step (the journal is written on attempts and
+        saves, not on every step). The channel's store outlives a restart: the local launcher's,
+        or torchrun's agent store."""
+        if self.journal is None or not self.journal.doc["attempts"]:
+            return
+        last = self.journal.current
+        reader = self.ctx.channel.reader()
+        position = reader.latest(0, POSITION) if reader is not None else None
+        if position and position.get("attempt") == last["attempt"] and last["outcome"] == "running":
+            last.update(last_step=position["step"], last_step_time=position["time"])
+
+    def _end_attempt(self, outcome: str) -> None:
+        """Rank 0 records how this attempt ended (once: a stop's "preempted" stands) and the step
+        it ended in. A failed attempt stays "running"; the next attempt marks it failed."""
+        if self.journal is None or not self.journal.doc["attempts"] or self.journal.current["outcome"] != "running":
+            return
+        self.journal.current.update(outcome=outcome, last_step=self._step, last_step_time=self._step_time)
+        self.journal.write()
+
     def _no_restart(self, message: str, exit_code: int) -> None:
         """Ask distval's agent (local mode) to stop instead of restarting into the same error."""
         if self.rank == 0:
@@ -220,16 +247,14 @@ class Checkpointer:
     # -- per step ------------------------------------------------------------------------------------
 
     def before_step(self, step: int) -> None:
-        if self.journal:
-            self.journal.current.update(last_step=step, last_step_time=time.time())
-            self.journal.write()
+        self._step, self._step_time = step, time.time()
+        if self.rank == 0:  # where this attempt is: on the channel, at once (a killed rank cannot flush)
+            self.ctx.channel.publish(POSITION, {"attempt": self.attempt, "step": step}, flush=True)
         self.ctx.faults.at_step(step)
         # every rank learns whether any rank got SIGTERM, so all stop at the same boundary
         if max(self.ctx.exchange(int(self.stop_requested))):
             path = self.save(step, final=True)
-            if self.journal:
-                self.journal.current["outcome"] = "preempted"
-                self.journal.write()
+            self._end_attempt("preempted")
             raise Preempted(f"SIGTERM received: saved {path or 'no checkpoint (see warnings)'} before step {step}; "
                             f"rerun with --resume auto to continue")
 
@@ -365,11 +390,11 @@ class Checkpointer:
         try:
             if ok:
                 self.wait()
-                if self.journal:
-                    self.journal.current["outcome"] = "finished"
-                    self.journal.write()
-            elif self._thread is not None:
-                self._thread.join(timeout=10)
+                self._end_attempt("finished")
+            else:
+                if self._thread is not None:
+                    self._thread.join(timeout=10)
+                self._end_attempt("running")  # failed: a restart marks it so; the step it failed in stays
         finally:
             self._remove_handler()
 
