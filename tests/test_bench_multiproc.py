@@ -5,9 +5,10 @@ import math
 
 import pytest
 
-from distval.comm.bench import BenchConfig, csv_text, nccl_text
+from distval.comm.bench import BenchConfig, csv_text
 from distval.comm.ops import BENCH_OPS, busbw_factor, count_for_bytes
 from distval.launch import LaunchOptions
+from distval.report.views import nccl_text
 from distval.results import Status
 from distval.runner import run_bench
 
@@ -60,7 +61,7 @@ def test_sizes_between_1m_and_16m_and_the_text_and_csv_forms():
     assert all(r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * (1.0 if r["op"] == "all_reduce" else 0.5)) for r in rows)
     ar = next(f for f in report.table("alpha_beta").rows if f["op"] == "all_reduce")
     assert ar["num_points"] == 5 and not math.isnan(ar["r2"])
-    text = nccl_text(report.table("bench"), cfg, 2, report.meta["copy_ceiling_gbps"])
+    text = nccl_text(report.table("bench"), report.meta)
     assert "out-of-place" in text and "in-place" in text and "# Out of bounds values : 0 OK" in text
     assert f"{16 * 2**20:>12} {4 * 2**20:>12}" in text  # size and count columns as nccl-tests
     lines = csv_text(report.table("bench")).splitlines()

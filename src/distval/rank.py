@@ -74,18 +74,21 @@ class RankContext:
     control_comm: Comm | None = None
     faults: Faults | None = None  # test/drill-only (health/faults.py), set by the worker (empty when none is armed)
     last_status: str = "started"
+    status_fields: dict[str, Any] = field(default_factory=dict)  # of the last status: step, busy
     signals: Signals = field(init=False)
 
     def __post_init__(self) -> None:
         self.signals = Signals(lambda signum: self.publish_state())
 
-    def status(self, text: str) -> None:
+    def status(self, text: str, **fields: Any) -> None:
         """Say what this rank is about to do: named in the error if it dies or hangs here.
         Written at once (about 20 µs to a store on this host), so even a rank killed in the next
         instant is named with the phase it died in; statuses mark phases (a check case, a bench
-        size, a training step), never single collectives."""
-        self.last_status = text
-        self.channel.publish("status", {"status": text}, flush=True)
+        size, a training step), never single collectives.
+        `fields`: step=N (a training step), busy=True (a long phase that is not a hang, such as a
+        checkpoint save: the hang watchdog allows it more time)."""
+        self.last_status, self.status_fields = text, fields
+        self.channel.publish("status", {"status": text, **fields}, flush=True)
 
     def exchange(self, value: int) -> list[int]:
         """Every rank's small integer (a tiny all-gather on the control group): how ranks agree

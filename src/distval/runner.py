@@ -33,7 +33,7 @@ def execute(command: str, rank_fn: RankFn, cfg: Any, opts: LaunchOptions,
                                                    world_size=_planned_world_size(opts)))
         failure = isinstance(e, WorkerFailure)
         report.add(Check(f"{command} ranks" if failure else f"{command} launch", Status.ERROR, str(e),
-                         details=e.details if failure else {}, hint=_FAILURE_HINT if failure else "",
+                         details=e.details if failure else {}, hint=(e.hint or _FAILURE_HINT) if failure else "",
                          where={"rank": e.rank, "status": e.last_status} if failure else {}))
         return report
     if job is None:

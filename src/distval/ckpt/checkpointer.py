@@ -225,6 +225,7 @@ class Checkpointer:
             self.ctx.channel.publish("note", {"no_restart": message, "exit_code": exit_code}, flush=True)
 
     def _load(self, path: Path) -> int:
+        self.ctx.status(f"loading checkpoint {path.name}", busy=True)
         trainer = json.loads((path / "trainer.json").read_text())
         if (path / DCP_DIR).is_dir():  # DCP reshards to this world size; same strategy (checked)
             import torch.distributed.checkpoint as dcp
@@ -272,6 +273,7 @@ class Checkpointer:
         checkpoint's name when it was committed synchronously."""
         if self.dir is None:
             return None
+        self.ctx.status(f"saving checkpoint step {step}", busy=True)  # long, and not a hang
         start = time.perf_counter()
         self.wait()  # at most one save in flight
         background = self.cfg.async_save and not final

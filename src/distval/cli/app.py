@@ -59,14 +59,19 @@ Timeout = Annotated[str, option("--timeout", help="Per-collective and rendezvous
 Deadline = Annotated[Optional[str], option(
     "--deadline", help="Stop the whole local job after this long, naming each rank's last status, e.g. 10m.")]
 JsonOut = Annotated[Optional[Path], option("--json", help="Write the report as JSON (schema distval.report/1).")]
+HangAfter = Annotated[str, option(
+    "--hang-after", help="Declare a hang when no rank progresses for this long (at least; learned from the gaps "
+    "between progress, x10), then name the culprit with every rank's stack; off: no watchdog (local workers).")]
 
 
-def launch_options(nproc, backend, expect_world, timeout, deadline, **extra):
+def launch_options(nproc, backend, expect_world, timeout, deadline, hang_after: str = "8s", **extra):
+    from distval.health.hang import HangPolicy
     from distval.launch import LaunchOptions
 
+    hang = None if hang_after == "off" else HangPolicy(floor_s=parse_duration(hang_after, "--hang-after"))
     return LaunchOptions(nproc=nproc, backend=backend, expect_world=expect_world,
                          timeout_s=parse_duration(timeout, "--timeout"),
-                         deadline_s=parse_duration(deadline, "--deadline") if deadline else None, **extra)
+                         deadline_s=parse_duration(deadline, "--deadline") if deadline else None, hang=hang, **extra)
 
 
 def check_outputs(outputs: dict[str, Optional[Path]]) -> None:
@@ -85,13 +90,13 @@ def split_list(text: str) -> list[str]:
     return [x for x in (s.strip() for s in text.split(",")) if x]
 
 
-def finish(report: Report | None, json_path: Path | None, console: Console, skip_tables=()) -> int:
+def finish(report: Report | None, json_path: Path | None, console: Console) -> int:
     """Render on the rank that reports; write JSON; return the exit code (0 on other ranks)."""
     from distval.results import write_json
 
     if report is None:
         return 0
-    terminal.render(report, console, skip_tables=skip_tables)
+    terminal.render(report, console)
     if json_path is not None:
         write_json(report, json_path)
         console.print(f"wrote {json_path}")

@@ -10,6 +10,7 @@ from distval.cli.app import (
     Backend,
     Deadline,
     ExpectWorld,
+    HangAfter,
     JsonOut,
     Nproc,
     Timeout,
@@ -37,7 +38,7 @@ def comm_check(
     check_iters: Annotated[int, option("-c", "--check-iters", help="Repeat every check N times with fresh inputs.")] = 1,
     seed: Annotated[int, option("--seed", help="Seed of the input generator.")] = 0,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
-    deadline: Deadline = None, json: JsonOut = None,
+    deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
 ) -> int:
     """Exact correctness of every collective, dtype, reduce op and odd size; names the bad rank and index."""
     from distval.comm import check
@@ -45,7 +46,7 @@ def comm_check(
 
     sizes = dict(check.SIZES) if counts is None else {c: _count(c) for c in split_list(counts)}
     cfg = check.CheckConfig(ops=split_list(ops), dtypes=split_list(dtypes), sizes=sizes, iters=check_iters, seed=seed)
-    opts = launch_options(nproc, backend, expect_world, timeout, deadline)
+    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after)
     check_outputs({"--json": json})
     return finish(run_check(cfg, opts), json, make_console())
 
@@ -77,7 +78,7 @@ def comm_bench(
     inplace: Annotated[str, option("--inplace", help="both, in or out.")] = "both",
     csv: Annotated[Optional[Path], option("--csv", help="Write the sweep as CSV.")] = None,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
-    deadline: Deadline = None, json: JsonOut = None,
+    deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
 ) -> int:
     """nccl-tests-compatible sweep: algbw, busbw, in/out-of-place, p50/p95, #wrong, α–β fit per op."""
     from distval.comm import bench
@@ -88,17 +89,15 @@ def comm_bench(
         ops=split_list(ops), dtype=dtype, min_bytes=parse_size(minbytes, "-b"), max_bytes=parse_size(maxbytes, "-e"),
         factor=stepfactor, step_bytes=parse_size(stepbytes, "-i") if stepbytes else None, iters=iters, warmup=warmup,
         check_iters=check, redop=redop, root=root, inplace=inplace)
-    opts = launch_options(nproc, backend, expect_world, timeout, deadline)
+    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after)
     world_size = planned_world_size(opts)
     if root >= world_size:
         raise ValueError(f"-r {root} is not a rank of a world of {world_size} (ranks 0..{world_size - 1})")
     check_outputs({"--json": json, "--csv": csv})
     report = run_bench(cfg, opts)
     console = make_console()
-    if report is not None and report.table("bench") is not None:
-        print(bench.nccl_text(report.table("bench"), cfg, report.meta.get("world_size", 0),
-                              report.meta.get("copy_ceiling_gbps")))
-        if csv:
-            atomic_write_text(csv, bench.csv_text(report.table("bench")))
-            console.print(f"wrote {csv}")
-    return finish(report, json, console, skip_tables=("bench",))
+    code = finish(report, json, console)
+    if csv and report is not None and report.table("bench") is not None:
+        atomic_write_text(csv, bench.csv_text(report.table("bench")))
+        console.print(f"wrote {csv}")
+    return code

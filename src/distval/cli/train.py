@@ -12,6 +12,7 @@ from distval.cli.app import (
     Backend,
     Deadline,
     ExpectWorld,
+    HangAfter,
     JsonOut,
     Nproc,
     Timeout,
@@ -49,7 +50,7 @@ def train_cmd(
         "--max-restarts", help="Restart the workers up to N times after a failure, each time from the latest valid "
         "checkpoint (local; under torchrun give it to torchrun).")] = 0,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
-    deadline: Deadline = None, json: JsonOut = None,
+    deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
 ) -> int:
     """Train the built-in decoder with one data-parallel strategy; per-step metrics; checkpoints, resume, restarts."""
     from distval.ckpt import command as ckpt_cmd
@@ -64,13 +65,13 @@ def train_cmd(
                                              async_save=ckpt_async, resume=resume),
                        metrics=MetricsConfig(log_jsonl=str(log_jsonl) if log_jsonl else None,
                                              tensorboard=str(tensorboard) if tensorboard else None))
-    opts = launch_options(nproc, backend, expect_world, timeout, deadline, max_restarts=max_restarts)
+    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, max_restarts=max_restarts)
     check_training(cfg, opts)
     check_outputs({"--json": json, "--log-jsonl": log_jsonl})
     cfg = dataclasses.replace(cfg, ckpt=ckpt_cmd.prepare(cfg, planned_world_size(opts)), metrics=cfg.metrics.resolved())
     report = run_train(cfg, opts, watchers=[ProgressView(cfg.steps, f"train {cfg.strategy}")])  # live, on stderr
     ckpt_cmd.annotate(report, cfg.ckpt, ckpt_cmd.job_run_id(detect_mode(), opts.run_id))
-    return finish(report, json, make_console(), skip_tables=("steps",) if cfg.steps > 30 else ())
+    return finish(report, json, make_console())
 
 
 @app.command("compare")
@@ -86,7 +87,7 @@ def compare_cmd(
 ) -> int:
     """Every strategy on the same workload: parity with one process, step time, memory, traffic."""
     from distval import strategies as strategy_mod
-    from distval.train.compare import compact_table, run_compare
+    from distval.train.compare import run_compare
 
     names = strategy_mod.DDP_FAMILY if strategies == "all" else [strategy_mod.check_name(n) for n in split_list(strategies)]
     cfg = train_config(workload, names[0])
@@ -99,8 +100,7 @@ def compare_cmd(
         load(str(calibration))  # a file that is not a distval bench JSON: one line, exit 2, before training
     report = run_compare(cfg, names, opts, str(calibration) if calibration else None)
     console = make_console()
-    code = finish(report, json, console, skip_tables=("strategies",))
-    console.print(compact_table(report))
+    code = finish(report, json, console)
     if html:
         from distval.report.html import render_html
 

@@ -179,7 +179,8 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
     all-reduces, so rank 0's rows are the job's rows. The copy ceiling is the slowest rank's."""
     copies = [r["copy_gbps"] for r in per_rank if r["copy_gbps"]]
     copy_gbps = min(copies) if copies else None
-    bench = Table("bench", BENCH_COLUMNS, title="collective bandwidth (nccl-tests conventions)",
+    bench = Table("bench", BENCH_COLUMNS, title=f"{cfg.iters} iterations after {cfg.warmup} warm-up, blocking per op, "
+                  "time = p50 over iterations of the max over ranks (nccl-tests conventions)",
                   units={"bytes": "B", "time_us_p50": "us", "time_us_p95": "us", "time_us_min": "us", "time_us_max": "us",
                          "algbw_gbps": "GB/s (1e9)", "busbw_gbps": "GB/s (1e9)", "busbw_pct_of_copy": "%"})
     for r in per_rank[0]["rows"]:
@@ -239,36 +240,6 @@ def bench_checks(bench: Table, fits: Table, cfg: BenchConfig, world_size: int, c
             checks.append(Check(name, Status.OK, f"{op}: busbw {plateau:.2f} GB/s at the largest sizes{share}{fit_text}; #wrong 0",
                                 details=details, where={"op": op}))
     return checks
-
-
-def nccl_text(bench: Table, cfg: BenchConfig, world_size: int, copy_gbps: float | None) -> str:
-    """The sweep as nccl-tests prints it: out-of-place then in-place columns, one row per size."""
-    lines = [f"# distval comm bench: {world_size} ranks, dtype {cfg.dtype}, {cfg.iters} iterations after {cfg.warmup} warm-up, "
-             "blocking per op, time = p50 over iterations of the max over ranks"]
-    if copy_gbps:
-        lines.append(f"# host memory-copy ceiling (concurrent on every rank): {copy_gbps:.2f} GB/s")
-    head = f"#{'size':>11} {'count':>12} {'type':>9} {'redop':>6} {'root':>5}   " + "  ".join(
-        [f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"] * 2)
-    units = f"#{'(B)':>11} {'(elements)':>12} {'':>9} {'':>6} {'':>5}   " + "  ".join([f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"] * 2)
-    for op in cfg.ops:
-        rows = [r for r in bench.rows if r["op"] == op]
-        lines += ["#", f"# {op}{' ' + cfg.redop if OPS[op].reduces and cfg.redop != 'sum' else ''}",
-                  "#" + " " * 50 + f"{'out-of-place':^32}  {'in-place':^32}", head, units]
-        by_size: dict[int, dict[bool, dict]] = {}
-        for r in rows:
-            by_size.setdefault(r["bytes"], {})[r["inplace"]] = r
-        for size, forms in sorted(by_size.items()):
-            any_row = next(iter(forms.values()))
-            cells = []
-            for inplace in (False, True):
-                r = forms.get(inplace)
-                cells.append(f"{r['time_us_p50']:>9.1f} {r['algbw_gbps']:>7.2f} {r['busbw_gbps']:>7.2f} {r['wrong']:>6}" if r
-                             else f"{'n/a':>9} {'n/a':>7} {'n/a':>7} {'n/a':>6}")
-            lines.append(f"{size:>12} {any_row['count']:>12} {cfg.dtype:>9} {any_row['redop'] or 'none':>6} "
-                         f"{any_row['root'] if any_row['root'] is not None else -1:>5}   " + "  ".join(cells))
-    total_wrong = sum(r["wrong"] for r in bench.rows)
-    lines.append(f"# Out of bounds values : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}")
-    return "\n".join(lines)
 
 
 def csv_text(bench: Table) -> str:

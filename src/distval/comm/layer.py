@@ -80,6 +80,7 @@ class OpRecord:
     end_s: float | None = None
     peer: int | None = None  # root, src or dst where the op has one
     blocked_s: float = 0.0  # time the issuing thread waited on it (all of it for a blocking op)
+    skipped: bool = False  # an issue hook vetoed it: never handed to the backend (test/drill faults)
 
     @property
     def duration_s(self) -> float | None:
@@ -104,6 +105,8 @@ class _Handle:
 
     def __init__(self, comm: Comm, work: Any, rec: OpRecord, outputs: Sequence[torch.Tensor]):
         self._comm, self._work, self._rec, self._outputs = comm, work, rec, outputs
+        if work is None:  # vetoed: done already
+            comm._finish(rec, outputs)
 
     def wait(self) -> None:
         if self._work is not None:
@@ -159,8 +162,7 @@ class Comm:
         )
         self._seq += 1
         self.records.append(rec)
-        for hook in self.on_issue:
-            hook(rec)
+        rec.skipped = any([hook(rec) is False for hook in self.on_issue])  # a hook returning False vetoes
         return rec
 
     def _finish(self, rec: OpRecord, outputs: Sequence[torch.Tensor], blocking: bool = False) -> None:
@@ -175,7 +177,9 @@ class Comm:
         for hook in self.on_finish:
             hook(rec, outputs)
 
-    def _run(self, rec: OpRecord, work: Any, outputs: Sequence[torch.Tensor], async_op: bool):
+    def _run(self, rec: OpRecord, issue: Callable[[], Any], outputs: Sequence[torch.Tensor], async_op: bool):
+        """Hand the op to the backend (unless vetoed); a handle for async ops, else done."""
+        work = None if rec.skipped else issue()
         if async_op:
             return _Handle(self, work, rec, outputs)
         self._finish(rec, outputs, blocking=True)
@@ -205,13 +209,18 @@ class Comm:
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
         rec = self._start("all_reduce", tensor, nbytes(tensor))
-        work = dist.all_reduce(tensor, op=reduce_op(op), group=self.group, async_op=async_op)
-        return self._run(rec, work, [tensor], async_op)
+        return self._run(rec, lambda: dist.all_reduce(tensor, op=reduce_op(op), group=self.group, async_op=async_op),
+                         [tensor], async_op)
 
     def all_reduce_future(self, tensor: torch.Tensor, op: str = "sum") -> torch.futures.Future:
         """An async all_reduce as a Future (what DDP communication hooks return); the record is
         completed when the future is, on whichever thread completes it."""
         rec = self._start("all_reduce", tensor, nbytes(tensor))
+        if rec.skipped:
+            self._finish(rec, [tensor])
+            fut: torch.futures.Future = torch.futures.Future()
+            fut.set_result(tensor)
+            return fut
         fut = dist.all_reduce(tensor, op=reduce_op(op), group=self.group, async_op=True).get_future()
 
         def done(f: torch.futures.Future) -> torch.Tensor:
@@ -222,46 +231,38 @@ class Comm:
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False):
         rec = self._start("broadcast", tensor, nbytes(tensor), peer=src)
-        work = dist.broadcast(tensor, src=src, group=self.group, async_op=async_op)
-        return self._run(rec, work, [tensor], async_op)
+        return self._run(rec, lambda: dist.broadcast(tensor, src=src, group=self.group, async_op=async_op), [tensor], async_op)
 
     def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum", async_op: bool = False):
         rec = self._start("reduce", tensor, nbytes(tensor), peer=dst)
-        work = dist.reduce(tensor, dst=dst, op=reduce_op(op), group=self.group, async_op=async_op)
-        return self._run(rec, work, [tensor] if self.rank == dst else [], async_op)
+        return self._run(rec, lambda: dist.reduce(tensor, dst=dst, op=reduce_op(op), group=self.group, async_op=async_op), [tensor] if self.rank == dst else [], async_op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
         """Tensor form: `output` holds world_size inputs back to back (may alias `input`)."""
         rec = self._start("all_gather", input, nbytes(output))
-        work = _all_gather_tensor(output, input, group=self.group, async_op=async_op)
-        return self._run(rec, work, [output], async_op)
+        return self._run(rec, lambda: _all_gather_tensor(output, input, group=self.group, async_op=async_op), [output], async_op)
 
     def all_gather_list(self, outputs: list[torch.Tensor], input: torch.Tensor, async_op: bool = False):
         rec = self._start("all_gather", input, sum(nbytes(o) for o in outputs))
-        work = dist.all_gather(outputs, input, group=self.group, async_op=async_op)
-        return self._run(rec, work, outputs, async_op)
+        return self._run(rec, lambda: dist.all_gather(outputs, input, group=self.group, async_op=async_op), outputs, async_op)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum", async_op: bool = False):
         """Tensor form: rank r receives the reduction of chunk r of every rank's `input`."""
         rec = self._start("reduce_scatter", input, nbytes(input))
-        work = _reduce_scatter_tensor(output, input, op=reduce_op(op), group=self.group, async_op=async_op)
-        return self._run(rec, work, [output], async_op)
+        return self._run(rec, lambda: _reduce_scatter_tensor(output, input, op=reduce_op(op), group=self.group, async_op=async_op), [output], async_op)
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
         """Equal splits: chunk j of this rank's input lands as chunk `rank` of rank j's output."""
         rec = self._start("all_to_all", input, nbytes(input))
-        work = dist.all_to_all_single(output, input, group=self.group, async_op=async_op)
-        return self._run(rec, work, [output], async_op)
+        return self._run(rec, lambda: dist.all_to_all_single(output, input, group=self.group, async_op=async_op), [output], async_op)
 
     def gather(self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None, dst: int, async_op: bool = False):
         rec = self._start("gather", tensor, nbytes(tensor) * self.world_size, peer=dst)
-        work = dist.gather(tensor, gather_list, dst=dst, group=self.group, async_op=async_op)
-        return self._run(rec, work, gather_list or [], async_op)
+        return self._run(rec, lambda: dist.gather(tensor, gather_list, dst=dst, group=self.group, async_op=async_op), gather_list or [], async_op)
 
     def scatter(self, tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int, async_op: bool = False):
         rec = self._start("scatter", tensor, nbytes(tensor) * self.world_size, peer=src)
-        work = dist.scatter(tensor, scatter_list, src=src, group=self.group, async_op=async_op)
-        return self._run(rec, work, [tensor], async_op)
+        return self._run(rec, lambda: dist.scatter(tensor, scatter_list, src=src, group=self.group, async_op=async_op), [tensor], async_op)
 
     def sendrecv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int):
         """Send `send` to `dst` while receiving `recv` from `src` (a ring shift when dst = rank+1,
@@ -269,14 +270,11 @@ class Comm:
         rec = self._start("sendrecv", send, nbytes(send), peer=dst)
         g = self.group
         ops = [dist.P2POp(dist.isend, send, self._global(dst), g), dist.P2POp(dist.irecv, recv, self._global(src), g)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-        return self._run(rec, None, [recv], False)
+        return self._run(rec, lambda: [work.wait() for work in dist.batch_isend_irecv(ops)], [recv], False)
 
     def barrier(self) -> None:
         rec = self._start("barrier", torch.empty(0), 0)
-        dist.barrier(group=self.group)
-        self._run(rec, None, [], False)
+        self._run(rec, lambda: dist.barrier(group=self.group), [], False)
 
     def _global(self, group_rank: int) -> int:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)

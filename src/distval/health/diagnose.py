@@ -19,8 +19,9 @@ from distval.results import CannotRun
 
 
 class WorkerFailure(CannotRun):
-    def __init__(self, rank: int | None, message: str, last_status: str = "", details: dict | None = None):
-        self.rank, self.message, self.last_status = rank, message, last_status
+    def __init__(self, rank: int | None, message: str, last_status: str = "", details: dict | None = None,
+                 hint: str = ""):
+        self.rank, self.message, self.last_status, self.hint = rank, message, last_status, hint
         self.details = details or {}
         who = f"rank {rank}" if rank is not None else "a worker"
         where = f" (last status: {last_status})" if last_status else ""

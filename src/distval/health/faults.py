@@ -4,6 +4,7 @@
     DISTVAL_FAULT="op=broadcast,rank=0,action=hang"            a rank hung after a collective
     DISTVAL_FAULT="step=7,rank=1,action=kill,attempt=-1"       a rank killed at a training step
     DISTVAL_FAULT="step=7,rank=1,action=kill;op=any,rank=0,action=hang,nth=500"   several: `;`
+    DISTVAL_FAULT="op=all_reduce,rank=1,action=skip,nth=40"       a rank skips one collective
 
 Where a fault fires, by its key:
   op=OP     after the `nth` call (0: every call) of collective OP ("any": every op) on the
@@ -22,6 +23,11 @@ The catalogue (ACTIONS: where each applies):
   sigterm       step   SIGTERM this rank (a preemption notice to one worker)
   sigterm_job   step   SIGTERM this rank's process group: the launcher and every worker
   kill_in_save  step   SIGKILL halfway through this rank's files of the next checkpoint save
+  stop          both   SIGSTOP this process (a rank frozen: a debugger, a stopped container)
+  spin          both   loop in Python forever (a rank stuck outside any collective)
+  skip          op     the `nth` call is never handed to the backend (a rank that skipped one)
+  slow_save     step   sleep `seconds` inside this rank's next checkpoint save (a slow disk:
+                       real work, not a hang)
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ from distval.comm.inputs import BITS_OF_SIZE
 
 ENV = "DISTVAL_FAULT"
 ACTIONS = {"corrupt": ("op",), "raise": ("op", "step"), "hang": ("op", "step"), "kill": ("op", "step"),
-           "sigterm": ("step",), "sigterm_job": ("step",), "kill_in_save": ("step",)}
-_INT_FIELDS = ("rank", "index", "nth", "step", "attempt")
+           "sigterm": ("step",), "sigterm_job": ("step",), "kill_in_save": ("step",), "stop": ("op", "step"),
+           "spin": ("op", "step"), "skip": ("op",), "slow_save": ("step",)}
+_INT_FIELDS = ("rank", "index", "nth", "step", "attempt", "seconds")
 
 
 def attempt_number() -> int:
@@ -55,6 +62,7 @@ class Fault:
     index: int = 0
     nth: int = 0
     attempt: int = 0
+    seconds: int = 10  # slow_save
 
     def __post_init__(self) -> None:
         if (self.op is None) == (self.step is None):
@@ -105,21 +113,36 @@ class Faults:
     def __bool__(self) -> bool:
         return bool(self.on_ops or self.on_steps)
 
+    def before_op(self, op: str) -> bool:
+        """The `Comm` issue hook: False skips this call (a `skip` fault's call)."""
+        return not any(f.action == "skip" for f in self._firing(op, ("skip",)))
+
     def after_op(self, op: str, outputs: Sequence[torch.Tensor]) -> None:
         """The `Comm` finish hook."""
+        for f in self._firing(op, tuple(a for a in ACTIONS if a != "skip")):
+            _act(f, outputs, f"at {op} on rank {self.rank}")
+
+    def _firing(self, op: str, actions: tuple[str, ...]) -> list[Fault]:
+        """The faults of these actions that fire at this call of `op` (each counts its calls)."""
+        out = []
         for i, f in enumerate(self.on_ops):
-            if f.op in (op, "any"):
+            if f.action in actions and f.op in (op, "any"):
                 self._hits[i] += 1
                 if f.nth in (0, self._hits[i]):
-                    _act(f, outputs, f"at {op} on rank {self.rank}")
+                    out.append(f)
+        return out
 
     def at_step(self, step: int) -> None:
         for f in self.on_steps:
-            if f.step == step and f.action != "kill_in_save":
+            if f.step == step and f.action not in ("kill_in_save", "slow_save"):
                 _act(f, (), f"at step {step} on rank {self.rank}")
 
     def in_save(self, step: int) -> bool:
-        """True when this save (the first one at or after the fault's step) must be killed mid-write."""
+        """True when this save (the first one at or after the fault's step) must be killed mid-write.
+        A `slow_save` fault sleeps here, once."""
+        for f in [f for f in self.on_steps if f.action == "slow_save" and step >= f.step]:
+            self.on_steps.remove(f)
+            time.sleep(f.seconds)
         return any(f.action == "kill_in_save" and step >= f.step for f in self.on_steps)
 
 
@@ -137,6 +160,17 @@ def _act(f: Fault, outputs: Sequence[torch.Tensor], where: str) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
     elif f.action == "sigterm_job":
         os.killpg(os.getpgrp(), signal.SIGTERM)
+    elif f.action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif f.action == "spin":
+        _spin()
+
+
+def _spin() -> None:
+    """Busy Python forever, holding no collective: what a rank stuck in a loop looks like."""
+    n = 0
+    while True:
+        n = (n * 31 + 7) % 1_000_003
 
 
 def corrupt(outputs: Sequence[torch.Tensor], index: int) -> None:

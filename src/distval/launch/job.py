@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from distval import device as devices
+from distval.health.hang import HangPolicy
 from distval.rank import RankContext
 
 
@@ -21,6 +22,8 @@ class LaunchOptions:
     # local mode: the elastic agent's run id (workers see it as TORCHELASTIC_RUN_ID; it names the run
     # journal). Under torchrun/Slurm the outer launcher's (--rdzv-id) is used instead.
     run_id: str = field(default_factory=lambda: f"distval-{uuid.uuid4().hex[:12]}")
+    # local mode: the hang watchdog's rule (health/hang.py); None: no watchdog
+    hang: HangPolicy | None = field(default_factory=HangPolicy)
 
     def __post_init__(self) -> None:
         if self.nproc is not None and self.nproc < 1:

@@ -1,7 +1,7 @@
 """The local launcher: distval starts `nproc` workers itself with torchrun's own elastic agent
 (LocalElasticAgent via `elastic_launch`, c10d rendezvous on a free loopback port, restarts up to
 `--max-restarts`), serves the rank channel's store, and runs the one monitor loop (deadline, a
-worker's "do not restart" note, live views).
+worker's "do not restart" note, the hang watchdog, live views).
 
 A failed job is diagnosed from what every rank published on the channel and how each process
 exited (health/diagnose.py); the per-rank logs the agent redirects are only read for their last
@@ -14,13 +14,16 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from distval import channel as channels
 from distval import device as devices
 from distval.health.diagnose import WorkerFailure, diagnose
+from distval.health.hang import HINTS, Hang, Watchdog, stop_ranks, summary
+from distval.health.heartbeat import FR_ENV, enable_flight_recorder
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
 
@@ -63,23 +66,25 @@ def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Wat
     # handler (torch's agent's, or ours until the agent has installed its own) stops every worker.
     # torch's agent never restores the handlers it installs: they are put back afterwards.
     saved_handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
-    monitor = Monitor(reader, nproc, watchers)
     stop = lambda *_: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
+    watchdog = Watchdog(nproc, opts.hang, lambda hang: _abort(hang, stop)) if opts.hang else None
+    monitor = Monitor(reader, nproc, [*watchers, *([watchdog] if watchdog else [])])
     if opts.deadline_s:
         monitor.stop_at(opts.deadline_s, stop)
     if opts.max_restarts:  # a worker that knows a restart cannot help (bad checkpoint, crash loop)
         monitor.on_no_restart(stop)
-    if opts.deadline_s or opts.max_restarts:
+    if opts.deadline_s or opts.max_restarts or watchdog:
         def _raise_stopped(signum: int, frame: Any) -> None:
             raise _Stopped()
 
         signal.signal(signal.SIGTERM, _raise_stopped)
     # As torchrun does: one intra-op thread per worker unless the user chose, so N workers do
     # not fight over the cores (spawned workers inherit the environment at start).
-    saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", channels.ENV)}
+    saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", channels.ENV, FR_ENV)}
     if saved_env["OMP_NUM_THREADS"] is None and nproc > 1:
         os.environ["OMP_NUM_THREADS"] = "1"
     os.environ[channels.ENV] = address
+    enable_flight_recorder()  # the workers' heartbeats read it
     monitor.start()
     try:
         try:
@@ -90,9 +95,11 @@ def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Wat
                 signal.signal(sig, handler)
         return results[0]
     except ChildFailedError as e:
+        _raise_hang(watchdog)
         _raise_no_restart(monitor, reader, run_dir, nproc)
         raise _diagnose(reader, run_dir, nproc, {r: f.exitcode for r, f in e.failures.items()}) from None
     except (SignalException, _Stopped):
+        _raise_hang(watchdog)
         _raise_no_restart(monitor, reader, run_dir, nproc)
         if monitor.deadline_expired:
             raise _diagnose(reader, run_dir, nproc, {}, deadline_s=opts.deadline_s) from None
@@ -104,6 +111,22 @@ def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Wat
             else:
                 os.environ[key] = value
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _abort(hang: Hang, stop: Callable[[], None]) -> None:
+    """The watchdog's verdict: say it now, stop the agent (no restart into the same hang), and
+    end every rank."""
+    print(f"distval: {summary(hang)}", file=sys.stderr, flush=True)
+    stop()
+    stop_ranks(hang)
+
+
+def _raise_hang(watchdog: Watchdog | None) -> None:
+    hang = watchdog.hang if watchdog else None
+    if hang is not None:
+        rank = hang.culprits[0] if hang.culprits else None
+        status = next((row["status"] for row in hang.ranks if row["rank"] == rank), "") if rank is not None else ""
+        raise WorkerFailure(rank, summary(hang), status or "", hang.details(), HINTS[hang.kind])
 
 
 def _raise_no_restart(monitor: Monitor, reader: channels.ChannelReader, run_dir: str, nproc: int) -> None:

@@ -25,6 +25,7 @@ from distval import device as devices
 from distval.comm.layer import Comm
 from distval.health.diagnose import WorkerFailure, diagnose
 from distval.health.faults import Faults
+from distval.health.heartbeat import Heartbeat, enable_flight_recorder
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
 from distval.rank import RankContext, state_payload
@@ -39,6 +40,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
     channel = channels.for_worker(rank)
     ctx: RankContext | None = None
     monitor: Monitor | None = None
+    heartbeat: Heartbeat | None = None
     try:
         timeout = datetime.timedelta(seconds=opts.timeout_s)
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -46,6 +48,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         if mode != "local":  # an advertised address no peer can reach: an ERROR naming it now, not a hang at init
             from distval.netcheck import preflight
             preflight(os.environ, timeout_s=min(opts.timeout_s, 5.0))
+        enable_flight_recorder()  # the heartbeat's collective facts, before the first process group
         _init_process_group(opts.backend, timeout)
         if mode != "local":
             channel.attach(channels.job_store(min(opts.timeout_s, CHANNEL_TIMEOUT_S)))
@@ -57,7 +60,10 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         ctx.signals.install(signal.SIGTERM)
         ctx.faults = faults = Faults.from_env(rank)
         if faults.on_ops:  # the measured group only: bookkeeping is never faulted
+            ctx.comm.on_issue.append(lambda rec: faults.before_op(rec.op))
             ctx.comm.on_finish.append(lambda rec, outputs: faults.after_op(rec.op, outputs))
+        status = ctx  # the heartbeat reads what the rank last said it is doing
+        heartbeat = Heartbeat(channel, lambda: (status.last_status, status.status_fields)).start()
         if mode != "local" and rank == 0 and watchers:
             monitor = Monitor(channel.reader(), ctx.world_size, watchers).start()
         ctx.status("running")
@@ -81,6 +87,8 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
             raise _diagnose_peers(ctx.world_size, reader) from e
         raise WorkerFailure(rank, error, ctx.last_status) from e
     finally:
+        if heartbeat is not None:
+            heartbeat.close()
         if monitor is not None:
             monitor.close()
         channel.flush()

@@ -1,10 +1,11 @@
 """The readable terminal view of a Report (rich): a header, the checks that need attention one
-per row, the rest counted per group, then the tables."""
+per row, the rest counted per group, then the tables (each by its view in report/views.py, else
+as a plain grid)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table as RichTable
@@ -55,7 +56,7 @@ def group_key(check: Check) -> str:
     return " ".join(check.name.split()[:2])
 
 
-def render(report: Report, console: Console | None = None, skip_tables: Iterable[str] = ()) -> None:
+def render(report: Report, console: Console | None = None) -> None:
     console = console or Console()
     console.print(Text(header(report), style="bold"))
     attention = [c for c in report.checks if c.status in _ATTENTION]
@@ -84,9 +85,16 @@ def render(report: Report, console: Console | None = None, skip_tables: Iterable
                 text.append(members[0].summary)
             t.add_row(Text(key), text)
         console.print(t)
+    from distval.report.views import VIEWS
+
     for table in report.tables:
-        if table.name not in skip_tables and table.rows:
-            console.print(render_table(table))
+        if table.rows:
+            view = VIEWS.get(table.name)
+            out = view(table, report.meta) if view else render_table(table)
+            if isinstance(out, str):  # preformatted text (nccl-tests columns): as is, never wrapped
+                console.print(Text(out), soft_wrap=True)
+            else:
+                console.print(out)
     counts = report.counts()
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     console.print(Text(f"{summary or 'no checks'} -> exit {report.exit_code()}", style="bold"))

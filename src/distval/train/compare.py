@@ -191,30 +191,3 @@ def parity_check(name: str, row: dict[str, Any]) -> Check:
                  details={"max_rel_param_diff": diff, "bitwise_equal": row["bitwise_equal"]},
                  hint="" if ok else "the strategy does not compute the same gradient mean: check its averaging and accumulation",
                  where={"strategy": name})
-
-
-def compact_table(report: Report) -> Any:
-    """The strategies table in 80-odd columns for the terminal (the JSON keeps every column)."""
-    from rich.table import Table as RichTable
-
-    t = RichTable(title="strategies vs a single-process reference", header_style="bold")
-    table = report.table("strategies")
-    rows = table.rows if table else []
-    predicted = any(r["predicted_step_time_s"] is not None for r in rows)
-    for col in ("strategy", "parity", "loss", "step ms", *(["plan ms"] if predicted else []), "tokens/s", "peak MiB",
-                "state MiB (plan)", "calls", "MB/step (exp.)", "wire MB", "hidden"):
-        t.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=col == "strategy")
-
-    def num(value: float | None, fmt: str, scale: float = 1.0) -> str:
-        return "—" if value is None else format(value * scale, fmt)
-
-    for r in rows:
-        t.add_row(r["strategy"], "bitwise" if r["bitwise_equal"] else f"{r['max_rel_param_diff']:.1e}", f"{r['final_loss']:.3f}",
-                  num(r["step_time_p50_s"], ".1f", 1e3), *([num(r["predicted_step_time_s"], ".1f", 1e3)] if predicted else []),
-                  num(r["tokens_per_s"], ",.0f"), num(r["peak_mem_bytes"], ",.0f", 2**-20),
-                  f"{num(r['model_state_bytes'], '.2f', 2**-20)} ({num(r['predicted_model_state_bytes'], '.2f', 2**-20)})",
-                  num(r["comm_calls_per_step"], "g"),
-                  f"{num(r['comm_bytes_per_step'], '.3f', 1e-6)} ({num(r['expected_comm_bytes_per_step'], '.3f', 1e-6)})",
-                  num(r["comm_wire_bytes_per_step"], ".3f", 1e-6), num(r["comm_hidden_frac"], ".0%"))
-    return t
-

@@ -60,7 +60,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     finished = False
     try:
         for step in range(start, cfg.steps):
-            ctx.status(f"train {cfg.strategy} step {step}")
+            ctx.status(f"train {cfg.strategy} step {step}", step=step)
             if ckpt:
                 ckpt.before_step(step)  # the journal, this step's test/drill fault, a stop asked by SIGTERM
             else:

@@ -1,0 +1,358 @@
+"""Hangs: the watchdog outside the ranks that declares one, and the diagnosis that names the
+rank(s) that caused it, from facts every rank published (health/heartbeat.py), the state of
+each process and its Python stack (py-spy).
+
+The rule: a hang is declared when no rank has made progress (a collective enqueued or completed
+on any process group, a training step) for max(floor, factor × the longest gap between progress
+seen lately). Before the first progress the allowance is `startup_s` (rendezvous, data loading,
+the first step's compile); while a rank declares a long phase (a checkpoint save: `busy`) it is
+`busy_s`. A slow step that makes progress now and then only raises the learned gap; it is never
+a hang.
+
+The decision, in this order (never "the first rank that disagrees"):
+  stopped      a rank's process is stopped (SIGSTOP, a debugger): it cannot answer
+  dead         a rank's process is gone
+  outside      ranks wait in collective #n of a group while others have not issued it: those
+               others are the cause (stuck in Python, in I/O, or they skipped a collective —
+               then they completed fewer on that group)
+  mismatch     every rank waits, but not in the same collective: the ranks outside the
+               majority's (seq, op, sizes, dtypes) are named with both sides; with no majority
+               every side is named
+  network      every rank waits in the same collective: no rank is behind; the transport is
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from distval.health.heartbeat import KIND as HEARTBEAT
+
+STACK_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class HangPolicy:
+    floor_s: float = 8.0  # --hang-after
+    factor: float = 10.0
+    startup_s: float = 120.0
+    busy_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.floor_s > 0:
+            raise ValueError(f"--hang-after must be positive (got {self.floor_s:g} s), e.g. 30s")
+
+    def threshold(self, gaps: list[float], busy: bool) -> float:
+        limit = self.startup_s if not gaps else max(self.floor_s, self.factor * max(gaps))
+        return max(limit, self.busy_s) if busy else limit
+
+
+HINTS = {
+    "stopped": "a stopped process blocks every rank: resume it (kill -CONT <pid>) or find what stopped it (a "
+               "debugger, a frozen container, a job scheduler's suspend)",
+    "dead": "see how the rank died: its exit code and the kernel log (dmesg: the OOM killer)",
+    "outside": "the culprit's stack (details.stacks) shows where it is instead: a loop, I/O, a lock, or a code path "
+               "that skips a collective on that rank only",
+    "mismatch": "the ranks call different collectives at the same point: a rank-dependent branch or tensor shape; "
+                "compare the call sites in details.stacks",
+    "network": "run `distval doctor` on every host; check GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME and the links",
+}
+
+
+@dataclass
+class Hang:
+    culprits: list[int]
+    kind: str  # stopped | dead | outside | mismatch | network
+    verdict: str  # one line
+    stalled_s: float = 0.0  # no progress for this long when the hang was declared
+    diagnosed_s: float = 0.0  # from the last progress to the verdict (stacks included)
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # the per-rank table
+    stacks: dict[int, str] = field(default_factory=dict)
+    stacks_note: str = ""
+
+    def details(self) -> dict[str, Any]:
+        return {"hang": self.kind, "culprits": self.culprits, "stalled_s": round(self.stalled_s, 1),
+                "diagnosed_s": round(self.diagnosed_s, 1),
+                "ranks": self.ranks, "stacks": {str(r): s for r, s in self.stacks.items()},
+                "stacks_note": self.stacks_note}
+
+
+# -- facts about the processes, from outside ------------------------------------------------------
+
+def process_state(pid: int) -> str:
+    """R running, S sleeping, D disk wait, T stopped, t traced, Z zombie; "gone" if no process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def cpu_seconds(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def py_spy() -> tuple[str | None, str]:
+    """The py-spy binary, or None and why not."""
+    path = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(path):
+        return None, "py-spy is not installed (pip install py-spy)"
+    return path, ""
+
+
+def stack_of(pid: int, binary: str) -> tuple[str | None, str]:
+    """The Python stack of every thread of `pid` (py-spy dump, without pausing the process)."""
+    try:
+        res = subprocess.run([binary, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True,
+                             timeout=STACK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy took over {STACK_TIMEOUT_S:g} s"
+    if res.returncode != 0:
+        why = (res.stderr or res.stdout).strip().splitlines()
+        reason = why[-1] if why else f"exit {res.returncode}"
+        if "ermission" in reason or "ptrace" in reason.lower():
+            reason += " (py-spy needs the ptrace capability: run as root or with CAP_SYS_PTRACE)"
+        return None, reason
+    return res.stdout, ""
+
+
+def main_frames(stack: str) -> list[str]:
+    """The frames of the main thread, innermost first ("fn (file:line)")."""
+    frames, in_main = [], False
+    for line in stack.splitlines():
+        if line.startswith("Thread "):
+            in_main = '"MainThread"' in line
+        elif in_main and line.startswith("    ") and "(" in line:
+            frames.append(line.strip())
+    return frames
+
+
+def where(stack: str | None) -> str:
+    """The innermost frame of the main thread outside torch and the standard library: the line
+    of the user's (or distval's) code the rank is in."""
+    if not stack:
+        return ""
+    frames = main_frames(stack)
+    for frame in frames:
+        if not any(part in frame for part in ("torch/", "threading.py", "/lib/python3", "distval/comm/")):
+            return frame
+    return frames[0] if frames else ""
+
+
+# -- the decision ----------------------------------------------------------------------------------
+
+def _waiting(beat: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    return {pg: (v[0], v[1]) for pg, v in beat.get("groups", {}).items() if v[0] > v[1]}
+
+
+def _fingerprint(beat: dict[str, Any], pg: str) -> tuple | None:
+    mine = [p for p in beat.get("pending", []) if p["pg"] == pg]
+    if not mine:
+        return None
+    p = min(mine, key=lambda x: x["seq"])
+    return (p["seq"], p["op"], str(p["sizes"]), str(p["dtypes"]))
+
+
+def _describe(fp: tuple | None, pg: str) -> str:
+    if fp is None:
+        return f"a collective of group {pg}"
+    seq, op, sizes, dtypes = fp
+    return f"{op} #{seq} of group {pg} (sizes {sizes}, {dtypes})"
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> tuple[list[int], str, str]:
+    """(culprits, kind, verdict) from every rank's last heartbeat (its "status": the latest the
+    rank said, which the watchdog takes from the `status` kind) and its process state."""
+    ranks = sorted(beats)
+    stopped = [r for r in ranks if states.get(r) in ("T", "t")]
+    if stopped:
+        return stopped, "stopped", (f"{_ranks_text(stopped)} stopped (SIGSTOP or a debugger) at "
+                                    f"{_statuses(beats, stopped)}; the others wait for it")
+    dead = [r for r in ranks if states.get(r) in ("gone", "Z")]
+    if dead:
+        return dead, "dead", f"{_ranks_text(dead)} gone (the process exited or was killed) at {_statuses(beats, dead)}"
+    live = {r: b for r, b in beats.items() if b}
+    silent = [r for r in ranks if not beats.get(r)]
+    if silent:
+        return silent, "outside", f"{_ranks_text(silent)} never reported (stuck before its process group came up)"
+    # a group some ranks wait in and others have not reached: the others are the cause (the
+    # summary adds where the waiting ranks are)
+    for pg in _groups_waited(live):
+        waiting = [r for r in ranks if pg in _waiting(live[r])]
+        absent = [r for r in ranks if r not in waiting]
+        if waiting and absent:
+            target = max(_waiting(live[r])[pg][0] for r in waiting)
+            what = _describe(_fingerprint(live[waiting[0]], pg), pg)
+            parts = []
+            for r in absent:
+                issued = live[r]["groups"].get(pg, [0, 0])[0]
+                elsewhere = {g: v for g, v in _waiting(live[r]).items() if g != pg}
+                if elsewhere:  # it went on: the collective it did not issue was skipped on this rank
+                    g = next(iter(elsewhere))
+                    parts.append(f"rank {r} went on to {_describe(_fingerprint(live[r], g), g)} without issuing {what} "
+                                 f"(it issued {issued} collectives on group {pg}, {_ranks_text(waiting)} {target}): "
+                                 f"it skipped a collective")
+                else:
+                    parts.append(f"rank {r} has not issued {what} and waits in no collective: it is at "
+                                 f"{_statuses(beats, [r])}")
+            return absent, "outside", "; ".join(parts)
+    # every rank waits: do they wait in the same collective?
+    for pg in _groups_waited(live):
+        prints = {r: _fingerprint(live[r], pg) for r in ranks}
+        counts = collections.Counter(fp for fp in prints.values())
+        if len(counts) > 1:
+            (top, n), *rest = counts.most_common()
+            if rest and rest[0][1] == n:  # no majority: name every side
+                sides = "; ".join(f"{_ranks_text([r for r in ranks if prints[r] == fp])} in {_describe(fp, pg)}"
+                                  for fp in counts)
+                return ranks, "mismatch", f"the ranks wait in different collectives and no majority decides: {sides}"
+            odd = [r for r in ranks if prints[r] != top]
+            sides = "; ".join(f"{_ranks_text([r])} in {_describe(prints[r], pg)}" for r in odd)
+            return odd, "mismatch", (f"{sides}, while {_ranks_text([r for r in ranks if r not in odd])} wait in "
+                                     f"{_describe(top, pg)}")
+    return [], "network", ("every rank waits in the same collective and none is behind: the transport (network, "
+                           "NCCL/Gloo) is stuck; see `distval doctor`")
+
+
+def _groups_waited(live: dict[int, dict[str, Any]]) -> list[str]:
+    """The groups some rank waits in, the default group first."""
+    return sorted({pg for b in live.values() for pg in _waiting(b)}, key=lambda g: (g != "0", g))
+
+
+def _statuses(beats: dict[int, dict[str, Any] | None], ranks: list[int]) -> str:
+    texts = [(beats.get(r) or {}).get("status") or "an unknown point" for r in ranks]
+    return ", ".join(dict.fromkeys(texts))
+
+
+def diagnose_hang(beats: dict[int, dict[str, Any] | None], stalled_s: float, with_stacks: bool = True) -> Hang:
+    """Everything known about a hang: the decision, the per-rank table, the stacks (py-spy) of
+    the ranks whose process lives on this host."""
+    started = time.monotonic()
+    here = socket.gethostname()
+    pids = {r: b["pid"] for r, b in beats.items() if b and b.get("host") == here}
+    cpu0 = {r: cpu_seconds(pid) for r, pid in pids.items()}
+    time.sleep(0.3)
+    states = {r: process_state(pid) for r, pid in pids.items()}
+    spinning = {r: (c1 - c0) > 0.1 for r, pid in pids.items()
+                if (c0 := cpu0[r]) is not None and (c1 := cpu_seconds(pid)) is not None}
+    culprits, kind, verdict = decide(beats, states)
+    stacks: dict[int, str] = {}
+    note = ""
+    binary, note = py_spy() if with_stacks else (None, "stacks not asked for")
+    if binary:
+        alive = {r: pid for r, pid in pids.items() if states.get(r) not in ("gone", "Z")}
+        with ThreadPoolExecutor(max_workers=max(1, len(alive))) as pool:
+            results = dict(zip(alive, pool.map(lambda pid: stack_of(pid, binary), alive.values())))
+        stacks = {r: text for r, (text, _) in results.items() if text}
+        reasons = {why for text, why in results.values() if not text}
+        note = "; ".join(sorted(reasons))
+    if pids and len(pids) < len(beats):
+        note = (note + "; " if note else "") + "stacks only of the ranks on this host"
+    rows = []
+    for r in sorted(beats):
+        b = beats[r] or {}
+        waiting = _waiting(b) if b else {}
+        pg = next(iter(sorted(waiting, key=lambda g: (g != "0", g))), None)
+        rows.append({"rank": r, "pid": b.get("pid"), "host": b.get("host"), "state": states.get(r, "?"),
+                     "cpu_busy": spinning.get(r), "status": b.get("status"),
+                     "waiting_in": _describe(_fingerprint(b, pg), pg) if pg else None,
+                     "completed": {g: v[1] for g, v in b.get("groups", {}).items()},
+                     "where": where(stacks.get(r)), "culprit": r in culprits})
+    return Hang(culprits, kind, verdict, stalled_s, stalled_s + time.monotonic() - started, rows, stacks, note)
+
+
+def summary(hang: Hang) -> str:
+    """The verdict, the culprit's line of code, the others in one clause each."""
+    text = f"hang after {hang.stalled_s:.0f} s without progress: {hang.verdict}"
+    for row in hang.ranks:
+        if row["culprit"] and row["where"]:
+            text += f" [rank {row['rank']}: {row['where']}]"
+    others = collections.defaultdict(list)
+    for row in hang.ranks:
+        if not row["culprit"]:
+            others[(row["waiting_in"] or "not in a collective", row["where"])].append(row["rank"])
+    for (what, at), rs in others.items():
+        text += f"; {_ranks_text(rs)}: waiting in {what}" + (f" at {at}" if at else "")
+    if hang.stacks_note:
+        text += f" (stacks: {hang.stacks_note})"
+    return text
+
+
+class Watchdog:
+    """A monitor-loop watcher (launch/monitor.py): reads every rank's heartbeat each `every_s`,
+    learns the gaps between progress, and when none comes for the threshold diagnoses the hang
+    and calls `on_hang(hang)` once (which stops the job)."""
+
+    def __init__(self, world_size: int, policy: HangPolicy, on_hang: Callable[[Hang], None], every_s: float = 0.5):
+        self.world_size, self.policy, self.on_hang, self.every_s = world_size, policy, on_hang, every_s
+        self.gaps: collections.deque[float] = collections.deque(maxlen=20)
+        self._progress: Any = None
+        self._changed = time.monotonic()
+        self._checked = 0.0
+        self.hang: Hang | None = None
+        self._lock = threading.Lock()
+
+    def tick(self, reader: Any) -> None:
+        now = time.monotonic()
+        if self.hang is not None or now - self._checked < self.every_s:
+            return
+        self._checked = now
+        beats = reader.all(self.world_size, HEARTBEAT)
+        progress = {r: (b["groups"], b.get("step")) for r, b in beats.items() if b}
+        if progress != self._progress:
+            if self._progress:  # not the first sight of the job
+                self.gaps.append(now - self._changed)
+            self._progress, self._changed = progress, now
+            return
+        busy = any(b and b.get("busy") for b in beats.values())
+        stalled = now - self._changed
+        if progress and stalled >= self.policy.threshold(list(self.gaps), busy):
+            statuses = reader.all(self.world_size, "status")  # written at once: fresher than a heartbeat
+            for r, b in beats.items():
+                if b and statuses.get(r):
+                    b["status"] = statuses[r].get("status", b["status"])
+            with self._lock:
+                self.hang = diagnose_hang(beats, stalled)
+            self.on_hang(self.hang)
+
+    def close(self) -> None:
+        """Nothing to release: the diagnosis, if any, stays in `hang`."""
+
+
+def stop_ranks(hang: Hang, grace_s: float = 2.0) -> None:
+    """After the diagnosis: SIGTERM every rank on this host (a rank's handler publishes its state
+    and exits), then SIGKILL what is left (a rank blocked in a collective, or stopped)."""
+    pids = [row["pid"] for row in hang.ranks if row["pid"] and row["host"] == socket.gethostname()]
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(process_state(p) not in ("gone", "Z") for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return

@@ -1,0 +1,109 @@
+"""A rank's heartbeat: what it is doing and how far its collectives have got, published on the
+rank channel (kind `heartbeat`) by a daemon thread, never by the training thread.
+
+The collective facts come from torch's Flight Recorder, which records every collective a process
+group issues — distval's own, DDP's and FSDP's from C++, and those of any user script — on Gloo
+as on NCCL, once TORCH_FR_BUFFER_SIZE is set before the process group is created (distval's
+launchers set it; `enable_flight_recorder`). Every `interval_s` the thread reads each group's
+last enqueued and last completed sequence number (about 40 µs) and publishes when something
+changed. Only when this rank has waited in the same collective for `stall_s` does it read the
+recorder's entries (a few ms) to add the fingerprint of what it waits in: op, sizes, dtypes.
+
+Payload: {pid, host, status, busy, step, groups: {pg: [enqueued, completed]}, pending: [{pg,
+seq, op, sizes, dtypes}], cpu_s, time}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+FR_ENV = "TORCH_FR_BUFFER_SIZE"
+FR_ENTRIES = "256"  # enough to hold what a stalled rank is waiting in; small enough to read in a few ms
+KIND = "heartbeat"
+
+
+def enable_flight_recorder(env: dict[str, str] | Any = os.environ) -> None:
+    """Record collectives from the next process group on (the user's own setting wins)."""
+    if not env.get(FR_ENV) and not env.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        env[FR_ENV] = FR_ENTRIES
+
+
+def group_progress() -> dict[str, list[int]]:
+    """Each process group's [last enqueued, last completed] collective sequence number (empty
+    before init_process_group, or without the Flight Recorder)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return {}
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+
+    status = json.loads(_dump_fr_trace_json(includeCollectives=False, onlyActive=False)).get("pg_status", {})
+    return {pg: [int(s["last_enqueued_collective"]), int(s["last_completed_collective"])] for pg, s in status.items()}
+
+
+def pending_collectives(groups: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """The recorder's entries of collectives enqueued but not completed, per group."""
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+
+    doc = json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+    out = []
+    for e in doc.get("entries", []):
+        pg = e["process_group"][0]  # the group's name, as pg_status keys it
+        enqueued, completed = groups.get(pg, [0, 0])
+        if completed < e["collective_seq_id"] <= enqueued:
+            out.append({"pg": pg, "seq": e["collective_seq_id"], "op": e["profiling_name"].split(":")[-1],
+                        "sizes": e.get("input_sizes"), "dtypes": e.get("input_dtypes")})
+    return out
+
+
+class Heartbeat:
+    """`status()` returns (text, fields) of what the rank is doing: RankContext's last status,
+    or "running <script>" for a user's script."""
+
+    def __init__(self, channel: Any, status: Callable[[], tuple[str, dict[str, Any]]], interval_s: float = 0.5,
+                 stall_s: float = 1.0):
+        self.channel, self.status, self.interval_s, self.stall_s = channel, status, interval_s, stall_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="distval-heartbeat", daemon=True)
+        self._last: dict[str, Any] | None = None
+        self._waiting_since: tuple[Any, float] | None = None
+        self.errors = 0
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def beat(self) -> dict[str, Any] | None:
+        """One heartbeat: published when it differs from the last one. Returns it."""
+        text, fields = self.status()
+        groups = group_progress()
+        waiting = {pg: v for pg, v in groups.items() if v[0] > v[1]}
+        now = time.monotonic()
+        key = json.dumps(waiting, sort_keys=True)
+        if not waiting:
+            self._waiting_since = None
+        elif self._waiting_since is None or self._waiting_since[0] != key:
+            self._waiting_since = (key, now)
+        stalled = self._waiting_since is not None and now - self._waiting_since[1] >= self.stall_s
+        beat = {"pid": os.getpid(), "host": socket.gethostname(), "status": text, "busy": bool(fields.get("busy")),
+                "step": fields.get("step"), "groups": groups,
+                "pending": pending_collectives(groups) if stalled else [], "cpu_s": round(time.process_time(), 2)}
+        if beat != self._last:
+            self.channel.publish(KIND, beat)
+            self._last = beat
+        return beat
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except Exception:  # noqa: BLE001 (a heartbeat must never take its rank down)
+                self.errors += 1
