@@ -4,6 +4,7 @@ collective jobs (comm check, comm bench) as one call each."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable
 
 from distval import launch, meta
@@ -31,14 +32,36 @@ def execute(command: str, rank_fn: RankFn, cfg: Any, opts: LaunchOptions,
             raise
         report = Report(command, meta=meta.collect(None, cfg, launch=mode, backend=opts.backend,
                                                    world_size=_planned_world_size(opts)))
-        failure = isinstance(e, WorkerFailure)
-        report.add(Check(f"{command} ranks" if failure else f"{command} launch", Status.ERROR, str(e),
-                         details=e.details if failure else {}, hint=(e.hint or _FAILURE_HINT) if failure else "",
-                         where={"rank": e.rank, "status": e.last_status} if failure else {}))
+        report.add(failure_check(command, e))
         return report
     if job is None:
         return None
     return build(job)
+
+
+def failure_check(command: str, e: CannotRun) -> Check:
+    """The one ERROR of a job that failed, hung or could not start."""
+    failure = isinstance(e, WorkerFailure)
+    return Check(f"{command} ranks" if failure else f"{command} launch", Status.ERROR, str(e),
+                 details=e.details if failure else {}, hint=(e.hint or _FAILURE_HINT) if failure else "",
+                 where={"rank": e.rank, "status": e.last_status} if failure else {})
+
+
+def run_script(script: str, args: list[str], opts: LaunchOptions) -> Report:
+    """`distval launch`: a user's script on local workers under the watchdog (launch/local.py)."""
+    from distval.launch.local import run_script as run_local_script
+
+    started = time.monotonic()
+    info = {"script": script, "args": args, "launch": "local", "world_size": _planned_world_size(opts)}
+    report = Report("launch", meta=meta.collect(None, None, **info))
+    try:
+        ranks = run_local_script(script, args, opts)
+    except CannotRun as e:
+        report.add(failure_check("launch", e))
+        return report
+    report.add(Check("launch script", Status.OK, f"{script} ended on all {ranks} ranks in "
+                     f"{time.monotonic() - started:.1f} s, no hang"))
+    return report
 
 
 def _planned_world_size(opts: LaunchOptions) -> int | None:

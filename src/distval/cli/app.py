@@ -22,7 +22,7 @@ from distval.results import Report, check_writable
 from distval.units import parse_duration
 
 # `distval --help` lists the commands in the order a user needs them.
-ORDER = ("doctor", "comm", "plan", "train", "compare", "drill", "run", "emulate", "slurm")
+ORDER = ("doctor", "comm", "plan", "train", "compare", "launch", "drill", "run", "emulate", "slurm")
 
 
 class _InOrder(typer.core.TyperGroup):

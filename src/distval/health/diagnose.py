@@ -41,8 +41,9 @@ def secondary(error: str) -> bool:
 
 def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[str, Any] | None],
              exitcodes: dict[int, int] | None = None, log_tails: dict[int, list[str]] | None = None,
-             deadline_s: float | None = None) -> WorkerFailure:
-    exitcodes, log_tails = exitcodes or {}, log_tails or {}
+             deadline_s: float | None = None, beats: dict[int, dict[str, Any] | None] | None = None) -> WorkerFailure:
+    """`beats`: every rank's last heartbeat (health/heartbeat.py), when the launcher has them."""
+    exitcodes, log_tails, beats = exitcodes or {}, log_tails or {}, beats or {}
     ranks = sorted(states)
     status = {r: (statuses.get(r) or {}).get("status") or (states[r] or {}).get("status") or "not started" for r in ranks}
     details = {"ranks": {r: {"error": (states[r] or {}).get("error"), "status": status[r],
@@ -58,9 +59,13 @@ def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[
     vanished = [r for r in ranks if states[r] is None]
     if vanished and (signalled or any(any(c in e.lower() for c in _CLOSED) for e in errors.values())):
         r = next((r for r in vanished if r in signalled), vanished[0])
-        how = (f"killed by {signal_name(signalled[r])}" if r in signalled
-               else "died without a word (its peers' connections to it closed)")
-        return WorkerFailure(r, how, status[r], details)
+        if r in signalled:
+            how = f"killed by {signal_name(signalled[r])}"
+        elif exitcodes and r not in exitcodes:  # the launcher saw the others fail, and this one end well
+            how = "ended (exit 0) while the others still waited for it in a collective"
+        else:
+            how = "died without a word (its peers' connections to it closed)"
+        return WorkerFailure(r, how + fewer_collectives(r, beats), status[r], details)
     issued = {r: st["issued"] for r, st in states.items() if st}
     if issued and len(set(issued.values())) > 1:
         r = min(issued, key=lambda k: (issued[k], k))
@@ -77,6 +82,15 @@ def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[
         return WorkerFailure(r, errors[r], states[r]["status"], details)
     r = next(iter(exitcodes), None)
     return WorkerFailure(r, f"exited with code {exitcodes.get(r)}", status.get(r, ""), details)
+
+
+def fewer_collectives(rank: int, beats: dict[int, dict[str, Any] | None]) -> str:
+    """", having issued fewer collectives on the default group than the others: N vs M", or ""."""
+    issued = {r: b["groups"]["0"][0] for r, b in beats.items() if b and "0" in b.get("groups", {})}
+    if rank not in issued or issued[rank] >= max(issued.values()):
+        return ""
+    return (f", having issued {issued[rank]} collectives on the default group while the others issued up to "
+            f"{max(issued.values())}: it skipped {max(issued.values()) - issued[rank]}")
 
 
 def signal_name(num: int) -> str:

@@ -52,8 +52,13 @@ class HangPolicy:
         if not self.floor_s > 0:
             raise ValueError(f"--hang-after must be positive (got {self.floor_s:g} s), e.g. 30s")
 
-    def threshold(self, gaps: list[float], busy: bool) -> float:
-        limit = self.startup_s if not gaps else max(self.floor_s, self.factor * max(gaps))
+    def threshold(self, gaps: list[float], busy: bool, slop_s: float = 1.0) -> float:
+        """`gaps`: seconds between progress seen lately, each up to `slop_s` longer than the real
+        gap (progress is sampled: the heartbeat's and the watchdog's intervals)."""
+        if not gaps:
+            limit = self.startup_s
+        else:
+            limit = max(self.floor_s, self.factor * max(0.0, max(gaps) - slop_s)) + slop_s
         return max(limit, self.busy_s) if busy else limit
 
 

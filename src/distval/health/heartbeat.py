@@ -79,12 +79,17 @@ class Heartbeat:
         return self
 
     def close(self) -> None:
+        """Stop, after a last heartbeat: a rank that ends leaves its final counts behind."""
         self._stop.set()
+        try:
+            self.beat()
+        except Exception:  # noqa: BLE001 (the process group may be gone already)
+            self.errors += 1
 
     def beat(self) -> dict[str, Any] | None:
         """One heartbeat: published when it differs from the last one. Returns it."""
         text, fields = self.status()
-        groups = group_progress()
+        groups = group_progress() or (self._last or {}).get("groups", {})  # after destroy_process_group: the last
         waiting = {pg: v for pg, v in groups.items() if v[0] > v[1]}
         now = time.monotonic()
         key = json.dumps(waiting, sort_keys=True)

@@ -24,6 +24,7 @@ from distval import device as devices
 from distval.health.diagnose import WorkerFailure, diagnose
 from distval.health.hang import HINTS, Hang, Watchdog, stop_ranks, summary
 from distval.health.heartbeat import FR_ENV, enable_flight_recorder
+from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
 
@@ -47,6 +48,24 @@ def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult | 
 
 
 def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] | tuple = ()) -> JobResult:
+    """`rank_fn(ctx, cfg)` on `opts.nproc` local workers; rank 0's gathered results."""
+    results = run_agent(_local_entry, (rank_fn, cfg, opts), opts, watchers, show_output=False)
+    return results[0]
+
+
+def run_script(script: str, args: list[str], opts: LaunchOptions, watchers: list[Watcher] | tuple = ()) -> int:
+    """A user's own script on `opts.nproc` local workers, as torchrun runs it (its output on this
+    terminal), with the heartbeat and the hang watchdog attached (launch/shim.py). Returns the
+    number of ranks; a failure or hang raises WorkerFailure naming the culprit."""
+    run_agent(sys.executable, ("-m", "distval.launch.shim", script, *args), opts, watchers, show_output=True)
+    return opts.nproc or devices.default_nproc()
+
+
+def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[Watcher] | tuple,
+              show_output: bool) -> dict[int, Any]:
+    """torchrun's elastic agent in this process: `entrypoint(*args)` on every worker (a function,
+    or a program), the rank channel's store, the monitor loop (deadline, no-restart notes, the
+    hang watchdog, `watchers`); a failed or hung job becomes a WorkerFailure naming its cause."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -56,11 +75,13 @@ def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Wat
     run_dir = tempfile.mkdtemp(prefix="distval-run-")
     store, address = channels.serve()
     reader = channels.ChannelReader(store)
+    logs = DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.NONE if show_output else Std.ALL,
+                            tee=Std.ALL if show_output else Std.NONE)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=opts.run_id,
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"timeout": int(max(opts.timeout_s, 30))},
         max_restarts=opts.max_restarts, monitor_interval=0.05, start_method="spawn", local_addr="127.0.0.1",
-        logs_specs=DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.ALL),
+        logs_specs=logs,
     )
     # The monitor stops the job the way a user's Ctrl-C would: SIGTERM to this process, whose
     # handler (torch's agent's, or ours until the agent has installed its own) stops every worker.
@@ -88,12 +109,12 @@ def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Wat
     monitor.start()
     try:
         try:
-            results = elastic_launch(config, _local_entry)(rank_fn, cfg, opts)
+            results = elastic_launch(config, entrypoint)(*args)
         finally:
             monitor.close()
             for sig, handler in saved_handlers.items():
                 signal.signal(sig, handler)
-        return results[0]
+        return results
     except ChildFailedError as e:
         _raise_hang(watchdog)
         _raise_no_restart(monitor, reader, run_dir, nproc)
@@ -143,7 +164,7 @@ def _raise_no_restart(monitor: Monitor, reader: channels.ChannelReader, run_dir:
 def _diagnose(reader: channels.ChannelReader, run_dir: str, nproc: int, exitcodes: dict[int, int],
               deadline_s: float | None = None) -> WorkerFailure:
     return diagnose(reader.all(nproc, "state"), reader.all(nproc, "status"), exitcodes,
-                    {r: _log_tail(run_dir, r) for r in range(nproc)}, deadline_s)
+                    {r: _log_tail(run_dir, r) for r in range(nproc)}, deadline_s, reader.all(nproc, HEARTBEAT))
 
 
 def _log_tail(run_dir: str, rank: int, lines: int = 5) -> list[str]:

@@ -1,0 +1,64 @@
+"""What each worker of `distval launch` runs: the user's script, unchanged, with distval around it.
+
+    python -m distval.launch.shim script.py ARGS...
+
+Before the script starts: the Flight Recorder is switched on (so every collective the script's
+process groups issue — its own dist.* calls, DDP's and FSDP's from C++ — is recorded) and the
+heartbeat thread starts publishing this rank's progress on the rank channel of distval's
+launcher, which runs the hang watchdog. The script runs as `__main__` with its own argv; an
+exception it raises is published as this rank's `state` (for the failure diagnosis), then the
+worker exits as Python would.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+from distval import channel as channels
+from distval.health.heartbeat import Heartbeat, enable_flight_recorder
+from distval.rank import state_payload
+
+
+def main(argv: list[str]) -> None:
+    script, *args = argv
+    rank = int(os.environ.get("RANK", "0"))
+    enable_flight_recorder()
+    channel = channels.for_worker(rank)
+    status = f"running {os.path.basename(script)}"
+    channel.publish("status", {"status": status}, flush=True)
+    heartbeat = Heartbeat(channel, lambda: (status, {})).start()
+    _beat_before_destroy(heartbeat)
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as e:
+        error = f"{type(e).__name__}: {e}".strip()
+        channel.publish("state", state_payload(rank, status, [], error, traceback.format_exc(limit=8)), flush=True)
+        raise
+    finally:
+        heartbeat.close()
+        channel.flush()
+
+
+def _beat_before_destroy(heartbeat: Heartbeat) -> None:
+    """A last heartbeat when the script tears its process group down: a rank that ends early
+    (it skipped a collective the others still wait in) leaves its exact counts behind."""
+    import torch.distributed as dist
+
+    destroy = dist.destroy_process_group
+
+    def destroy_process_group(*args: object, **kwargs: object) -> None:
+        heartbeat.beat()
+        destroy(*args, **kwargs)
+
+    dist.destroy_process_group = destroy_process_group
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
