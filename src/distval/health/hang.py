@@ -294,9 +294,9 @@ def summary(hang: Hang) -> str:
     others = collections.defaultdict(list)
     for row in hang.ranks:
         if not row["culprit"]:
-            others[(row["waiting_in"] or "not in a collective", row["where"])].append(row["rank"])
+            others[(row["waiting_in"], row["where"])].append(row["rank"])
     for (what, at), rs in others.items():
-        text += f"; {_ranks_text(rs)}: waiting in {what}" + (f" at {at}" if at else "")
+        text += f"; {_ranks_text(rs)}: " + (f"waiting in {what}" if what else "in no collective") + (f" at {at}" if at else "")
     if hang.stacks_note:
         text += f" (stacks: {hang.stacks_note})"
     return text
@@ -311,6 +311,7 @@ class Watchdog:
         self.world_size, self.policy, self.on_hang, self.every_s = world_size, policy, on_hang, every_s
         self.gaps: collections.deque[float] = collections.deque(maxlen=20)
         self._progress: Any = None
+        self._ready = False
         self._changed = time.monotonic()
         self._checked = 0.0
         self.hang: Hang | None = None
@@ -323,10 +324,13 @@ class Watchdog:
         self._checked = now
         beats = reader.all(self.world_size, HEARTBEAT)
         progress = {r: (b["groups"], b.get("step")) for r, b in beats.items() if b}
+        # learning starts once every rank's process group is up: start-up (imports, rendezvous,
+        # data loading) is not a gap between steps
+        ready = len(progress) == self.world_size and all(groups for groups, _ in progress.values())
         if progress != self._progress:
-            if self._progress:  # not the first sight of the job
+            if ready and self._ready:
                 self.gaps.append(now - self._changed)
-            self._progress, self._changed = progress, now
+            self._progress, self._changed, self._ready = progress, now, ready
             return
         busy = any(b and b.get("busy") for b in beats.values())
         stalled = now - self._changed

@@ -1,0 +1,239 @@
+"""Hangs named in seconds (health/hang.py): the decision from heartbeats (fast cases), then real
+jobs — `distval train` with injected faults and `distval launch` of a plain DDP script written
+here — each diagnosed with the right rank within 15 s of the fault. The real jobs of one test run
+side by side: a hung job mostly waits, so they share the two cores well."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from distval.health.diagnose import fewer_collectives
+from distval.health.hang import HangPolicy, Watchdog, decide, where
+
+from conftest import run_cli
+
+
+def beat(enqueued: int, completed: int, pending: list | None = None, status: str = "train step 5", pg: str = "0",
+         **groups: list[int]) -> dict:
+    return {"pid": 1, "host": "elsewhere", "status": status, "busy": False, "step": 5,
+            "groups": {pg: [enqueued, completed], **groups}, "pending": pending or [], "cpu_s": 1.0}
+
+
+def pending(seq: int, op: str = "all_reduce", sizes=((64,),), pg: str = "0") -> list[dict]:
+    return [{"pg": pg, "seq": seq, "op": op, "sizes": [list(s) for s in sizes], "dtypes": ["Float"]}]
+
+
+def test_a_stopped_rank_is_the_culprit_whatever_the_collectives_say():
+    beats = {0: beat(10, 9, pending(10)), 1: beat(9, 9)}
+    culprits, kind, verdict = decide(beats, {0: "S", 1: "T"})
+    assert (culprits, kind) == ([1], "stopped") and "rank 1 stopped" in verdict
+
+
+def test_a_rank_outside_the_collective_the_others_wait_in():
+    beats = {0: beat(10, 9, pending(10)), 1: beat(9, 9, status="train step 5"), 2: beat(10, 9, pending(10))}
+    culprits, kind, verdict = decide(beats, {})
+    assert (culprits, kind) == ([1], "outside")
+    assert "rank 1 has not issued all_reduce #10 of group 0" in verdict and "train step 5" in verdict
+
+
+def test_a_rank_that_went_on_to_another_group_skipped_a_collective():
+    beats = {0: beat(120, 119, pending(120)), 1: beat(119, 119, pending(14, pg="1"), **{"1": [14, 13]})}
+    culprits, kind, verdict = decide(beats, {})
+    assert (culprits, kind) == ([1], "outside")
+    assert "went on to all_reduce #14 of group 1" in verdict and "it skipped a collective" in verdict
+
+
+def test_a_mismatch_is_decided_by_majority_and_both_sides_are_named():
+    beats = {0: beat(48, 47, pending(48)), 1: beat(48, 47, pending(48, sizes=((5,),))), 2: beat(48, 47, pending(48))}
+    culprits, kind, verdict = decide(beats, {})
+    assert (culprits, kind) == ([1], "mismatch")
+    assert "sizes [[5]]" in verdict and "sizes [[64]]" in verdict
+
+
+def test_without_a_majority_every_side_is_named():
+    beats = {0: beat(48, 47, pending(48)), 1: beat(48, 47, pending(48, op="broadcast"))}
+    culprits, kind, verdict = decide(beats, {})
+    assert (culprits, kind) == ([0, 1], "mismatch") and "no majority" in verdict
+
+
+def test_every_rank_in_the_same_collective_blames_no_rank():
+    beats = {0: beat(48, 47, pending(48)), 1: beat(48, 47, pending(48))}
+    assert decide(beats, {})[:2] == ([], "network")
+
+
+def test_a_rank_that_ended_early_is_named_with_what_it_skipped():
+    beats = {0: beat(6004, 6003), 1: beat(6003, 6003)}
+    assert fewer_collectives(1, beats).endswith("it skipped 1") and fewer_collectives(0, beats) == ""
+
+
+def test_threshold_learns_from_gaps_and_allows_startup_and_busy_phases():
+    policy = HangPolicy(floor_s=3.0)
+    assert policy.threshold([], busy=False) == 120.0  # before the first progress
+    assert policy.threshold([0.5, 1.0], busy=False) == 4.0  # sub-second steps: the floor (+ sampling slop)
+    assert policy.threshold([4.0], busy=False) == 31.0  # 3 s real gaps: 10 x 3 + slop
+    assert policy.threshold([0.5], busy=True) == 600.0  # a checkpoint save in progress
+    with pytest.raises(ValueError, match="--hang-after must be positive"):
+        HangPolicy(floor_s=0)
+
+
+class _Reader:
+    def __init__(self):
+        self.beats = {0: None, 1: None}
+
+    def all(self, world_size: int, kind: str) -> dict:
+        return self.beats if kind == "heartbeat" else {0: {"status": "train step 7"}, 1: {"status": "train step 7"}}
+
+
+def test_the_watchdog_fires_once_when_progress_stops(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr("distval.health.hang.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("distval.health.hang.time.sleep", lambda s: None)
+    fired = []
+    dog, reader = Watchdog(2, HangPolicy(floor_s=3.0), fired.append), _Reader()
+    for step in range(10):  # progress every 0.5 s (every rank's process group is up)
+        clock[0] += 0.5
+        reader.beats = {0: beat(step + 1, step), 1: beat(step + 1, step)}
+        dog.tick(reader)
+    reader.beats = {0: beat(11, 10, pending(11)), 1: beat(10, 10)}
+    dog.tick(reader)
+    for _ in range(7):
+        clock[0] += 0.5
+        dog.tick(reader)
+    assert not fired  # 3.5 s: under the 4 s threshold
+    clock[0] += 0.6
+    dog.tick(reader)
+    clock[0] += 1.0
+    dog.tick(reader)
+    assert len(fired) == 1 and fired[0].culprits == [1] and fired[0].kind == "outside"
+    assert "train step 7" in fired[0].verdict  # the status kind, fresher than the heartbeat's
+
+
+def test_where_is_the_innermost_frame_outside_torch_and_the_collective_layer():
+    stack = textwrap.dedent("""\
+        Process 42: python -m distval.launch.shim train.py
+        Python v3.11.7 (/usr/bin/python3.11)
+
+        Thread 42 (idle): "MainThread"
+            all_reduce (torch/distributed/distributed_c10d.py:2838)
+            wrapper (torch/distributed/c10d_logger.py:81)
+            all_reduce (distval/comm/layer.py:212)
+            train_step (distval/train/loop.py:98)
+        Thread 43 (idle): "distval-heartbeat"
+            wait (threading.py:331)
+        """)
+    assert where(stack) == "train_step (distval/train/loop.py:98)" and where(None) == ""
+
+
+# -- real jobs --------------------------------------------------------------------------------------
+
+def _error(path: Path) -> dict:
+    doc = json.loads(path.read_text())
+    (check,) = [c for c in doc["checks"] if c["status"] == "ERROR"]
+    return check
+
+
+def _train(tmp_path: Path, name: str, fault: str, *args: str) -> tuple[int, Path, str]:
+    out = tmp_path / f"{name}.json"
+    res = run_cli("train", "--model", "tiny", "--strategy", "simple_ddp", "--steps", "3000", "--json", str(out), *args,
+                  env={"DISTVAL_FAULT": fault}, timeout=180)
+    return res.returncode, out, res.stdout + res.stderr
+
+
+def test_train_hangs_are_named_with_the_culprit_and_its_stack(tmp_path):
+    cases = {  # name: (fault, ranks, the culprit's kind, a word of the verdict)
+        "stopped": ("step=25,rank=1,action=stop", "2", "stopped", "stopped (SIGSTOP"),
+        "spin": ("step=25,rank=2,action=spin", "3", "outside", "waits in no collective"),
+        "skip": ("op=all_reduce,rank=1,action=skip,nth=60", "2", "outside", "skipped a collective"),
+    }
+    with ThreadPoolExecutor(len(cases)) as pool:
+        runs = dict(zip(cases, pool.map(lambda n: _train(tmp_path, n, cases[n][0], "--nproc", cases[n][1]), cases)))
+    for name, (fault, _, kind, words) in cases.items():
+        code, out, text = runs[name]
+        assert code == 3, (name, text[-3000:])
+        check = _error(out)
+        culprit = int(fault.split("rank=")[1].split(",")[0])
+        assert check["where"]["rank"] == culprit and check["details"]["hang"] == kind, (name, check["summary"])
+        assert words in check["summary"], (name, check["summary"])
+        assert check["details"]["diagnosed_s"] < 15, (name, check["details"]["diagnosed_s"])
+        assert check["details"]["stacks"].get(str(culprit)), (name, check["details"]["stacks_note"])
+        assert "distval: hang after" in text  # the verdict on the terminal at once, before the teardown
+    assert "_spin (distval/health/faults.py" in _error(runs["spin"][1])["summary"]  # the culprit's line of code
+
+
+def test_a_slow_checkpoint_save_is_not_a_hang(tmp_path):
+    """A 6 s synchronous save against a 2 s floor: the save says it is busy, so it is allowed."""
+    out = tmp_path / "t.json"
+    res = run_cli("train", "--nproc", "2", "--model", "tiny", "--strategy", "simple_ddp", "--steps", "12",
+                  "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "5", "--no-ckpt-async", "--hang-after", "2s",
+                  "--json", str(out), env={"DISTVAL_FAULT": "step=5,rank=0,action=slow_save,seconds=6"}, timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    stalls = [s["stall_s"] for s in json.loads(out.read_text())["checks"][-1]["details"]["saves"]]
+    assert max(stalls) >= 6  # the slow save really stalled training
+
+
+def test_bad_hang_after_is_one_line_and_exit_2(cli):
+    res = cli("train", "--hang-after", "0")
+    assert res.returncode == 2 and res.stderr.strip() == (
+        "distval: error: --hang-after must be positive (got 0 s), e.g. 30s")
+    assert cli("launch", "--nproc", "2", "no_such_script.py").returncode == 2
+
+
+SCRIPT = """\
+import os, sys, time, signal
+import torch, torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+fault = sys.argv[2] if len(sys.argv) > 2 else ""
+for step in range(int(sys.argv[1])):
+    if step == 20 and rank == 1:
+        if fault == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif fault == "skip":
+            continue
+    model(torch.randn(8, 16)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    dist.all_reduce(torch.ones(5 if fault == "mismatch" and rank == 1 and step == 20 else 4))
+    time.sleep(0.02)
+print(f"rank {rank} done")
+dist.destroy_process_group()
+"""
+
+
+def _launch(tmp_path: Path, name: str, nproc: str, *script_args: str) -> tuple[int, Path, str]:
+    script = tmp_path / "ddp_script.py"
+    out = tmp_path / f"{name}.json"
+    res = run_cli("launch", "--nproc", nproc, "--hang-after", "3s", "--json", str(out), str(script), *script_args,
+                  timeout=180)
+    return res.returncode, out, res.stdout + res.stderr
+
+
+def test_launch_runs_a_plain_ddp_script_and_names_its_hangs(tmp_path):
+    (tmp_path / "ddp_script.py").write_text(SCRIPT)
+    cases = {"ok": ("2", "40"), "stop": ("2", "3000", "stop"), "mismatch": ("3", "3000", "mismatch"),
+             "skip": ("2", "3000", "skip")}
+    with ThreadPoolExecutor(len(cases)) as pool:
+        runs = dict(zip(cases, pool.map(lambda n: _launch(tmp_path, n, *cases[n]), cases)))
+    code, out, text = runs["ok"]
+    assert code == 0 and "rank 0 done" in text and "rank 1 done" in text, text[-2000:]  # the script's own output
+    assert json.loads(out.read_text())["checks"][0]["name"] == "launch script"
+    for name, kind in (("stop", "stopped"), ("mismatch", "mismatch")):
+        code, out, text = runs[name]
+        assert code == 3, (name, text[-3000:])
+        check = _error(out)
+        assert check["where"]["rank"] == 1 and check["details"]["hang"] == kind, (name, check["summary"])
+        assert check["details"]["diagnosed_s"] < 15, (name, check["details"])
+        assert "ddp_script.py:" in check["summary"]  # the line of the user's script each rank is at
+    assert "sizes [[5]]" in _error(runs["mismatch"][1])["summary"]
+    code, out, text = runs["skip"]  # rank 1 skipped a step, finished early and left the others waiting
+    check = _error(out)
+    assert code == 3 and check["where"]["rank"] == 1 and "it skipped" in check["summary"], check["summary"]
+
