@@ -68,7 +68,8 @@ def test_compare_command_from_the_issue(tmp_path):
     assert rows["simple_ddp"]["comm_hidden_frac"] == 0 and 0 <= rows["pytorch_ddp"]["comm_hidden_frac"] <= 1
     parity = [c for c in doc["checks"] if c["name"].endswith("parity")]
     assert len(parity) == 6 and all(c["status"] == "OK" for c in parity)
-    assert "strategies vs a single-process reference" in res.stdout
+    assert "strategies on 2 ranks against a single-process reference" in res.stdout  # the compact view
+    assert "MB/step (exp.)" in res.stdout and "bitwise" in res.stdout
 
 
 def test_compare_predicts_step_time_from_a_calibration(tmp_path):

@@ -105,7 +105,8 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     if saved_env["OMP_NUM_THREADS"] is None and nproc > 1:
         os.environ["OMP_NUM_THREADS"] = "1"
     os.environ[channels.ENV] = address
-    enable_flight_recorder()  # the workers' heartbeats read it
+    if watchdog:
+        enable_flight_recorder()  # the workers' heartbeats read it
     monitor.start()
     try:
         try:

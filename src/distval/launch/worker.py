@@ -48,7 +48,8 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         if mode != "local":  # an advertised address no peer can reach: an ERROR naming it now, not a hang at init
             from distval.netcheck import preflight
             preflight(os.environ, timeout_s=min(opts.timeout_s, 5.0))
-        enable_flight_recorder()  # the heartbeat's collective facts, before the first process group
+        if opts.hang is not None:
+            enable_flight_recorder()  # the heartbeat's collective facts, before the first process group
         _init_process_group(opts.backend, timeout)
         if mode != "local":
             channel.attach(channels.job_store(min(opts.timeout_s, CHANNEL_TIMEOUT_S)))
@@ -62,8 +63,9 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         if faults.on_ops:  # the measured group only: bookkeeping is never faulted
             ctx.comm.on_issue.append(lambda rec: faults.before_op(rec.op))
             ctx.comm.on_finish.append(lambda rec, outputs: faults.after_op(rec.op, outputs))
-        status = ctx  # the heartbeat reads what the rank last said it is doing
-        heartbeat = Heartbeat(channel, lambda: (status.last_status, status.status_fields)).start()
+        if opts.hang is not None:  # the watchdog's facts (`--hang-after off`: neither)
+            status = ctx  # what the rank last said it is doing
+            heartbeat = Heartbeat(channel, lambda: (status.last_status, status.status_fields)).start()
         if mode != "local" and rank == 0 and watchers:
             monitor = Monitor(channel.reader(), ctx.world_size, watchers).start()
         ctx.status("running")
