@@ -66,9 +66,17 @@ def bench_once(nodes: int, rate: str, iters: int, out: Path) -> dict:
                     "--calibration", str(out), "--bucket-mb", "64", "--no-overlap", "--json", str(plan_json)],
                    capture_output=True, text=True, timeout=120, check=True)
     plan_cli_s = json.loads(plan_json.read_text())["tables"]["step"]["rows"][0]["comm_time_s"]
-    return {"plan_cli_s": plan_cli_s, "alpha_us": fit["alpha_us"], "beta_gbps": fit["beta_gbps"], "r2": fit["r2"], "measured_s": measured_s,
-            "predicted_s": predicted_s, "wall_s": time.monotonic() - started, "emulated": doc["meta"].get("emulated"),
-            "link": cal.links()["all_reduce"]}
+    return {
+        "plan_cli_s": plan_cli_s,
+        "alpha_us": fit["alpha_us"],
+        "beta_gbps": fit["beta_gbps"],
+        "r2": fit["r2"],
+        "measured_s": measured_s,
+        "predicted_s": predicted_s,
+        "wall_s": time.monotonic() - started,
+        "emulated": doc["meta"].get("emulated"),
+        "link": cal.links()["all_reduce"],
+    }
 
 
 def main() -> int:
@@ -95,18 +103,31 @@ def main() -> int:
         print(f"{nodes} nodes x 1 rank, {a.rate} tbf, {a.repeats} runs, medians:")
         print(f"  fit: alpha {med['alpha_us']:.0f} us, beta {med['beta_gbps'] * 1e3:.1f} MB/s "
               f"(betas {', '.join(format(r['beta_gbps'] * 1e3, '.1f') for r in runs[nodes])})")
-        print(f"  link rate implied (beta x 2(N-1)/N = {factor:g}): {link_gbps * 8:.3f} Gbit/s = {eff:.1%} of the shaped "
-              f"rate ({eff / WIRE_SHARE:.1%} of the TCP payload ceiling {WIRE_SHARE:.1%})")
-        print(f"  64 MiB all_reduce: measured {med['measured_s'] * 1e3:.0f} ms, calibrated plan {med['predicted_s'] * 1e3:.0f} ms "
-              f"(x{ratio:.3f}), uncalibrated plan at 85% of line rate {plain * 1e3:.0f} ms (x{plain / med['measured_s']:.3f})")
-        print(f"  `distval plan --params 16Mi --world {nodes} --calibration X --bucket-mb 64 --no-overlap`: step comm "
-              f"{med['plan_cli_s'] * 1e3:.0f} ms (1 MiB + 63 MiB buckets; x{med['plan_cli_s'] / med['measured_s']:.3f} of one 64 MiB call)")
+        print(
+            f"  link rate implied (beta x 2(N-1)/N = {factor:g}): {link_gbps * 8:.3f} Gbit/s = {eff:.1%} of the shaped "
+            f"rate ({eff / WIRE_SHARE:.1%} of the TCP payload ceiling {WIRE_SHARE:.1%})"
+        )
+        print(
+            f"  64 MiB all_reduce: measured {med['measured_s'] * 1e3:.0f} ms, calibrated plan {med['predicted_s'] * 1e3:.0f} ms "
+            f"(x{ratio:.3f}), uncalibrated plan at 85% of line rate {plain * 1e3:.0f} ms (x{plain / med['measured_s']:.3f})"
+        )
+        print(
+            f"  `distval plan --params 16Mi --world {nodes} --calibration X --bucket-mb 64 --no-overlap`: step comm "
+            f"{med['plan_cli_s'] * 1e3:.0f} ms (1 MiB + 63 MiB buckets; x{med['plan_cli_s'] / med['measured_s']:.3f} of one 64 MiB call)"
+        )
         ok &= abs(eff - 1) <= 0.10 and abs(ratio - 1) <= 0.15
     counts = sorted(runs)
     for small, big in zip(counts, counts[1:]):
         links = [r["link"] for r in runs[small]]
-        link = Link("median", statistics.median(li.alpha_s for li in links), statistics.median(li.bytes_per_s for li in links), "calibrated")
-        predicted = Network(1, big, 1, None, None, calibrated={("intra", "all_reduce"): link}).time("all_reduce", SIZE)[0]
+        link = Link(
+            "median",
+            statistics.median(li.alpha_s for li in links),
+            statistics.median(li.bytes_per_s for li in links),
+            "calibrated",
+        )
+        predicted = Network(1, big, 1, None, None, calibrated={("intra", "all_reduce"): link}).time("all_reduce", SIZE)[
+            0
+        ]
         measured = statistics.median(r["measured_s"] for r in runs[big])
         print(f"  plan calibrated on {small} nodes predicts {big} nodes: {predicted * 1e3:.0f} ms vs measured "
               f"{measured * 1e3:.0f} ms (x{predicted / measured:.3f})")

@@ -43,9 +43,15 @@ def cost(args: argparse.Namespace) -> None:
         for watchdog in (False, True):
             times[watchdog].append(step_time(cfg, args.nproc, watchdog))
     off, on = statistics.median(times[False]), statistics.median(times[True])
-    print(f"{args.model}, {args.nproc} ranks, {args.strategy}, {args.steps} steps x {args.repeats} runs each, alternating")
-    print(f"  step time p50, heartbeat off  {off * 1e3:8.1f} ms   runs: {', '.join(f'{t * 1e3:.1f}' for t in times[False])}")
-    print(f"  step time p50, heartbeat on   {on * 1e3:8.1f} ms   runs: {', '.join(f'{t * 1e3:.1f}' for t in times[True])}")
+    print(
+        f"{args.model}, {args.nproc} ranks, {args.strategy}, {args.steps} steps x {args.repeats} runs each, alternating"
+    )
+    print(
+        f"  step time p50, heartbeat off  {off * 1e3:8.1f} ms   runs: {', '.join(f'{t * 1e3:.1f}' for t in times[False])}"
+    )
+    print(
+        f"  step time p50, heartbeat on   {on * 1e3:8.1f} ms   runs: {', '.join(f'{t * 1e3:.1f}' for t in times[True])}"
+    )
     print(f"  cost: {(on / off - 1):+.2%} of the step time (goal <= 1%)")
 
 

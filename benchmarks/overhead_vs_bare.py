@@ -91,7 +91,9 @@ def rank_fn(ctx: RankContext, args: dict) -> dict:
     return out
 
 
-def ratio_with_ci(bare: list[float], ours: list[float], rng: np.random.Generator, n_boot: int = 2000) -> tuple[float, float, float]:
+def ratio_with_ci(
+    bare: list[float], ours: list[float], rng: np.random.Generator, n_boot: int = 2000
+) -> tuple[float, float, float]:
     """distval/bare busbw from p50 times, and a paired bootstrap 95% interval."""
     b, o = np.asarray(bare), np.asarray(ours)
     ratio = float(np.median(b) / np.median(o))
@@ -115,12 +117,16 @@ def main() -> int:
     while s <= parse_size(a.e):
         sizes.append(s)
         s = int(s * a.f)
-    job = run(rank_fn, {"sizes": sizes, "warmup": a.warmup, "scale": a.scale}, LaunchOptions(nproc=a.nproc, timeout_s=120))
+    job = run(
+        rank_fn, {"sizes": sizes, "warmup": a.warmup, "scale": a.scale}, LaunchOptions(nproc=a.nproc, timeout_s=120)
+    )
     res = job.results[0]
     overhead = max(r["overhead_s"] for r in job.results)
     factor = 2 * (job.world_size - 1) / job.world_size
     rng = np.random.default_rng(0)
-    print(f"all_reduce float32, {job.world_size} ranks, backend {job.backend}; paired iterations, one buffer, order alternating")
+    print(
+        f"all_reduce float32, {job.world_size} ranks, backend {job.backend}; paired iterations, one buffer, order alternating"
+    )
     print(f"distval's per-call cost (Comm over dist, one-rank group, median of 20000): {overhead * 1e6:.2f} us")
     print(f"{'size':>6} {'iters':>6} {'bare busbw':>11} {'distval':>9} {'ratio':>6} {'95% CI':>15} {'implied':>8}")
     rows, ok = [], True
@@ -130,8 +136,17 @@ def main() -> int:
         t_bare = float(np.median(r["bare"]))
         implied = t_bare / (t_bare + overhead)
         bare_bw = size / t_bare / 1e9 * factor
-        rows.append({"bytes": size, "iters": len(r["bare"]), "bare_busbw_gbps": bare_bw, "distval_busbw_gbps": bare_bw * ratio,
-                     "ratio": ratio, "ratio_ci95": [lo, hi], "implied_ratio": implied})
+        rows.append(
+            {
+                "bytes": size,
+                "iters": len(r["bare"]),
+                "bare_busbw_gbps": bare_bw,
+                "distval_busbw_gbps": bare_bw * ratio,
+                "ratio": ratio,
+                "ratio_ci95": [lo, hi],
+                "implied_ratio": implied,
+            }
+        )
         if size >= 2**20 and (hi < a.min_ratio or implied < a.min_ratio):
             ok = False
         print(f"{format_size(size):>6} {len(r['bare']):>6} {bare_bw:>11.3f} {bare_bw * ratio:>9.3f} {ratio:>6.3f} "

@@ -57,7 +57,9 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=100, help="timed iterations per size of the calibration sweep")
     p.add_argument("--measure-iters", type=int, default=200, help="timed iterations per measured size")
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--sizes", default="768K,3M,12M", help="sizes to predict and measure (not in the 256K..16M x4 sweep)")
+    p.add_argument(
+        "--sizes", default="768K,3M,12M", help="sizes to predict and measure (not in the 256K..16M x4 sweep)"
+    )
     p.add_argument("--goal-size", default="3M")
     p.add_argument("--tolerance", type=float, default=0.15)
     p.add_argument("--bench-json", help="keep the calibration bench here (default: a temporary file)")
@@ -92,7 +94,9 @@ def main() -> int:
                      "measured_p95_us": m["time_us_p95"], "ratio": ratio, "source": source})
         if size == goal:
             ok = abs(ratio - 1) <= a.tolerance
-        print(f"{format_size(size):>6} {predicted_s * 1e6:>13.1f} {m['time_us_p50']:>16.1f} {m['time_us_p95']:>9.1f} {ratio:>10.3f}")
+        print(
+            f"{format_size(size):>6} {predicted_s * 1e6:>13.1f} {m['time_us_p50']:>16.1f} {m['time_us_p95']:>9.1f} {ratio:>10.3f}"
+        )
     print(f"goal: predicted/measured within {a.tolerance:.0%} at {format_size(goal)} -> {'met' if ok else 'NOT met'}")
     if a.json:
         with open(a.json, "w") as f:

@@ -46,8 +46,10 @@ def main() -> int:
                       strategy_cfg=StrategyConfig(bucket_mb=a.bucket_mb), peak_flops=1e12)
     job = run(all_strategies, (cfg, names), LaunchOptions(nproc=a.nproc, timeout_s=300))
     res = job.results[0]
-    print(f"{a.model}, {job.world_size} ranks ({job.backend}), micro-batch {a.micro_batch}, accumulation {a.grad_accum}, "
-          f"{a.steps} steps (first 2 excluded), bucket cap {a.bucket_mb:g} MB")
+    print(
+        f"{a.model}, {job.world_size} ranks ({job.backend}), micro-batch {a.micro_batch}, accumulation {a.grad_accum}, "
+        f"{a.steps} steps (first 2 excluded), bucket cap {a.bucket_mb:g} MB"
+    )
     print(f"{'strategy':<18} {'step p50 ms':>12} {'tokens/s':>10} {'calls/step':>11} {'wire MB':>8} {'hidden':>7} "
           f"{'state MiB':>10} {'formula':>8}")
     p50 = {}

@@ -16,7 +16,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_cli(*args: str, timeout: float = 180, env: dict[str, str] | None = None, cwd: str | Path | None = None,
             prefix: list[str] | None = None) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_", "DISTVAL_FAULT"))}
+    full_env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_", "DISTVAL_FAULT"))
+    }
     full_env.update(env or {})
     cmd = (prefix or [sys.executable, "-m", "distval"]) + list(args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)

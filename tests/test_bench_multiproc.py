@@ -23,7 +23,9 @@ def test_every_op_obeys_nccl_tests_formulas(nproc):
     assert {r["op"] for r in rows} == set(BENCH_OPS)
     for r in rows:
         elt = 4
-        assert r["count"] == count_for_bytes(r["op"], r["bytes"] if r["op"] in S_MULT else r["count"] * nproc * elt, elt, nproc)
+        assert r["count"] == count_for_bytes(
+            r["op"], r["bytes"] if r["op"] in S_MULT else r["count"] * nproc * elt, elt, nproc
+        )
         assert r["bytes"] == S_MULT.get(r["op"], nproc) * r["count"] * elt
         assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["time_us_p50"] * 1e-6) / 1e9)
         assert r["busbw_gbps"] / r["algbw_gbps"] == pytest.approx(busbw_factor(r["op"], nproc))
@@ -54,11 +56,21 @@ def test_every_op_obeys_nccl_tests_formulas(nproc):
 
 
 def test_sizes_between_1m_and_16m_and_the_text_and_csv_forms():
-    cfg = BenchConfig(ops=["all_reduce", "all_gather"], min_bytes=2**20, max_bytes=16 * 2**20, factor=2, iters=5, warmup=1)
+    cfg = BenchConfig(
+        ops=["all_reduce", "all_gather"], min_bytes=2**20, max_bytes=16 * 2**20, factor=2, iters=5, warmup=1
+    )
     report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=60))
     rows = report.table("bench").rows
-    assert sorted({r["bytes"] for r in rows if r["op"] == "all_reduce"}) == [2**20, 2 * 2**20, 4 * 2**20, 8 * 2**20, 16 * 2**20]
-    assert all(r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * (1.0 if r["op"] == "all_reduce" else 0.5)) for r in rows)
+    assert sorted({r["bytes"] for r in rows if r["op"] == "all_reduce"}) == [
+        2**20,
+        2 * 2**20,
+        4 * 2**20,
+        8 * 2**20,
+        16 * 2**20,
+    ]
+    assert all(
+        r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * (1.0 if r["op"] == "all_reduce" else 0.5)) for r in rows
+    )
     ar = next(f for f in report.table("alpha_beta").rows if f["op"] == "all_reduce")
     assert ar["num_points"] == 5 and not math.isnan(ar["r2"])
     text = nccl_text(report.table("bench"), report.meta)
@@ -71,7 +83,9 @@ def test_sizes_between_1m_and_16m_and_the_text_and_csv_forms():
 def test_wrong_results_after_timing_are_counted(monkeypatch):
     # nth=0 corrupts every call on rank 1: the verification pass must see it
     monkeypatch.setenv("DISTVAL_FAULT", "op=all_gather,rank=1,index=7")
-    cfg = BenchConfig(ops=["all_gather"], min_bytes=4096, max_bytes=4096, iters=2, warmup=0, check_iters=3, copy_ceiling=False)
+    cfg = BenchConfig(
+        ops=["all_gather"], min_bytes=4096, max_bytes=4096, iters=2, warmup=0, check_iters=3, copy_ceiling=False
+    )
     report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=30))
     rows = report.table("bench").rows
     assert [r["wrong"] for r in rows] == [3, 3]  # one element per pass, both in-place forms

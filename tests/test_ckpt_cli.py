@@ -92,7 +92,11 @@ def test_sigkilled_worker_is_restarted_and_the_losses_are_unchanged(tmp_path):
     assert run_cli(*common, "--json", str(base), timeout=180).returncode == 0
     ckpt, out = tmp_path / "ckpt", tmp_path / "t.json"
     ckpt.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTVAL_", "TORCHELASTIC", "RANK", "WORLD_SIZE", "MASTER_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DISTVAL_", "TORCHELASTIC", "RANK", "WORLD_SIZE", "MASTER_"))
+    }
     proc = subprocess.Popen([sys.executable, "-m", "distval", *common, "--ckpt-dir", str(ckpt), "--ckpt-every", "5",
                              "--max-restarts", "3", "--resume", "auto", "--json", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
@@ -132,5 +136,12 @@ def test_a_crash_loop_stops_before_the_restarts_run_out(tmp_path):
     assert res.returncode == 3, res.stderr[-2000:]
     doc = json.loads(out.read_text())
     error = next(c for c in doc["checks"] if c["status"] == "ERROR")
-    assert "no progress across restarts: attempts 1 and 2 both resumed from step 3 and failed at step 4" in error["summary"]
-    assert [(a["resumed_from_step"], a["last_step"]) for a in doc["tables"]["attempts"]["rows"]] == [(None, 4), (3, 4), (3, 4)]
+    assert (
+        "no progress across restarts: attempts 1 and 2 both resumed from step 3 and failed at step 4"
+        in error["summary"]
+    )
+    assert [(a["resumed_from_step"], a["last_step"]) for a in doc["tables"]["attempts"]["rows"]] == [
+        (None, 4),
+        (3, 4),
+        (3, 4),
+    ]

@@ -36,7 +36,9 @@ def _interrupted_and_resumed(ctx: RankContext, arg: tuple) -> dict:
         ckpt = Path(cfg.ckpt.dir) / name
         one = dataclasses.replace(cfg, strategy=name, ckpt=with_ckpt(cfg, dir=str(ckpt), async_save=i % 2 == 0))
         full = train_rank(ctx, one)
-        resumed = train_rank(ctx, dataclasses.replace(one, ckpt=with_ckpt(one, dir=None, resume=str(ckpt / "step-00000003"))))
+        resumed = train_rank(
+            ctx, dataclasses.replace(one, ckpt=with_ckpt(one, dir=None, resume=str(ckpt / "step-00000003")))
+        )
         out[name] = (full, resumed)
     return out
 
@@ -58,7 +60,11 @@ def test_ddp_family_resumes_bitwise(tmp_path):
     _check(job.results[0], DDP)
     # the async and sync saves both left verified checkpoints at 3, 6 and the end
     for name in DDP:
-        assert sorted(p.name for p in (tmp_path / name).glob("step-*")) == ["step-00000003", "step-00000006", "step-00000008"]
+        assert sorted(p.name for p in (tmp_path / name).glob("step-*")) == [
+            "step-00000003",
+            "step-00000006",
+            "step-00000008",
+        ]
         journal = json.loads((tmp_path / name / "runs" / "first.json").read_text())  # the job's run id
         assert [s["ok"] for s in journal["saves"]] == [True, True, True]
 
@@ -86,7 +92,9 @@ def test_checkpoint_loads_on_another_world_size(tmp_path):
     same samples per step, so the losses agree closely (not bitwise: another summation order)."""
     cfg = dataclasses.replace(BASE, strategy="simple_ddp", ckpt=with_ckpt(BASE, dir=str(tmp_path)), steps=6)
     two = run(train_rank, cfg, LaunchOptions(nproc=2, timeout_s=60)).results[0]
-    one_cfg = dataclasses.replace(cfg, micro_batch=4, ckpt=with_ckpt(cfg, dir=None, resume=str(tmp_path / "step-00000003")))
+    one_cfg = dataclasses.replace(
+        cfg, micro_batch=4, ckpt=with_ckpt(cfg, dir=None, resume=str(tmp_path / "step-00000003"))
+    )
     one = run(_resume_on_one_rank, one_cfg, LaunchOptions(nproc=1, timeout_s=60)).results[0]
     assert [s["loss"] for s in one["steps"][:3]] == [s["loss"] for s in two["steps"][:3]]  # carried over
     for a, b in zip(one["steps"][3:], two["steps"][3:]):
@@ -99,7 +107,9 @@ def test_sharded_checkpoint_resumes_on_three_ranks(tmp_path):
     cfg = dataclasses.replace(BASE, strategy="zero1", micro_batch=3, ckpt=with_ckpt(BASE, dir=str(tmp_path)), steps=6)
     two = run(train_rank, cfg, LaunchOptions(nproc=2, timeout_s=60)).results[0]
     assert (tmp_path / "step-00000003" / "dcp" / ".metadata").exists()
-    three_cfg = dataclasses.replace(cfg, micro_batch=2, ckpt=with_ckpt(cfg, dir=None, resume=str(tmp_path / "step-00000003")))
+    three_cfg = dataclasses.replace(
+        cfg, micro_batch=2, ckpt=with_ckpt(cfg, dir=None, resume=str(tmp_path / "step-00000003"))
+    )
     three = run(train_rank, three_cfg, LaunchOptions(nproc=3, timeout_s=60)).results[0]
     for a, b in zip(three["steps"][3:], two["steps"][3:]):
         assert abs(a["loss"] - b["loss"]) < 1e-4

@@ -115,10 +115,15 @@ def test_rng_states_round_trip_as_json():
 
 def test_fingerprint_names_what_differs_and_ignores_the_split():
     a = state.fingerprint_fields(TrainConfig(micro_batch=2, optim=OptimConfig(lr=3e-3)), world_size=2)
-    b = state.fingerprint_fields(TrainConfig(micro_batch=4, optim=OptimConfig(lr=3e-3), strategy="pytorch_ddp"), world_size=1)
+    b = state.fingerprint_fields(
+        TrainConfig(micro_batch=4, optim=OptimConfig(lr=3e-3), strategy="pytorch_ddp"), world_size=1
+    )
     assert state.fingerprint(a) == state.fingerprint(b)  # same global batch of 4, strategy free
     c = state.fingerprint_fields(TrainConfig(micro_batch=2, optim=OptimConfig(lr=1e-3), model="small"), world_size=2)
-    assert state.differences(a, c) == ["lr 0.003 (checkpoint) vs 0.001 (this run)", "model 'tiny' (checkpoint) vs 'small' (this run)"]
+    assert state.differences(a, c) == [
+        "lr 0.003 (checkpoint) vs 0.001 (this run)",
+        "model 'tiny' (checkpoint) vs 'small' (this run)",
+    ]
 
 
 def test_a_sharded_checkpoint_needs_its_own_strategy(tmp_path):
@@ -134,11 +139,17 @@ def test_a_sharded_checkpoint_needs_its_own_strategy(tmp_path):
     def layout(strategy: str, bucket_mb: float = 25.0) -> dict:
         return REGISTRY[strategy].layout(StrategyConfig(bucket_mb=bucket_mb))
 
-    with pytest.raises(ValueError, match="zero3's sharded form .* loads only into the layout it was saved with: "
-                                         "strategy 'zero3' \\(checkpoint\\) vs 'pytorch_ddp' \\(this run\\); resume with --strategy zero3"):
+    with pytest.raises(
+        ValueError,
+        match="zero3's sharded form .* loads only into the layout it was saved with: "
+        "strategy 'zero3' \\(checkpoint\\) vs 'pytorch_ddp' \\(this run\\); resume with --strategy zero3",
+    ):
         check_compatible(found("zero3", 25.0), fields, layout("pytorch_ddp"))
     check_compatible(found("zero3", 25.0, form="full"), fields, layout("pytorch_ddp"))  # the full form loads anywhere
     # zero1/2's flat groups are the buckets: another cap is another layout; zero3's units do not use it
-    with pytest.raises(ValueError, match="bucket_mb 25.0 \\(checkpoint\\) vs 10.0 \\(this run\\); resume with --strategy zero1 --bucket-mb 25"):
+    with pytest.raises(
+        ValueError,
+        match="bucket_mb 25.0 \\(checkpoint\\) vs 10.0 \\(this run\\); resume with --strategy zero1 --bucket-mb 25",
+    ):
         check_compatible(found("zero1", 25.0), fields, layout("zero1", 10.0))
     check_compatible(found("zero3", 25.0), fields, layout("zero3", 10.0))

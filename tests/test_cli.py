@@ -51,7 +51,23 @@ def test_run_out_that_is_a_file_is_rejected(tmp_path):
 
 def test_bench_command_from_the_issue(tmp_path):
     b, c = tmp_path / "b.json", tmp_path / "b.csv"
-    res = run_cli("comm", "bench", "--nproc", "2", "-b", "1M", "-e", "64M", "-f", "4", "--json", str(b), "--csv", str(c), timeout=300)
+    res = run_cli(
+        "comm",
+        "bench",
+        "--nproc",
+        "2",
+        "-b",
+        "1M",
+        "-e",
+        "64M",
+        "-f",
+        "4",
+        "--json",
+        str(b),
+        "--csv",
+        str(c),
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert "# Out of bounds values : 0 OK" in res.stdout and "busbw" in res.stdout
     doc = json.loads(b.read_text())
@@ -61,7 +77,18 @@ def test_bench_command_from_the_issue(tmp_path):
     rows = doc["tables"]["bench"]["rows"]
     assert [r["bytes"] for r in rows] == [2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20]
     for r in rows:
-        assert set(r) >= {"op", "dtype", "bytes", "count", "inplace", "time_us_p50", "time_us_p95", "algbw_gbps", "busbw_gbps", "wrong"}
+        assert set(r) >= {
+            "op",
+            "dtype",
+            "bytes",
+            "count",
+            "inplace",
+            "time_us_p50",
+            "time_us_p95",
+            "algbw_gbps",
+            "busbw_gbps",
+            "wrong",
+        }
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)  # all_reduce factor at n = 2
     (fit,) = doc["tables"]["alpha_beta"]["rows"]
     assert set(fit) >= {"op", "alpha_us", "beta_gbps", "r2", "n_half_bytes"} and fit["beta_gbps"] > 0
@@ -92,7 +119,10 @@ def test_crashing_rank_is_named_with_its_last_status(tmp_path):
     assert doc["meta"]["world_size"] == 3 and doc["meta"]["backend"] == "gloo"
     (check,) = doc["checks"]
     assert check["status"] == "ERROR" and check["where"]["rank"] == 2
-    assert "injected failure at broadcast" in check["summary"] and "comm check broadcast float32" in check["where"]["status"]
+    assert (
+        "injected failure at broadcast" in check["summary"]
+        and "comm check broadcast float32" in check["where"]["status"]
+    )
 
 
 @pytest.mark.parametrize("nproc, rank, action, expect", [
@@ -104,8 +134,22 @@ def test_crashing_rank_is_named_with_its_last_status(tmp_path):
 ])
 def test_dead_or_hung_rank_becomes_an_error_not_a_wait(tmp_path, nproc, rank, action, expect):
     out = tmp_path / "e.json"
-    res = run_cli("comm", "check", "--nproc", str(nproc), "--ops", "all_reduce,all_gather", "-d", "int8", "--timeout", "4s",
-                  "--json", str(out), env={"DISTVAL_FAULT": f"op=all_gather,rank={rank},action={action},nth=2"}, timeout=90)
+    res = run_cli(
+        "comm",
+        "check",
+        "--nproc",
+        str(nproc),
+        "--ops",
+        "all_reduce,all_gather",
+        "-d",
+        "int8",
+        "--timeout",
+        "4s",
+        "--json",
+        str(out),
+        env={"DISTVAL_FAULT": f"op=all_gather,rank={rank},action={action},nth=2"},
+        timeout=90,
+    )
     assert res.returncode == 3, res.stdout + res.stderr
     (check,) = json.loads(out.read_text())["checks"]
     assert check["where"]["rank"] == rank and expect in check["summary"], check["summary"]
@@ -124,19 +168,31 @@ def test_deadline_stops_a_slow_job_and_names_where_each_rank_was(tmp_path):
 
 def test_world_of_one_fails_fast(tmp_path):
     out = tmp_path / "w.json"
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env = {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
     res = run_cli("comm", "check", "--expect-world", "4", "--json", str(out), env=env, timeout=60)
     assert res.returncode == 3 and "ERROR" in res.stdout
     (check,) = json.loads(out.read_text())["checks"]
     assert check["status"] == "ERROR"
-    assert "expected a world of 4 ranks but this process sees WORLD_SIZE=1" in check["summary"] and "alone" in check["summary"]
+    assert (
+        "expected a world of 4 ranks but this process sees WORLD_SIZE=1" in check["summary"]
+        and "alone" in check["summary"]
+    )
 
 
 def test_expect_world_in_local_mode(tmp_path):
     out = tmp_path / "w.json"
     res = run_cli("comm", "check", "--nproc", "2", "--expect-world", "4", "--json", str(out), timeout=60)
     assert res.returncode == 3
-    assert "expected a world of 4 ranks but this process sees WORLD_SIZE=2" in json.loads(out.read_text())["checks"][0]["summary"]
+    assert (
+        "expected a world of 4 ranks but this process sees WORLD_SIZE=2"
+        in json.loads(out.read_text())["checks"][0]["summary"]
+    )
 
 
 def test_run_writes_json_and_self_contained_html(tmp_path):

@@ -8,7 +8,10 @@ def _state(t: float, error: str | None = None, issued: int = 10, status: str = "
 
 
 def test_an_error_of_its_own_beats_the_peers_timeouts():
-    states = {0: _state(1.0, "RuntimeError: Timed out waiting 60000ms for recv"), 1: _state(2.0, "ValueError: bad shard")}
+    states = {
+        0: _state(1.0, "RuntimeError: Timed out waiting 60000ms for recv"),
+        1: _state(2.0, "ValueError: bad shard"),
+    }
     failure = diagnose(states, {})
     assert failure.rank == 1 and failure.message == "ValueError: bad shard"
     assert failure.details["ranks"][0]["error"].startswith("RuntimeError: Timed out")

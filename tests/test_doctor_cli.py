@@ -51,7 +51,9 @@ def test_doctor_on_this_host_reports_what_the_kernel_says(tmp_path):
     names = [a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, proto=socket.IPPROTO_TCP)]
     master = doc["meta"]["master_addr"]
     assert master == (names[0] if names else "127.0.0.1")
-    got = json.loads(subprocess.run(["ip", "-j", "route", "get", master], capture_output=True, text=True, check=True).stdout)[0]
+    got = json.loads(
+        subprocess.run(["ip", "-j", "route", "get", master], capture_output=True, text=True, check=True).stdout
+    )[0]
     expected_dev = got["dev"] if got.get("type") != "local" else next(
         i["ifname"] for i in ip if any(a["local"] == master for a in i["addr_info"]))
     assert doc["meta"]["route_to_master"]["dev"] == expected_dev == net.interface_for(master)
@@ -77,15 +79,30 @@ def test_seed_002_files_and_a_listening_master_port(tmp_path):
         srv.bind(("127.0.0.1", 0))
         srv.listen()
         port = srv.getsockname()[1]
-        res = run_cli("doctor", "--topo-file", str(DATA / "topo_2xL4_sys.txt"), "--nccl-log", str(DATA / "nccl_2xL4_p2p_cumem.log"),
-                      "--master-addr", "127.0.0.1", "--json", str(out), env=clean_env(MASTER_PORT=str(port)), timeout=60)
+        res = run_cli(
+            "doctor",
+            "--topo-file",
+            str(DATA / "topo_2xL4_sys.txt"),
+            "--nccl-log",
+            str(DATA / "nccl_2xL4_p2p_cumem.log"),
+            "--master-addr",
+            "127.0.0.1",
+            "--json",
+            str(out),
+            env=clean_env(MASTER_PORT=str(port)),
+            timeout=60,
+        )
     assert res.returncode == 1, res.stderr  # the P2P-over-SYS FAIL
     doc = json.loads(out.read_text())
     checks = checks_of(doc)
     fail = checks["doctor.nccl p2p-paths"]
     assert fail["status"] == "FAIL" and fail["where"]["gpus"] == "GPU1->GPU0" and "NCCL_P2P_DISABLE=1" in fail["hint"]
     assert checks["doctor.topo gpu-paths"]["status"] == "WARN"
-    assert checks["doctor.net port"]["status"] == "OK" and checks["doctor.net port"]["where"] == {"addr": "127.0.0.1", "port": port, "host": socket.gethostname()}
+    assert checks["doctor.net port"]["status"] == "OK" and checks["doctor.net port"]["where"] == {
+        "addr": "127.0.0.1",
+        "port": port,
+        "host": socket.gethostname(),
+    }
     assert doc["meta"]["topology"]["matrix"]["GPU0"]["GPU1"] == "SYS"
     assert doc["meta"]["nccl_log"]["transports"] == {"P2P/CUMEM": 4} and doc["meta"]["nccl_log"]["gdr"] is True
     assert [r["transport"] for r in doc["tables"]["nccl_connections"]["rows"]] == ["P2P/CUMEM"] * 2
@@ -114,11 +131,15 @@ def test_nvidia_smi_output_is_read_when_the_tool_is_there(tmp_path):
     doc = json.loads(out.read_text())
     checks = checks_of(doc)
     assert doc["meta"]["topology"]["source"] == "nvidia-smi topo -m", res.stderr
-    assert checks["doctor.topo gpu-paths"]["status"] == "WARN" and checks["doctor.topo gpu-paths"]["where"] == {"pairs": ["GPU0-GPU1"]}
+    assert checks["doctor.topo gpu-paths"]["status"] == "WARN" and checks["doctor.topo gpu-paths"]["where"] == {
+        "pairs": ["GPU0-GPU1"]
+    }
     devices = checks["doctor.devices"]
     assert [g["name"] for g in devices["details"]["gpus"]] == ["NVIDIA L4", "NVIDIA L4"]
     assert devices["status"] == "WARN" and "torch sees none" in devices["summary"]  # this torch is a CPU build
-    assert checks["doctor.versions"]["status"] == "WARN" and "NCCL is not usable" in checks["doctor.versions"]["summary"]
+    assert (
+        checks["doctor.versions"]["status"] == "WARN" and "NCCL is not usable" in checks["doctor.versions"]["summary"]
+    )
 
 
 def test_port_that_nothing_listens_on():
@@ -157,7 +178,9 @@ def test_two_local_ranks_probe_the_rendezvous(tmp_path):
     bound = {r["rank"]: r["bound"] for r in rdzv["details"]["ranks"]}
     # each rank listens (Gloo, one listener per group: world and control) on the address the host name gives Gloo
     gloo_addr = net.resolve(socket.gethostname())[0] if net.resolve(socket.gethostname()) else "127.0.0.1"
-    gloo_addr = "127.0.0.1" if net.is_loopback(gloo_addr) or net.owner_of(gloo_addr, net.interfaces()) is None else gloo_addr
+    gloo_addr = (
+        "127.0.0.1" if net.is_loopback(gloo_addr) or net.owner_of(gloo_addr, net.interfaces()) is None else gloo_addr
+    )
     for rank in (0, 1):
         assert len(bound[rank]["listen"]) >= 2 and bound[rank]["addresses"] == [gloo_addr], bound
     ports = {p for b in bound.values() for p in b["listen"]}
@@ -183,7 +206,10 @@ def test_ranks_that_cannot_start_are_explained_by_the_host_checks(tmp_path):
                   env=clean_env(GLOO_SOCKET_IFNAME="^lo", NCCL_SOCKET_IFNAME="=nosuch0"), timeout=120)
     assert res.returncode == 3, res.stderr
     checks = checks_of(json.loads(out.read_text()))
-    assert checks["doctor ranks"]["status"] == "ERROR" and "Unable to find address for: ^lo" in checks["doctor ranks"]["summary"]
+    assert (
+        checks["doctor ranks"]["status"] == "ERROR"
+        and "Unable to find address for: ^lo" in checks["doctor ranks"]["summary"]
+    )
     gloo, nccl = checks["doctor.net GLOO_SOCKET_IFNAME"], checks["doctor.net NCCL_SOCKET_IFNAME"]
     assert gloo["status"] == "FAIL" and "NCCL's '^' syntax" in gloo["summary"]
     assert nccl["status"] == "FAIL" and "selects no usable interface" in nccl["summary"]
@@ -194,11 +220,34 @@ def test_two_torchrun_agents_compare_their_environment(tmp_path):
     port = free_port()
     procs = []
     for node, level in (("a", "INFO"), ("b", "WARN")):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", *CLEAN))}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", *CLEAN))
+        }
         env.update(NCCL_DEBUG=level, OMP_NUM_THREADS="1")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"doctor-{port}", "-m", "distval", "doctor",
-               "--expect-world", "2", "--json", str(tmp_path / f"{node}.json")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            f"doctor-{port}",
+            "-m",
+            "distval",
+            "doctor",
+            "--expect-world",
+            "2",
+            "--json",
+            str(tmp_path / f"{node}.json"),
+        ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         outs = [p.communicate(timeout=120) for p in procs]
@@ -238,20 +287,35 @@ GLOO_SOCKET_IFNAME=veth0 NCCL_SOCKET_IFNAME==veth0 "$PY" -m distval doctor --mas
 
 def test_decoy_bridge_in_a_network_namespace(tmp_path):
     """A namespace with the route to the master on veth0 and an up docker0 bridge beside it."""
-    if UNSHARE is None or subprocess.run([UNSHARE, "-n", "-m", "true"], check=False, capture_output=True).returncode != 0:
+    if (
+        UNSHARE is None
+        or subprocess.run([UNSHARE, "-n", "-m", "true"], check=False, capture_output=True).returncode != 0
+    ):
         pytest.skip("cannot create a network namespace here (needs root and unshare)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", *CLEAN))}
     env.update(PY=sys.executable, OUT=str(tmp_path))
-    res = subprocess.run([UNSHARE, "-n", "-m", "sh", "-c", NETNS_SCRIPT], check=False, env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [UNSHARE, "-n", "-m", "sh", "-c", NETNS_SCRIPT],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if res.returncode != 0 and "Operation not supported" in res.stderr:
         pytest.skip(f"namespace set-up not supported: {res.stderr.strip()}")
     assert res.returncode == 0, res.stderr
     assert "IFACES veth0 docker0 lo None" in res.stdout
     loose = checks_of(json.loads((tmp_path / "loose.json").read_text()))
     assert loose["doctor.net route"]["status"] == "OK" and "through veth0" in loose["doctor.net route"]["summary"]
-    assert loose["doctor.net decoys"]["status"] == "WARN" and loose["doctor.net decoys"]["where"]["interfaces"] == ["docker0"]
+    assert loose["doctor.net decoys"]["status"] == "WARN" and loose["doctor.net decoys"]["where"]["interfaces"] == [
+        "docker0"
+    ]
     assert "GLOO_SOCKET_IFNAME=veth0" in loose["doctor.net decoys"]["hint"]
-    assert loose["doctor.net GLOO_SOCKET_IFNAME"]["status"] == "WARN" and "leaves by veth0, not docker0" in loose["doctor.net GLOO_SOCKET_IFNAME"]["summary"]
+    assert (
+        loose["doctor.net GLOO_SOCKET_IFNAME"]["status"] == "WARN"
+        and "leaves by veth0, not docker0" in loose["doctor.net GLOO_SOCKET_IFNAME"]["summary"]
+    )
     assert loose["doctor.net NCCL_SOCKET_IFNAME"]["status"] == "WARN"
     assert loose["doctor.net NCCL_SOCKET_IFNAME"]["details"]["selected"] == ["veth0", "docker0"]
     pinned = checks_of(json.loads((tmp_path / "pinned.json").read_text()))

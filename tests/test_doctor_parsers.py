@@ -59,13 +59,20 @@ def test_nvlink_node_and_pcie_workstation():
     assert checks["doctor.topo nic-affinity"].details["nearest"]["GPU5"] == {"nics": ["mlx5_2"], "link": "PXB"}
     pcie = by_name(topo_checks(load_topo(DATA / "topo_4gpu_pcie_phb.txt"), {}))
     assert pcie["doctor.topo gpu-paths"].status is Status.WARN
-    assert pcie["doctor.topo gpu-paths"].where["pairs"] == ["GPU0-GPU2 PHB", "GPU0-GPU3 PHB", "GPU1-GPU2 PHB", "GPU1-GPU3 PHB"]
+    assert pcie["doctor.topo gpu-paths"].where["pairs"] == [
+        "GPU0-GPU2 PHB",
+        "GPU0-GPU3 PHB",
+        "GPU1-GPU2 PHB",
+        "GPU1-GPU3 PHB",
+    ]
     assert pcie["doctor.topo nic-affinity"].status is Status.SKIP
 
 
 def test_gpu_without_a_nic_on_its_socket_and_an_hca_that_matches_nothing():
-    text = ("\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\n"
-            "GPU0\t X \tSYS\tPIX\t0-15\t0\nGPU1\tSYS\t X \tSYS\t16-31\t1\nNIC0\tPIX\tSYS\t X \n\nNIC Legend:\n\n  NIC0: mlx5_0\n")
+    text = (
+        "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\n"
+        "GPU0\t X \tSYS\tPIX\t0-15\t0\nGPU1\tSYS\t X \tSYS\t16-31\t1\nNIC0\tPIX\tSYS\t X \n\nNIC Legend:\n\n  NIC0: mlx5_0\n"
+    )
     topo = parse_topo(text)
     check = by_name(topo_checks(topo, {}))["doctor.topo nic-affinity"]
     assert check.status is Status.WARN and check.where == {"gpus": ["GPU1"]}
@@ -117,7 +124,10 @@ def test_seed_002_pattern_fails_only_with_a_sys_topology():
     assert "NCCL_P2P_DISABLE=1" in fail.hint and "NCCL_P2P_LEVEL" in fail.hint
     assert {c["gpus"] for c in fail.details["connections"]} == {"GPU0->GPU1", "GPU1->GPU0"}
     # the same log on an NVLink machine is fine; without a topology the check says what it needs
-    assert by_name(nccl_checks(log, load_topo(DATA / "topo_8xH100_nvlink.txt")))["doctor.nccl p2p-paths"].status is Status.OK
+    assert (
+        by_name(nccl_checks(log, load_topo(DATA / "topo_8xH100_nvlink.txt")))["doctor.nccl p2p-paths"].status
+        is Status.OK
+    )
     skip = by_name(nccl_checks(log, None))["doctor.nccl p2p-paths"]
     assert skip.status is Status.SKIP and "--topo-file" in skip.summary
 
@@ -138,13 +148,20 @@ def test_two_node_ib_log():
     assert all(c.gdr for c in log.connections if c.transport == "NET/IB")
     assert {(h["hca"], h["link"]) for h in log.ib_hcas} == {("mlx5_0", "IB"), ("mlx5_1", "IB")}
     assert checks["doctor.nccl network"].status is Status.OK and "mlx5_0:1/IB" in checks["doctor.nccl network"].summary
-    assert checks["doctor.nccl p2p-paths"].status is Status.OK and "GPU0-GPU1 NV18" in checks["doctor.nccl p2p-paths"].summary
+    assert (
+        checks["doctor.nccl p2p-paths"].status is Status.OK
+        and "GPU0-GPU1 NV18" in checks["doctor.nccl p2p-paths"].summary
+    )
 
 
 def test_socket_over_docker0_and_warn_lines():
     checks = by_name(nccl_checks(load_nccl_log(DATA / "nccl_2node_socket_docker0.log"), None))
     network = checks["doctor.nccl network"]
-    assert network.status is Status.WARN and network.where == {"interface": "docker0"} and "NCCL_SOCKET_IFNAME" in network.hint
+    assert (
+        network.status is Status.WARN
+        and network.where == {"interface": "docker0"}
+        and "NCCL_SOCKET_IFNAME" in network.hint
+    )
     warn = checks["doctor.nccl warnings"]
     assert warn.status is Status.WARN and "Connect to 172.17.0.1<43517> failed" in warn.summary
 
@@ -230,7 +247,10 @@ def test_decoys_warn_until_both_variables_pin_the_route_interface():
     assert check.status is Status.WARN and check.where == {"interfaces": ["docker0"]}
     assert "GLOO_SOCKET_IFNAME=eth0" in check.hint and "NCCL_SOCKET_IFNAME==eth0" in check.hint
     assert net.check_decoys(IFACES, ROUTE, {"GLOO_SOCKET_IFNAME": "eth0"}).status is Status.WARN
-    assert net.check_decoys(IFACES, ROUTE, {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "=eth0"}).status is Status.OK
+    assert (
+        net.check_decoys(IFACES, ROUTE, {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "=eth0"}).status
+        is Status.OK
+    )
     loop = {"addr": "127.0.0.1", "dev": "lo", "src": "127.0.0.1", "gateway": None, "local": True}
     assert net.check_decoys(IFACES, loop, {}).status is Status.OK  # a single-host job
 
@@ -250,7 +270,10 @@ def test_hostname_checks_against_this_hosts_addresses():
 
 
 def test_hostname_on_another_interface_than_the_route_to_master_is_the_decoy_case(monkeypatch):
-    ifaces = [Interface("eth0", True, "UP", 1500, ["10.77.0.2/24"]), Interface("decoy0", True, "UP", 1500, ["10.78.0.2/24"])]
+    ifaces = [
+        Interface("eth0", True, "UP", 1500, ["10.77.0.2/24"]),
+        Interface("decoy0", True, "UP", 1500, ["10.78.0.2/24"]),
+    ]
     monkeypatch.setattr(net, "resolve", lambda host: ["10.78.0.2"])
     check = net.check_hostname(ifaces, "node1", {"dev": "eth0"})
     assert check.status is Status.WARN and "decoy0" in check.summary and "GLOO_SOCKET_IFNAME=eth0" in check.hint
@@ -262,8 +285,14 @@ def test_hostname_on_another_interface_than_the_route_to_master_is_the_decoy_cas
 
 
 def facts(host="a", torch="2.13.0", python="3.11.7", nccl=None, env=None, dev="eth0", mtu=1500):
-    return {"hostname": host, "versions": {"distval": "0.1", "python": python, "torch": torch, "nccl": nccl, "cuda": None},
-            "env": env or {}, "route_dev": dev, "route_mtu": mtu, "interfaces": {dev: mtu}}
+    return {
+        "hostname": host,
+        "versions": {"distval": "0.1", "python": python, "torch": torch, "nccl": nccl, "cuda": None},
+        "env": env or {},
+        "route_dev": dev,
+        "route_mtu": mtu,
+        "interfaces": {dev: mtu},
+    }
 
 
 def test_version_mismatch_is_a_failure_python_alone_a_warning():
@@ -276,7 +305,11 @@ def test_version_mismatch_is_a_failure_python_alone_a_warning():
 
 def test_interface_name_and_mtu_differences_across_hosts():
     check = ranks.check_interfaces({0: facts("a"), 1: facts("b", dev="enp5s0", mtu=9000)})
-    assert check.status is Status.WARN and "eth0 on a, enp5s0 on b" in check.summary and "MTU 1500 on a, 9000 on b" in check.summary
+    assert (
+        check.status is Status.WARN
+        and "eth0 on a, enp5s0 on b" in check.summary
+        and "MTU 1500 on a, 9000 on b" in check.summary
+    )
     assert ranks.check_interfaces({0: facts("a"), 1: facts("a")}).status is Status.OK
 
 
@@ -306,7 +339,9 @@ def test_bound_sockets_reads_this_processes_listener_from_the_kernel():
 
 def test_check_socket_ifname_finds_the_route_from_master_addr():
     """What the launcher's pre-flight calls: only the environment."""
-    gloo, nccl = net.check_socket_ifname({"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "=lo"})
+    gloo, nccl = net.check_socket_ifname(
+        {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "=lo"}
+    )
     assert gloo.status is Status.OK and nccl.status is Status.OK
     assert net.interface_for("127.0.0.1") == "lo" and net.interface_for("no-such-host.invalid") is None
     gloo, _ = net.check_socket_ifname({"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "no-such-if0"})
@@ -322,7 +357,9 @@ def test_without_iproute2_the_same_interfaces_and_routes(monkeypatch):
     assert [(i.name, i.up, i.mtu, i.loopback) for i in without] == [(i.name, i.up, i.mtu, i.loopback) for i in with_ip]
     for a, b in zip(with_ip, without):
         v4 = [x for x in a.addresses if ":" not in x]
-        assert [x for x in b.addresses if ":" not in x] == v4[:1]  # the ioctl gives the first IPv4 address with its prefix
+        assert [x for x in b.addresses if ":" not in x] == v4[
+            :1
+        ]  # the ioctl gives the first IPv4 address with its prefix
         assert {x for x in b.addresses if ":" in x} == {x for x in a.addresses if ":" in x}
     monkeypatch.setattr(net.shutil, "which", which)
     targets = ["127.0.0.1"] + [i.ips[0] for i in with_ip if i.up and i.ips and not i.loopback]
@@ -346,8 +383,20 @@ def test_report_of_two_hosts_keeps_every_hosts_checks_and_interfaces():
         hc = [copy.deepcopy(c) for c in checks]
         for c in hc:
             c.where["host"] = host
-        results.append({"facts": facts(host, dev="lo"), "seen": [0, 1], "world_size": 2, "host": {"checks": hc, "facts": hf},
-                        "bound": {"listen": [f"10.0.0.{rank + 1}:4000"], "addresses": [f"10.0.0.{rank + 1}"], "store": None, "peers": []}})
+        results.append(
+            {
+                "facts": facts(host, dev="lo"),
+                "seen": [0, 1],
+                "world_size": 2,
+                "host": {"checks": hc, "facts": hf},
+                "bound": {
+                    "listen": [f"10.0.0.{rank + 1}:4000"],
+                    "addresses": [f"10.0.0.{rank + 1}"],
+                    "store": None,
+                    "peers": [],
+                },
+            }
+        )
         infos.append({"rank": rank, "local_rank": 0, "host": host, "pid": 100 + rank, "device": "cpu"})
     report = build_ranks_report(JobResult("torchrun", "gloo", 2, results, infos), cfg)
     doc = report.to_dict()
@@ -356,5 +405,8 @@ def test_report_of_two_hosts_keeps_every_hosts_checks_and_interfaces():
     assert {r["host"] for r in rows} == {"node-a", "node-b"} and len(rows) == 2 * len(host_facts["interfaces"])
     assert set(doc["meta"]["nodes"]) == {"node-a", "node-b"} and doc["meta"]["hosts"] == {"node-a": [0], "node-b": [1]}
     by = by_name(report.checks)
-    assert by["doctor.rendezvous"].status is Status.OK and "0@node-a 10.0.0.1; 1@node-b 10.0.0.2" in by["doctor.rendezvous"].summary
+    assert (
+        by["doctor.rendezvous"].status is Status.OK
+        and "0@node-a 10.0.0.1; 1@node-b 10.0.0.2" in by["doctor.rendezvous"].summary
+    )
     assert [r["host"] for r in doc["tables"]["ranks"]["rows"]] == ["node-a", "node-b"]

@@ -12,7 +12,14 @@ def test_every_drill_passes(tmp_path):
     res = run_cli("drill", "--nproc", "2", "--model", "tiny", "--json", str(out), timeout=900)
     doc = json.loads(out.read_text())
     rows = {r["drill"]: r for r in doc["tables"]["drills"]["rows"]}
-    assert list(rows) == ["kill9_rank", "exception_rank", "sigterm_job", "kill_during_save", "corrupt_file", "disk_full"]
+    assert list(rows) == [
+        "kill9_rank",
+        "exception_rank",
+        "sigterm_job",
+        "kill_during_save",
+        "corrupt_file",
+        "disk_full",
+    ]
     for name, row in rows.items():
         if name == "disk_full" and os.geteuid() != 0:
             assert row["status"] == "SKIP"

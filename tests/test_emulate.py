@@ -98,7 +98,9 @@ def test_without_iproute2_exit_3(tmp_path):
     assert res.returncode == 3 and res.stderr.startswith("distval: error: distval emulate needs iproute2"), res.stderr
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to become another user (setpriv)")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to become another user (setpriv)"
+)
 def test_without_root_exit_3():
     prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "distval"]
     res = run_cli("emulate", "--nodes", "2", "--", "comm", "bench", prefix=prefix, timeout=60,
@@ -154,7 +156,11 @@ def test_two_nodes_shaped_bench(tmp_path, no_leftovers):
     assert f"dv-{dead.pid}-sw" not in netns.list_namespaces()
     doc = json.loads(out.read_text())
     meta = doc["meta"]
-    assert meta["emulated"]["nodes"] == 2 and meta["emulated"]["rate"] == "200mbit" and meta["emulated"]["decoy_nic"] is False
+    assert (
+        meta["emulated"]["nodes"] == 2
+        and meta["emulated"]["rate"] == "200mbit"
+        and meta["emulated"]["decoy_nic"] is False
+    )
     assert meta["world_size"] == 2 and meta["launch"] == "torchrun"
     assert sorted(meta["hosts"].values()) == [[0], [1]] and all(h.startswith("dv-") for h in meta["hosts"])
     assert meta["env"]["GLOO_SOCKET_IFNAME"] == "eth0"

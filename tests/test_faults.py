@@ -11,7 +11,10 @@ def test_one_grammar_for_collective_and_step_faults():
     assert parse("op=broadcast,rank=0,action=hang")[0].action == "hang"
     assert parse("") == [] and parse(None) == []
     both = parse("step=7,rank=1,action=kill_in_save,attempt=-1; op=any,rank=0,action=kill,nth=500")
-    assert [(f.step, f.op, f.action, f.attempt) for f in both] == [(7, None, "kill_in_save", -1), (None, "any", "kill", 0)]
+    assert [(f.step, f.op, f.action, f.attempt) for f in both] == [
+        (7, None, "kill_in_save", -1),
+        (None, "any", "kill", 0),
+    ]
 
 
 @pytest.mark.parametrize("value, message", [
@@ -29,7 +32,9 @@ def test_bad_faults_are_one_line_errors(value, message):
 
 
 def test_a_rank_gets_only_its_own_faults_and_the_nth_call_fires():
-    faults = Faults(parse("op=all_reduce,rank=1,index=2,nth=2;step=5,rank=1,action=kill_in_save;op=all_reduce,rank=0"), 1)
+    faults = Faults(
+        parse("op=all_reduce,rank=1,index=2,nth=2;step=5,rank=1,action=kill_in_save;op=all_reduce,rank=0"), 1
+    )
     assert len(faults.on_ops) == 1 and len(faults.on_steps) == 1
     out = torch.zeros(4, dtype=torch.int32)
     faults.after_op("broadcast", [out])  # another op: not counted

@@ -46,8 +46,22 @@ def test_world_check():
 def test_under_torchrun_rank_0_reports(tmp_path):
     out = tmp_path / "c.json"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "distval"]
-    res = run_cli("comm", "check", "--ops", "all_reduce,all_gather,sendrecv", "-d", "float32,bfloat16", "--counts", "7,1000",
-                  "--expect-world", "2", "--json", str(out), prefix=torchrun, timeout=180)
+    res = run_cli(
+        "comm",
+        "check",
+        "--ops",
+        "all_reduce,all_gather,sendrecv",
+        "-d",
+        "float32,bfloat16",
+        "--counts",
+        "7,1000",
+        "--expect-world",
+        "2",
+        "--json",
+        str(out),
+        prefix=torchrun,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["meta"]["launch"] == "torchrun" and doc["meta"]["world_size"] == 2
@@ -59,8 +73,15 @@ def test_as_srun_tasks(tmp_path):
     """Two processes with the variables srun sets (and no torch ones) form one world."""
     out = tmp_path / "s.json"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "SLURM_"))}
-    base.update({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "17", "SLURM_STEP_NODELIST": "localhost",
-                 "MASTER_PORT": str(free_port())})
+    base.update(
+        {
+            "SLURM_STEP_ID": "0",
+            "SLURM_STEP_NUM_TASKS": "2",
+            "SLURM_JOB_ID": "17",
+            "SLURM_STEP_NODELIST": "localhost",
+            "MASTER_PORT": str(free_port()),
+        }
+    )
     procs = []
     for rank in range(2):
         env = {**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)}
@@ -79,9 +100,23 @@ def test_under_torchrun_rank_0_names_the_rank_that_failed(tmp_path):
     same way, from its silence: tests/test_diagnose.py.)"""
     out = tmp_path / "e.json"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "distval"]
-    res = run_cli("comm", "check", "--ops", "all_reduce,broadcast", "-d", "float32", "--counts", "7", "--timeout", "20s",
-                  "--json", str(out), prefix=torchrun, timeout=120,
-                  env={"DISTVAL_FAULT": "op=broadcast,rank=1,action=raise,nth=2"})
+    res = run_cli(
+        "comm",
+        "check",
+        "--ops",
+        "all_reduce,broadcast",
+        "-d",
+        "float32",
+        "--counts",
+        "7",
+        "--timeout",
+        "20s",
+        "--json",
+        str(out),
+        prefix=torchrun,
+        timeout=120,
+        env={"DISTVAL_FAULT": "op=broadcast,rank=1,action=raise,nth=2"},
+    )
     assert res.returncode != 0
     (check,) = json.loads(out.read_text())["checks"]
     assert check["status"] == "ERROR" and check["where"]["rank"] == 1, check

@@ -34,7 +34,14 @@ def test_every_collective_is_recorded_with_sequence_bytes_and_call_site():
     for rank, res in enumerate(job.results):
         recs = res["records"]
         assert [r["seq"] for r in recs] == list(range(len(recs)))
-        assert [r["op"] for r in recs] == ["all_reduce", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"]
+        assert [r["op"] for r in recs] == [
+            "all_reduce",
+            "all_gather",
+            "reduce_scatter",
+            "all_reduce",
+            "broadcast",
+            "barrier",
+        ]
         # bytes = nccl-tests' S: all_gather counts the gathered output, reduce_scatter the input
         assert [r["bytes"] for r in recs] == [4000, 3 * 10 * 8, 3 * 10 * 4, 40, 12, 0]
         assert recs[0]["dtype"] == "float32" and recs[1]["dtype"] == "float64" and recs[0]["shape"] == [1000]

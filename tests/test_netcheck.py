@@ -52,7 +52,9 @@ def test_gloo_address_follows_gloo_rules():
     assert adv.interface == "lo" and "hostname localhost resolves to it" in adv.why
     (adv,) = gloo_address({}, hostname="no-such-host.invalid")  # Gloo falls back to loopback
     assert adv.address == "127.0.0.1" and "so loopback" in adv.why
-    with pytest.raises(NetworkPreflightError, match=r"GLOO_SOCKET_IFNAME=eth9: no interface 'eth9' on .* \(it has .*lo"):
+    with pytest.raises(
+        NetworkPreflightError, match=r"GLOO_SOCKET_IFNAME=eth9: no interface 'eth9' on .* \(it has .*lo"
+    ):
         gloo_address({"GLOO_SOCKET_IFNAME": "eth9"})
     with pytest.raises(NetworkPreflightError, match="no interface 'bogus'"):
         gloo_address({"GLOO_SOCKET_IFNAME": "lo,bogus"})
@@ -115,9 +117,11 @@ def test_unreachable_master_names_the_interface_in_a_namespace():
     probe's timeout (1 s here)."""
     ns = f"dv-{os.getpid()}-nc"
     etc = f"/etc/netns/{ns}"
-    script = ("import sys; from distval.netcheck import preflight\n"
-              "env = {'RANK': '1', 'WORLD_SIZE': '2', 'LOCAL_WORLD_SIZE': '1', 'MASTER_ADDR': '10.79.0.1', 'MASTER_PORT': '29400'}\n"
-              "try:\n    preflight(env, timeout_s=1.0)\nexcept Exception as e:\n    print(type(e).__name__, e); sys.exit(3)\n")
+    script = (
+        "import sys; from distval.netcheck import preflight\n"
+        "env = {'RANK': '1', 'WORLD_SIZE': '2', 'LOCAL_WORLD_SIZE': '1', 'MASTER_ADDR': '10.79.0.1', 'MASTER_PORT': '29400'}\n"
+        "try:\n    preflight(env, timeout_s=1.0)\nexcept Exception as e:\n    print(type(e).__name__, e); sys.exit(3)\n"
+    )
     try:
         for cmd in (["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"],
                     ["ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p"],
@@ -130,8 +134,26 @@ def test_unreachable_master_names_the_interface_in_a_namespace():
         os.makedirs(etc, exist_ok=True)
         with open(f"{etc}/hosts", "w") as f:
             f.write("127.0.0.1 localhost\n10.78.0.2 decoyhost\n")
-        res = subprocess.run(["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", 'hostname decoyhost && exec "$@"',
-                              "sh", sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+        res = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                'hostname decoyhost && exec "$@"',
+                "sh",
+                sys.executable,
+                "-c",
+                script,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         shutil.rmtree(etc, ignore_errors=True)

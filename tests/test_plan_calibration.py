@@ -28,24 +28,60 @@ def write_bench(path, curves: dict[str, tuple[float, float]], world_size: int = 
         for size in SWEEP:
             t = alpha + size / beta
             times.append(t)
-            bench.append({"op": op, "dtype": "float32", "bytes": size, "count": size // 4 // (1 if op == "all_reduce" else world_size),
-                          "inplace": op == "all_reduce", "redop": "sum" if op == "all_reduce" else None, "root": None,
-                          "time_us_p50": t * 1e6, "time_us_p95": t * 1.01e6, "time_us_min": t * 0.99e6, "time_us_max": t * 1.05e6,
-                          "algbw_gbps": size / t / 1e9, "busbw_gbps": size / t / 1e9 * factor, "busbw_pct_of_copy": None, "wrong": 0})
+            bench.append(
+                {
+                    "op": op,
+                    "dtype": "float32",
+                    "bytes": size,
+                    "count": size // 4 // (1 if op == "all_reduce" else world_size),
+                    "inplace": op == "all_reduce",
+                    "redop": "sum" if op == "all_reduce" else None,
+                    "root": None,
+                    "time_us_p50": t * 1e6,
+                    "time_us_p95": t * 1.01e6,
+                    "time_us_min": t * 0.99e6,
+                    "time_us_max": t * 1.05e6,
+                    "algbw_gbps": size / t / 1e9,
+                    "busbw_gbps": size / t / 1e9 * factor,
+                    "busbw_pct_of_copy": None,
+                    "wrong": 0,
+                }
+            )
         fit = fit_alpha_beta(SWEEP, times)
         fits.append({"op": op, "dtype": "float32", "alpha_us": fit.alpha_us, "beta_gbps": fit.beta_gbps, "r2": fit.r2,
                      "n_half_bytes": fit.n_half_bytes, "num_points": fit.num_points})
     doc = {
-        "schema": "distval.report/1", "command": "comm bench",
-        "meta": {"time": "2026-01-01T00:00:00+00:00", "argv": ["distval", "comm", "bench", "--nproc", str(world_size)],
-                 "versions": {"distval": "0.1.0", "torch": "2.13.0"}, "world_size": world_size, "backend": "gloo",
-                 "launch": "local", "hosts": {h: [r for r in range(world_size) if r % len(hosts) == i] for i, h in enumerate(hosts)},
-                 "devices": ["cpu"], "copy_ceiling_gbps": 6.0, "sizes_bytes": SWEEP, "timing": "blocking per op"},
+        "schema": "distval.report/1",
+        "command": "comm bench",
+        "meta": {
+            "time": "2026-01-01T00:00:00+00:00",
+            "argv": ["distval", "comm", "bench", "--nproc", str(world_size)],
+            "versions": {"distval": "0.1.0", "torch": "2.13.0"},
+            "world_size": world_size,
+            "backend": "gloo",
+            "launch": "local",
+            "hosts": {h: [r for r in range(world_size) if r % len(hosts) == i] for i, h in enumerate(hosts)},
+            "devices": ["cpu"],
+            "copy_ceiling_gbps": 6.0,
+            "sizes_bytes": SWEEP,
+            "timing": "blocking per op",
+        },
         "summary": {"OK": len(curves), "WARN": 0, "FAIL": 0, "SKIP": 0, "ERROR": 0},
-        "checks": [{"name": f"comm.bench {op} float32", "status": "OK", "summary": "", "details": {}, "hint": "", "where": {"op": op}}
-                   for op in curves],
-        "tables": {"bench": {"name": "bench", "title": "", "columns": list(bench[0]), "units": {}, "rows": bench},
-                   "alpha_beta": {"name": "alpha_beta", "title": "", "columns": list(fits[0]), "units": {}, "rows": fits}},
+        "checks": [
+            {
+                "name": f"comm.bench {op} float32",
+                "status": "OK",
+                "summary": "",
+                "details": {},
+                "hint": "",
+                "where": {"op": op},
+            }
+            for op in curves
+        ],
+        "tables": {
+            "bench": {"name": "bench", "title": "", "columns": list(bench[0]), "units": {}, "rows": bench},
+            "alpha_beta": {"name": "alpha_beta", "title": "", "columns": list(fits[0]), "units": {}, "rows": fits},
+        },
     }
     path.write_text(json.dumps(doc, indent=2))
     return doc
@@ -98,7 +134,9 @@ def test_calibrated_ddp_step_is_the_sum_over_buckets(bench_file):
     grads = r.inputs.model.num_params * 4
     buckets = [c for c in collectives_rows(r)]
     assert sum(b["count"] * b["bytes_per_rank"] for b in buckets) == pytest.approx(grads, abs=len(buckets))
-    assert r.comm_time_s == pytest.approx(sum(b["count"] * (alpha + b["bytes_per_rank"] / beta) for b in buckets), rel=1e-6)
+    assert r.comm_time_s == pytest.approx(
+        sum(b["count"] * (alpha + b["bytes_per_rank"] / beta) for b in buckets), rel=1e-6
+    )
 
 
 def test_two_level_plan_uses_a_one_host_bench_for_the_intra_node_link(bench_file):
@@ -111,29 +149,50 @@ def test_two_level_plan_uses_a_one_host_bench_for_the_intra_node_link(bench_file
 
 def test_report_says_which_numbers_are_measured(capsys, tmp_path, bench_file):
     path, _ = bench_file
-    doc = plan_json(capsys, tmp_path, "--model", "small", "--world", "2", "--calibration", str(path), "--device", "H100")
+    doc = plan_json(
+        capsys, tmp_path, "--model", "small", "--world", "2", "--calibration", str(path), "--device", "H100"
+    )
     assert {c["source"] for c in doc["tables"]["collectives"]["rows"]} == {"calibrated"}
     checks = {c["name"]: c for c in doc["checks"]}
-    assert checks["plan.calibration"]["status"] == "OK" and "gloo, 2 ranks, intra-node" in checks["plan.calibration"]["summary"]
+    assert (
+        checks["plan.calibration"]["status"] == "OK"
+        and "gloo, 2 ranks, intra-node" in checks["plan.calibration"]["summary"]
+    )
     sources = {r["input"]: r["source"] for r in doc["tables"]["assumptions"]["rows"]}
     assert sources["calibration"].startswith("measured") and sources["link, all_reduce"].startswith("calibrated")
     assert sources["link, all_gather"].startswith("derived") and sources["MFU"] == "assumed (default)"
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"foo": 1}', "is not a distval comm bench report (schema None, command None)"),
-    ("[1, 2]", "is not a distval comm bench report"),
-    ("not json at all", "is not JSON"),
-    ('{"schema": "distval.report/1", "command": "comm check", "meta": {"world_size": 2}, "tables": {}}',
-     "is not a distval comm bench report (schema 'distval.report/1', command 'comm check')"),
-    ('{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, "tables": {}}', "has no alpha_beta table"),
-    ('{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 1}, "tables": {}}',
-     "a calibration needs a bench of at least 2 ranks"),
-    ('{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, "tables": {"alpha_beta": {"rows": '
-     '[{"op": "all_reduce", "alpha_us": 10, "beta_gbps": -1}]}}}', "needs alpha_us >= 0 and beta_gbps > 0"),
-    ('{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, "tables": {"alpha_beta": {"rows": '
-     '[{"op": "broadcast", "alpha_us": 10, "beta_gbps": 1}]}}}', "has no alpha-beta fit of all_reduce"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"foo": 1}', "is not a distval comm bench report (schema None, command None)"),
+        ("[1, 2]", "is not a distval comm bench report"),
+        ("not json at all", "is not JSON"),
+        (
+            '{"schema": "distval.report/1", "command": "comm check", "meta": {"world_size": 2}, "tables": {}}',
+            "is not a distval comm bench report (schema 'distval.report/1', command 'comm check')",
+        ),
+        (
+            '{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, "tables": {}}',
+            "has no alpha_beta table",
+        ),
+        (
+            '{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 1}, "tables": {}}',
+            "a calibration needs a bench of at least 2 ranks",
+        ),
+        (
+            '{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, "tables": {"alpha_beta": {"rows": '
+            '[{"op": "all_reduce", "alpha_us": 10, "beta_gbps": -1}]}}}',
+            "needs alpha_us >= 0 and beta_gbps > 0",
+        ),
+        (
+            '{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, "tables": {"alpha_beta": {"rows": '
+            '[{"op": "broadcast", "alpha_us": 10, "beta_gbps": 1}]}}}',
+            "has no alpha-beta fit of all_reduce",
+        ),
+    ],
+)
 def test_files_that_are_not_bench_reports_are_rejected(capsys, tmp_path, content, message):
     path = tmp_path / "x.json"
     path.write_text(content)

@@ -28,8 +28,22 @@ def test_preset_parameter_counts_match_the_published_totals(name, published):
 
 def test_distval_workload_presets_are_as_stated():
     tiny, small = presets.model("tiny"), presets.model("small")
-    assert (tiny.num_layers, tiny.hidden_size, tiny.num_heads, tiny.num_kv_heads, tiny.seq_len, tiny.vocab_size) == (2, 64, 4, 2, 64, 256)
-    assert (small.num_layers, small.hidden_size, small.num_heads, small.num_kv_heads, small.seq_len, small.vocab_size) == (6, 384, 6, 2, 256, 8192)
+    assert (tiny.num_layers, tiny.hidden_size, tiny.num_heads, tiny.num_kv_heads, tiny.seq_len, tiny.vocab_size) == (
+        2,
+        64,
+        4,
+        2,
+        64,
+        256,
+    )
+    assert (
+        small.num_layers,
+        small.hidden_size,
+        small.num_heads,
+        small.num_kv_heads,
+        small.seq_len,
+        small.vocab_size,
+    ) == (6, 384, 6, 2, 256, 8192)
     # SwiGLU width: 8/3·h rounded up to a multiple of 64
     assert tiny.ffn_hidden_size == 192 and small.ffn_hidden_size == 1024
     # tiny by hand: q, o 64x64; k, v 64x(2 kv heads x 16); 3 MLP matrices 64x192; 2 RMSNorms; tied embedding; final norm
@@ -46,7 +60,9 @@ def test_preset_lookup_ignores_case_and_separators_and_lists_known_names():
 
 # -- seed 001: 760M params, bf16 grads, 2 ranks, ring all-reduce at 85% of the link --------------
 
-@pytest.mark.parametrize("link, gbit, seed_figure_s", [("1GbE", 1, 14.0), ("10GbE", 10, 1.4), ("400G-RoCE", 400, 0.036)])
+@pytest.mark.parametrize(
+    "link, gbit, seed_figure_s", [("1GbE", 1, 14.0), ("10GbE", 10, 1.4), ("400G-RoCE", 400, 0.036)]
+)
 def test_seed_001_table(link, gbit, seed_figure_s):
     r = evaluate(PlanConfig(params=760e6, grad_dtype="bf16", world_size=2, link=link, **H100))
     size = 760e6 * 2
@@ -128,7 +144,9 @@ def test_activations_reproduce_korthikanti_for_gpt2():
 # -- traffic --------------------------------------------------------------------------------------
 
 def _sent(strategy: str, **kw) -> float:
-    r = evaluate(PlanConfig(model="gpt2", world_size=8, param_dtype="bf16", link="10GbE", strategy=strategy, **H100, **kw))
+    r = evaluate(
+        PlanConfig(model="gpt2", world_size=8, param_dtype="bf16", link="10GbE", strategy=strategy, **H100, **kw)
+    )
     return sum(row["sent_bytes_per_rank"] for row in collectives_rows(r))
 
 
@@ -160,7 +178,9 @@ def test_powersgd_ratio_by_hand():
 
 def test_compute_time_is_palm_flops_over_peak_times_mfu():
     spec = presets.model("gpt2")
-    r = evaluate(PlanConfig(model="gpt2", world_size=2, link="10GbE", micro_batch=8, grad_accum=2, peak_tflops=100, mfu=0.5))
+    r = evaluate(
+        PlanConfig(model="gpt2", world_size=2, link="10GbE", micro_batch=8, grad_accum=2, peak_tflops=100, mfu=0.5)
+    )
     n = spec.num_layers * spec.layer_params() + spec.norm_params() + spec.vocab_size * spec.hidden_size
     per_token = 6 * n + 12 * spec.num_layers * spec.hidden_size * spec.seq_len
     tokens_per_rank = 8 * 2 * 1024
@@ -203,7 +223,9 @@ def test_accumulation_lever_meets_its_target_with_the_smallest_k():
     k = int(row["setting"].split("=")[1])
     share = lambda kk: evaluate(dataclasses.replace(cfg, grad_accum=kk)).comm_share  # noqa: E731
     assert share(k) <= 0.25 < share(k - 1)
-    assert row["speedup"] == pytest.approx(evaluate(dataclasses.replace(cfg, grad_accum=k)).tokens_per_s / base.tokens_per_s)
+    assert row["speedup"] == pytest.approx(
+        evaluate(dataclasses.replace(cfg, grad_accum=k)).tokens_per_s / base.tokens_per_s
+    )
 
 
 def test_accumulation_cannot_help_zero3_when_each_micro_batch_is_comm_bound():
@@ -224,7 +246,9 @@ def test_levers_are_ranked_and_a_faster_link_helps_a_comm_bound_plan():
     meets = [name for name, r in links.items() if r["comm_share"] <= 0.1]
     assert len(meets) == 1 and presets.LINKS[meets[0]].kind in ("ethernet", "roce", "infiniband")
     # the slowest preset that meets the target: the next slower network link does not
-    network = sorted((s for s in presets.LINKS.values() if s.kind in ("ethernet", "roce", "infiniband")), key=lambda s: s.gbps)
+    network = sorted(
+        (s for s in presets.LINKS.values() if s.kind in ("ethernet", "roce", "infiniband")), key=lambda s: s.gbps
+    )
     slower = [s for s in network if s.gbps < presets.LINKS[meets[0]].gbps and s.gbps > 0.125]
     if slower:
         assert evaluate(dataclasses.replace(cfg, link=slower[-1].name)).comm_share > 0.1
@@ -235,7 +259,9 @@ def test_scaling_is_weak_scaling_with_efficiency_one_at_one_rank():
     rows = {r["world_size"]: r for r in scaling_rows(cfg)}
     assert sorted(rows) == [2**i for i in range(11)]
     single = evaluate(at_world(cfg, 1))
-    assert rows[1]["efficiency"] == pytest.approx(1.0) and rows[1]["throughput"] == pytest.approx(4 * 1024 / single.compute_time_s)
+    assert rows[1]["efficiency"] == pytest.approx(1.0) and rows[1]["throughput"] == pytest.approx(
+        4 * 1024 / single.compute_time_s
+    )
     assert rows[64]["global_batch"] == 64 * 4
     assert rows[8]["throughput"] == pytest.approx(evaluate(cfg).tokens_per_s)
     # two levels: 8 devices per node, so 16 ranks are 2 nodes
@@ -243,18 +269,27 @@ def test_scaling_is_weak_scaling_with_efficiency_one_at_one_rank():
     assert {r["world_size"]: r["num_nodes"] for r in scaling_rows(two)}[16] == 2
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"model": "tiny", "world_size": 2, "global_batch": 5}, "--global-batch 5 is not divisible by --micro-batch 1 × world size 2"),
-    ({"model": "tiny", "world_size": 2, "global_batch": 8, "micro_batch": 2, "grad_accum": 3}, "contradicts"),
-    ({"num_layers": 2, "hidden_size": 64, "num_heads": 5, "seq_len": 64, "vocab_size": 256}, "--heads 5 does not divide --hidden 64"),
-    ({"num_layers": 2, "hidden_size": 64}, "missing sizes"),
-    ({"model": "gpt2", "params": 1e9}, "contradicts the architecture"),
-    ({"model": "gpt2", "seq_len": 2048}, "exceeds gpt2's 1024 learned positions"),
-    ({"params": 1e9, "bandwidth_gbps": 0.0}, "--bandwidth must be positive"),
-    ({"params": 1e9, "world_size": 4, "num_nodes": 2, "devices_per_node": 4}, "contradicts"),
-    ({"params": 1e9, "strategy": "zero3", "comm_hook": "powersgd"}, "DDP communication hook"),
-    ({}, "give --model NAME"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"model": "tiny", "world_size": 2, "global_batch": 5},
+            "--global-batch 5 is not divisible by --micro-batch 1 × world size 2",
+        ),
+        ({"model": "tiny", "world_size": 2, "global_batch": 8, "micro_batch": 2, "grad_accum": 3}, "contradicts"),
+        (
+            {"num_layers": 2, "hidden_size": 64, "num_heads": 5, "seq_len": 64, "vocab_size": 256},
+            "--heads 5 does not divide --hidden 64",
+        ),
+        ({"num_layers": 2, "hidden_size": 64}, "missing sizes"),
+        ({"model": "gpt2", "params": 1e9}, "contradicts the architecture"),
+        ({"model": "gpt2", "seq_len": 2048}, "exceeds gpt2's 1024 learned positions"),
+        ({"params": 1e9, "bandwidth_gbps": 0.0}, "--bandwidth must be positive"),
+        ({"params": 1e9, "world_size": 4, "num_nodes": 2, "devices_per_node": 4}, "contradicts"),
+        ({"params": 1e9, "strategy": "zero3", "comm_hook": "powersgd"}, "DDP communication hook"),
+        ({}, "give --model NAME"),
+    ],
+)
 def test_config_rejects_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         PlanConfig(**kwargs)

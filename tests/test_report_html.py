@@ -22,9 +22,12 @@ SIZES = [2**k for k in range(3, 25, 3)]  # 8 B .. 16M
 
 
 def bench_tables() -> tuple[Table, Table]:
-    bench = Table("bench", ["op", "dtype", "bytes", "count", "inplace", "time_us_p50", "algbw_gbps", "busbw_gbps", "wrong"],
-                  title="collective bandwidth (nccl-tests conventions)",
-                  units={"bytes": "B", "time_us_p50": "us", "algbw_gbps": "GB/s (1e9)", "busbw_gbps": "GB/s (1e9)"})
+    bench = Table(
+        "bench",
+        ["op", "dtype", "bytes", "count", "inplace", "time_us_p50", "algbw_gbps", "busbw_gbps", "wrong"],
+        title="collective bandwidth (nccl-tests conventions)",
+        units={"bytes": "B", "time_us_p50": "us", "algbw_gbps": "GB/s (1e9)", "busbw_gbps": "GB/s (1e9)"},
+    )
     fits = Table("alpha_beta", ["op", "dtype", "alpha_us", "beta_gbps", "r2", "n_half_bytes", "num_points"],
                  title="alpha-beta model", units={"alpha_us": "us", "beta_gbps": "GB/s (1e9)", "n_half_bytes": "B"})
     for op, (forms, factor, alpha_us, beta_gbps) in OPS.items():
@@ -49,9 +52,16 @@ def realistic_report(num_ok: int = 40) -> Report:
         op = ("all_reduce/sum", "broadcast")[i % 2]
         report.add(Check(f"comm.check {op} float32 size{i}", Status.OK, f"{op} size {i}: exact on every rank",
                          where={"op": op, "bytes": 2 ** (i % 30)}))
-    report.add(Check("comm.bench all_gather float32", Status.FAIL, "all_gather: 3 wrong element(s) after timing, first at 1M",
-                     details={"wrong_rows": [{"bytes": 2**20, "wrong": 3}]}, hint="run `distval comm check` with -c 20",
-                     where={"op": "all_gather", "bytes": 2**20, "inplace": False}))
+    report.add(
+        Check(
+            "comm.bench all_gather float32",
+            Status.FAIL,
+            "all_gather: 3 wrong element(s) after timing, first at 1M",
+            details={"wrong_rows": [{"bytes": 2**20, "wrong": 3}]},
+            hint="run `distval comm check` with -c 20",
+            where={"op": "all_gather", "bytes": 2**20, "inplace": False},
+        )
+    )
     report.add(Check("comm.bench all_reduce float32", Status.WARN, f"busbw low {XSS}", hint="check the NIC"))
     report.add(Check("env.nccl", Status.SKIP, "no CUDA device"))
     report.tables.extend(bench_tables())

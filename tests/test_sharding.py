@@ -205,7 +205,9 @@ def test_bad_sharding_input_is_one_line_exit_2(tmp_path, cli):
 
 def test_compare_reports_sharded_memory_and_planner_prediction(tmp_path):
     out = tmp_path / "c.json"
-    r = run_cli("compare", "--nproc", "2", "--strategies", "zero3,fsdp2", "--steps", "2", "--json", str(out), timeout=240)
+    r = run_cli(
+        "compare", "--nproc", "2", "--strategies", "zero3,fsdp2", "--steps", "2", "--json", str(out), timeout=240
+    )
     assert r.returncode == 0, r.stderr
     assert "state MiB (plan)" in r.stdout
     doc = json.loads(out.read_text())

@@ -20,10 +20,17 @@ def test_script_content():
     text = sbatch_script(SlurmJob(("comm", "bench", "--json", "out dir/b.json"), num_nodes=4, gpus_per_node=8,
                                   partition="gpu", time="01:00:00", ifname="ib0"))
     check_syntax(text)
-    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu",
-                 "#SBATCH --time=01:00:00", 'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-                 "export GLOO_SOCKET_IFNAME=ib0", "export NCCL_SOCKET_IFNAME=ib0",
-                 "srun --nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=1 \\"):
+    for line in (
+        "#SBATCH --nodes=4",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=01:00:00",
+        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+        "export GLOO_SOCKET_IFNAME=ib0",
+        "export NCCL_SOCKET_IFNAME=ib0",
+        "srun --nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+    ):
         assert line in text.splitlines(), line
     assert '--nnodes=4 --nproc-per-node=8' in text
     assert '--rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID"' in text
@@ -41,7 +48,11 @@ def test_cli_writes_an_executable_script(tmp_path):
     assert os.stat(out).st_mode & stat.S_IXUSR
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
     printed = run_cli("slurm", "--", "distval", "run", "--quick", timeout=60)  # no --out: the script on stdout
-    assert printed.returncode == 0 and printed.stdout.startswith("#!/bin/bash") and "-m distval run --quick" in printed.stdout
+    assert (
+        printed.returncode == 0
+        and printed.stdout.startswith("#!/bin/bash")
+        and "-m distval run --quick" in printed.stdout
+    )
 
 
 @pytest.mark.parametrize("args,message", [
@@ -102,7 +113,11 @@ def test_generated_script_runs_with_fake_srun(tmp_path):
                   "comm", "check", "--ops", "all_reduce", "-d", "int64", "--counts", "5", "--expect-world", "2",
                   "--json", str(out), timeout=60)
     assert res.returncode == 0, res.stderr
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_"))
+    }
     env.update(PATH=f"{bin_dir}:{env['PATH']}", SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4242",
                RDZV_PORT=str(free_port()))
     ran = subprocess.run(["bash", str(job)], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -7,14 +7,20 @@ import pytest
 from conftest import run_cli
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "--strategy", "zero9"], "unknown strategy 'zero9'; choose from simple_ddp"),
-    (["train", "--nproc", "2", "--global-batch", "5"], "--global-batch 5 is not --micro-batch 2 x 2 ranks x --grad-accum 1 = 4"),
-    (["train", "--data", "/nonexistent/corpus.jsonl"], "/nonexistent/corpus.jsonl"),
-    (["train", "--model", "gpt9"], "gpt9"),
-    (["train", "--precision", "fp8"], "--precision must be fp32 or bf16"),
-    (["compare", "--strategies", "simple_ddp,zero9"], "unknown strategy 'zero9'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "--strategy", "zero9"], "unknown strategy 'zero9'; choose from simple_ddp"),
+        (
+            ["train", "--nproc", "2", "--global-batch", "5"],
+            "--global-batch 5 is not --micro-batch 2 x 2 ranks x --grad-accum 1 = 4",
+        ),
+        (["train", "--data", "/nonexistent/corpus.jsonl"], "/nonexistent/corpus.jsonl"),
+        (["train", "--model", "gpt9"], "gpt9"),
+        (["train", "--precision", "fp8"], "--precision must be fp32 or bf16"),
+        (["compare", "--strategies", "simple_ddp,zero9"], "unknown strategy 'zero9'"),
+    ],
+)
 def test_bad_training_input_is_one_line_exit_2(args, message, tmp_path, cli):
     out = tmp_path / "t.json"
     res = cli(*args, "--json", str(out))  # in process: these end before any worker starts
@@ -33,7 +39,16 @@ def test_train_reports_every_step(tmp_path):
     rows = doc["tables"]["steps"]["rows"]
     assert [r["step"] for r in rows] == list(range(6))
     for r in rows:
-        assert {"step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "comm_bytes", "peak_mem_bytes"} <= set(r)
+        assert {
+            "step",
+            "loss",
+            "grad_norm",
+            "lr",
+            "tokens_per_s",
+            "step_time_s",
+            "comm_bytes",
+            "peak_mem_bytes",
+        } <= set(r)
         assert r["comm_bytes"] > 0 and r["peak_mem_bytes"] > 0 and r["step_time_s"] > 0
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert len(doc["meta"]["param_checksum"]) == 16 and doc["meta"]["world_size"] == 2
@@ -54,12 +69,31 @@ def test_tensorboard_events(tmp_path):
 
 def test_compare_command_from_the_issue(tmp_path):
     out = tmp_path / "c.json"
-    res = run_cli("compare", "--nproc", "2", "--model", "tiny", "--steps", "10", "--grad-accum", "2", "--json", str(out),
-                  timeout=300)
+    res = run_cli(
+        "compare",
+        "--nproc",
+        "2",
+        "--model",
+        "tiny",
+        "--steps",
+        "10",
+        "--grad-accum",
+        "2",
+        "--json",
+        str(out),
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(out.read_text())
     rows = {r["strategy"]: r for r in doc["tables"]["strategies"]["rows"]}
-    assert list(rows) == ["simple_ddp", "simple_ddp_ga", "simple_ddp_hook", "simple_ddp_async", "bucket_ddp_async", "pytorch_ddp"]
+    assert list(rows) == [
+        "simple_ddp",
+        "simple_ddp_ga",
+        "simple_ddp_hook",
+        "simple_ddp_async",
+        "bucket_ddp_async",
+        "pytorch_ddp",
+    ]
     for name, r in rows.items():
         assert r["max_rel_param_diff"] <= 1e-5, name
         assert r["comm_bytes_per_step"] == r["expected_comm_bytes_per_step"], name
@@ -96,8 +130,24 @@ def test_review_classification_trains_a_classifier(tmp_path):
     data.write_text("label,text\n" + "".join(f'{i % 5},"review number {i} says {"good" if i % 5 > 2 else "bad"}"\n'
                                              for i in range(16)))
     out = tmp_path / "c.json"
-    res = run_cli("train", "--nproc", "2", "--model", "small", "--data", str(data), "--task", "classify", "--steps", "2",
-                  "--micro-batch", "1", "--json", str(out), timeout=240)
+    res = run_cli(
+        "train",
+        "--nproc",
+        "2",
+        "--model",
+        "small",
+        "--data",
+        str(data),
+        "--task",
+        "classify",
+        "--steps",
+        "2",
+        "--micro-batch",
+        "1",
+        "--json",
+        str(out),
+        timeout=240,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     rows = json.loads(out.read_text())["tables"]["steps"]["rows"]
     assert len(rows) == 2 and all(r["comm_bytes"] > 0 for r in rows)

@@ -99,7 +99,12 @@ def write_reviews(tmp_path, fmt, rows=REVIEWS, columns=("label", "text")):
     return path
 
 
-FORMATS = ["csv", "jsonl", "json", pytest.param("parquet", marks=pytest.mark.skipif(not HAS_PYARROW, reason="pyarrow not installed"))]
+FORMATS = [
+    "csv",
+    "jsonl",
+    "json",
+    pytest.param("parquet", marks=pytest.mark.skipif(not HAS_PYARROW, reason="pyarrow not installed")),
+]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -139,17 +144,25 @@ def test_text_file_and_sample_cap(tmp_path):
 
 # ---------------------------------------------------------------------------------------- bad input
 
-@pytest.mark.parametrize("make, cfg_kwargs, vocab, message", [
-    (None, {"source": "missing/data.csv"}, 258, "does not exist"),
-    ("dir", {}, 258, "is a directory"),
-    ("reviews.xlsx", {}, 258, "unknown format"),
-    ("csv-cols", {"task": "classify"}, 258, r"no column 'label', 'text' \(columns found: stars, review\).*--label-column and --text-column"),
-    ("csv-cols", {}, 258, r"columns found: stars, review"),
-    ("txt", {"task": "classify"}, 258, "classification needs"),
-    ("csv", {}, 256, "larger vocabulary"),
-    ("empty.csv", {}, 258, "empty"),
-    ("bad.jsonl", {}, 258, "line 1 is not JSON"),
-])
+@pytest.mark.parametrize(
+    "make, cfg_kwargs, vocab, message",
+    [
+        (None, {"source": "missing/data.csv"}, 258, "does not exist"),
+        ("dir", {}, 258, "is a directory"),
+        ("reviews.xlsx", {}, 258, "unknown format"),
+        (
+            "csv-cols",
+            {"task": "classify"},
+            258,
+            r"no column 'label', 'text' \(columns found: stars, review\).*--label-column and --text-column",
+        ),
+        ("csv-cols", {}, 258, r"columns found: stars, review"),
+        ("txt", {"task": "classify"}, 258, "classification needs"),
+        ("csv", {}, 256, "larger vocabulary"),
+        ("empty.csv", {}, 258, "empty"),
+        ("bad.jsonl", {}, 258, "line 1 is not JSON"),
+    ],
+)
 def test_bad_sources_are_rejected_before_loading(tmp_path, make, cfg_kwargs, vocab, message):
     source = cfg_kwargs.pop("source", None)
     if make == "dir":
@@ -258,7 +271,9 @@ def test_hf_name_resolved_from_the_offline_cache(tmp_path, monkeypatch):
 
 def test_batch_split_must_divide():
     assert accumulation_steps(24, 2, 3) == 4
-    with pytest.raises(ValueError, match="global batch 10 is not divisible by world size 3 × micro-batch 2; use a multiple of 6"):
+    with pytest.raises(
+        ValueError, match="global batch 10 is not divisible by world size 3 × micro-batch 2; use a multiple of 6"
+    ):
         accumulation_steps(10, 2, 3)
     with pytest.raises(ValueError, match="fewer than one global batch"):
         ShardedLoader(numbered(5), global_batch=8, micro_batch=8)
@@ -302,7 +317,9 @@ def test_ranks_micro_batches_concatenate_to_the_single_process_batch(world_size,
             parts += [b["tokens"] for b in micro_batches]
         assert torch.equal(torch.cat(parts), reference["tokens"])
     assert single.epoch == 2
-    assert all((ld.epoch, ld.offset, ld.step_offset) == (2, single.offset, 0) for ld in ranks)  # position is world-size free
+    assert all(
+        (ld.epoch, ld.offset, ld.step_offset) == (2, single.offset, 0) for ld in ranks
+    )  # position is world-size free
 
 
 def test_classification_batches_carry_labels():
@@ -373,7 +390,9 @@ def test_build_loader_for_the_training_loop():
 
     tiny = presets.model("tiny")
     assert validate_source("synthetic") == "synthetic"
-    ranks = [build_loader("synthetic", tiny, micro_batch=2, grad_accum=3, rank=r, world_size=2, seed=1) for r in range(2)]
+    ranks = [
+        build_loader("synthetic", tiny, micro_batch=2, grad_accum=3, rank=r, world_size=2, seed=1) for r in range(2)
+    ]
     single = build_loader(DataConfig(), tiny, micro_batch=12, grad_accum=1, seed=1)
     for _ in range(2):
         step = [b["tokens"] for loader in ranks for b in loader.next_step()]

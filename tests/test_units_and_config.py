@@ -27,7 +27,12 @@ def test_durations():
 
 
 def test_sweep_sizes():
-    assert BenchConfig(min_bytes=1 << 20, max_bytes=64 << 20, factor=4).sizes() == [1 << 20, 4 << 20, 16 << 20, 64 << 20]
+    assert BenchConfig(min_bytes=1 << 20, max_bytes=64 << 20, factor=4).sizes() == [
+        1 << 20,
+        4 << 20,
+        16 << 20,
+        64 << 20,
+    ]
     assert BenchConfig(min_bytes=8, max_bytes=32, step_bytes=8).sizes() == [8, 16, 24, 32]
     assert BenchConfig(min_bytes=0, max_bytes=2, factor=2).sizes() == [0, 1, 2]
 

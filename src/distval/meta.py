@@ -23,7 +23,11 @@ _ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "MASTER_
 def versions() -> dict[str, Any]:
     """Versions; backend facts only where torch is already loaded (a command that ran ranks):
     `distval plan` reports without importing torch."""
-    out: dict[str, Any] = {"distval": distval.__version__, "python": platform.python_version(), "torch": _version("torch")}
+    out: dict[str, Any] = {
+        "distval": distval.__version__,
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+    }
     if "torch" in sys.modules:
         import torch
         import torch.distributed as dist

@@ -70,8 +70,16 @@ def gloo_address(env: Mapping[str, str], hostname: str | None = None) -> list[Ad
     hostname = hostname or socket.gethostname()
     address = hostname_address(hostname)
     if address is not None:
-        return [Advertised(address, interface_of(address), f"GLOO_SOCKET_IFNAME unset; hostname {hostname} resolves to it")]
-    return [Advertised("127.0.0.1", "lo", f"GLOO_SOCKET_IFNAME unset; hostname {hostname} resolves to no local address, so loopback")]
+        return [
+            Advertised(address, interface_of(address), f"GLOO_SOCKET_IFNAME unset; hostname {hostname} resolves to it")
+        ]
+    return [
+        Advertised(
+            "127.0.0.1",
+            "lo",
+            f"GLOO_SOCKET_IFNAME unset; hostname {hostname} resolves to no local address, so loopback",
+        )
+    ]
 
 
 # -- the check ---------------------------------------------------------------------------------------
@@ -128,12 +136,18 @@ def preflight(env: Mapping[str, str] | None = None, timeout_s: float = 5.0, warn
                                     f"set MASTER_ADDR to an address of the first node") from None
     source = route_source(master_ip, port)
     route_if = interface_of(source) if source else None
-    fix = f"set GLOO_SOCKET_IFNAME={route_if}" if route_if else "set GLOO_SOCKET_IFNAME to the interface that reaches MASTER_ADDR"
+    fix = (
+        f"set GLOO_SOCKET_IFNAME={route_if}"
+        if route_if
+        else "set GLOO_SOCKET_IFNAME to the interface that reaches MASTER_ADDR"
+    )
     for adv in gloo_address(env):
         label = f"{adv.address} on interface {adv.interface or '?'}"
         if is_loopback(adv.address) and not is_loopback(master_ip):
-            raise NetworkPreflightError(f"{where}: Gloo will advertise {label} ({adv.why}), which no other host can "
-                                        f"reach; init would hang: {fix} (route to MASTER_ADDR {master}) or fix /etc/hosts")
+            raise NetworkPreflightError(
+                f"{where}: Gloo will advertise {label} ({adv.why}), which no other host can "
+                f"reach; init would hang: {fix} (route to MASTER_ADDR {master}) or fix /etc/hosts"
+            )
         ok, how = reachable(adv.address, master_ip, port, timeout_s)
         if not ok:
             raise NetworkPreflightError(
@@ -141,8 +155,10 @@ def preflight(env: Mapping[str, str] | None = None, timeout_s: float = 5.0, warn
                 f"from it ({how}); init would hang: {fix} (the route to MASTER_ADDR leaves by {route_if or '?'}"
                 f"{' ' + source if source else ''})")
         if route_if and adv.interface and adv.interface != route_if and route_if != "lo":
-            (warn or _warn)(f"distval: warning: rank {env.get('RANK', '?')} on {where}: Gloo will advertise {label} ({adv.why}) but MASTER_ADDR "
-                            f"{master} is reached via {route_if}; if ranks hang at init, {fix}")
+            (warn or _warn)(
+                f"distval: warning: rank {env.get('RANK', '?')} on {where}: Gloo will advertise {label} ({adv.why}) but MASTER_ADDR "
+                f"{master} is reached via {route_if}; if ranks hang at init, {fix}"
+            )
 
 
 def _warn(text: str) -> None:

@@ -101,10 +101,14 @@ class RankContext:
         """What this rank was doing when it failed or was stopped, written now (read by
         health/diagnose.py)."""
         comms = [c for c in (self.comm, self.control_comm) if c is not None]
-        self.channel.publish("state", state_payload(self.rank, self.last_status, comms, error, traceback_text), flush=True)
+        self.channel.publish(
+            "state", state_payload(self.rank, self.last_status, comms, error, traceback_text), flush=True
+        )
 
 
-def state_payload(rank: int, status: str, comms: list[Comm], error: str | None, traceback_text: str = "") -> dict[str, Any]:
+def state_payload(
+    rank: int, status: str, comms: list[Comm], error: str | None, traceback_text: str = ""
+) -> dict[str, Any]:
     """A rank's `state` on the channel. Progress counts the collectives issued on both the
     measured and the control group: ranks run the same program, so the one that issued fewer is
     the one the others are waiting for."""

@@ -44,9 +44,13 @@ class SlurmJob:
         if self.nproc_per_node is not None and self.nproc_per_node < 1:
             raise ValueError(f"--nproc-per-node must be at least 1 (got {self.nproc_per_node})")
         if self.partition is not None and not _PARTITION.match(self.partition):
-            raise ValueError(f"--partition {self.partition!r} is not a Slurm partition name (letters, digits, _ . -; comma list)")
+            raise ValueError(
+                f"--partition {self.partition!r} is not a Slurm partition name (letters, digits, _ . -; comma list)"
+            )
         if self.time is not None and not _TIME.match(self.time):
-            raise ValueError(f"--time {self.time!r} is not a Slurm time; use minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], e.g. 00:30:00")
+            raise ValueError(
+                f"--time {self.time!r} is not a Slurm time; use minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], e.g. 00:30:00"
+            )
         if self.ifname is not None:
             for name in self.ifname.split(","):
                 if not _IFNAME.match(name):

@@ -12,7 +12,9 @@ def parse_size(text: str, what: str = "size") -> int:
     """'8' -> 8, '1K' -> 1024, '128M' / '128MiB' / '128MB' -> 134217728 (binary, as nccl-tests)."""
     m = _SIZE.match(str(text))
     if not m:
-        raise ValueError(f"{what} {text!r} does not parse as a size; use bytes with an optional K, M or G suffix, e.g. 8, 1K, 128M")
+        raise ValueError(
+            f"{what} {text!r} does not parse as a size; use bytes with an optional K, M or G suffix, e.g. 8, 1K, 128M"
+        )
     value = float(m.group(1)) * _MULT[m.group(2).lower()]
     if value != int(value):
         raise ValueError(f"{what} {text!r} is not a whole number of bytes")

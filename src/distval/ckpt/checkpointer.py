@@ -192,7 +192,9 @@ class Checkpointer:
         if len(failed) < 2:
             return None
         a, b = failed[-2], failed[-1]
-        if (a["resumed_from_step"] or 0) == (b["resumed_from_step"] or 0) == resume_step and a["last_step"] == b["last_step"]:
+        if (a["resumed_from_step"] or 0) == (b["resumed_from_step"] or 0) == resume_step and a["last_step"] == b[
+            "last_step"
+        ]:
             return (f"no progress across restarts: attempts {a['attempt']} and {b['attempt']} both resumed from step "
                     f"{resume_step} and failed at step {b['last_step']}; not restarting again (fix the cause, then "
                     f"rerun with --resume auto)")
@@ -330,7 +332,9 @@ class Checkpointer:
                 midway()
             if job.trainer is not None:
                 files["trainer.json"] = store.write_file(tmp, "trainer.json", store.json_bytes(job.trainer))
-            files[f"rank-{self.rank}.json"] = store.write_file(tmp, f"rank-{self.rank}.json", store.json_bytes(job.rank_state))
+            files[f"rank-{self.rank}.json"] = store.write_file(
+                tmp, f"rank-{self.rank}.json", store.json_bytes(job.rank_state)
+            )
         except OSError as e:
             error = f"rank {self.rank}: {e.strerror or e} ({getattr(e, 'filename', None) or tmp})"
         gathered: list[Any] = [None] * self.ctx.world_size
@@ -361,8 +365,16 @@ class Checkpointer:
     def _record(self, job: _Job, outcome: dict[str, Any] | None, stall_s: float) -> None:
         if not self.journal:
             return
-        entry = {"step": job.step, "attempt": self.attempt, "async": outcome is None, "stall_s": stall_s,
-                 "write_s": None if outcome is None else stall_s, "ok": None, "name": store.step_name(job.step), "error": None}
+        entry = {
+            "step": job.step,
+            "attempt": self.attempt,
+            "async": outcome is None,
+            "stall_s": stall_s,
+            "write_s": None if outcome is None else stall_s,
+            "ok": None,
+            "name": store.step_name(job.step),
+            "error": None,
+        }
         if outcome is not None:
             entry.update(outcome)
         self.journal.doc["saves"].append(entry)
@@ -414,9 +426,11 @@ def check_compatible(found: store.Found, fields: dict[str, Any], layout: dict[st
     if m.get("form") == "sharded" and saved != layout:
         flags = " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k.replace('_', '-')} {v}"
                          for k, v in saved.items())
-        raise ValueError(f"checkpoint {found.path} is {saved.get('strategy')}'s sharded form (torch.distributed.checkpoint), "
-                         f"which loads only into the layout it was saved with: "
-                         f"{'; '.join(ckpt_state.differences(saved, layout))}; resume with {flags}")
+        raise ValueError(
+            f"checkpoint {found.path} is {saved.get('strategy')}'s sharded form (torch.distributed.checkpoint), "
+            f"which loads only into the layout it was saved with: "
+            f"{'; '.join(ckpt_state.differences(saved, layout))}; resume with {flags}"
+        )
 
 
 def _to_host(tree: Any) -> Any:

@@ -84,12 +84,21 @@ def annotate(report: Report | None, ckpt: CheckpointConfig, run_id: str | None) 
     if saves:
         stall = statistics.median(s["stall_s"] for s in saves)
         writes = [s["write_s"] for s in saves if s.get("write_s") is not None]
-        report.add(Check("train checkpoints", Status.OK if len(done) == len(saves) else Status.WARN,
-                         f"{len(done)} of {len(saves)} checkpoint(s) saved ({'async' if any(s['async'] for s in saves) else 'sync'}), latest "
-                         f"{done[-1]['name'] if done else 'none'}; training stalled {stall * 1e3:.1f} ms per save (median)",
-                         details={"saves": saves, "stall_s_p50": stall,
-                                  "write_s_p50": statistics.median(writes) if writes else None, "dir": ckpt.dir},
-                         hint="" if len(done) == len(saves) else "see the warnings: free space or fix the checkpoint directory"))
+        report.add(
+            Check(
+                "train checkpoints",
+                Status.OK if len(done) == len(saves) else Status.WARN,
+                f"{len(done)} of {len(saves)} checkpoint(s) saved ({'async' if any(s['async'] for s in saves) else 'sync'}), latest "
+                f"{done[-1]['name'] if done else 'none'}; training stalled {stall * 1e3:.1f} ms per save (median)",
+                details={
+                    "saves": saves,
+                    "stall_s_p50": stall,
+                    "write_s_p50": statistics.median(writes) if writes else None,
+                    "dir": ckpt.dir,
+                },
+                hint="" if len(done) == len(saves) else "see the warnings: free space or fix the checkpoint directory",
+            )
+        )
     for text in journal["warnings"]:
         report.add(Check("train checkpoint warning", Status.WARN, text, hint="the checkpoint named was not used; "
                          "delete it or investigate the storage", where={"dir": ckpt.dir}))

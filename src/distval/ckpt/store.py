@@ -123,7 +123,11 @@ def read_tensors(path: Path) -> dict[str, Any]:
     data = bytearray(path.read_bytes())
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + size])
-    raw = torch.frombuffer(data, dtype=torch.uint8)[8 + size:] if len(data) > 8 + size else torch.empty(0, dtype=torch.uint8)
+    raw = (
+        torch.frombuffer(data, dtype=torch.uint8)[8 + size :]
+        if len(data) > 8 + size
+        else torch.empty(0, dtype=torch.uint8)
+    )
     out = {}
     for key, meta in header.items():
         begin, end = meta["data_offsets"]
@@ -225,7 +229,11 @@ def verify(path: Path) -> dict[str, Any]:
         raise CorruptCheckpoint(f"{mpath} is missing (an unfinished save)") from None
     except (OSError, ValueError) as e:
         raise CorruptCheckpoint(f"{mpath} is unreadable ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != FORMAT
+        or not isinstance(manifest.get("files"), dict)
+    ):
         raise CorruptCheckpoint(f"{mpath} is not a {FORMAT} manifest")
     for name, meta in manifest["files"].items():
         fpath = path / name
@@ -234,7 +242,9 @@ def verify(path: Path) -> dict[str, Any]:
         except OSError as e:
             raise CorruptCheckpoint(f"{fpath} is missing or unreadable ({e.strerror})") from None
         if len(data) != meta["bytes"]:
-            raise CorruptCheckpoint(f"{fpath} has {len(data)} bytes, the manifest says {meta['bytes']} (truncated or corrupt)")
+            raise CorruptCheckpoint(
+                f"{fpath} has {len(data)} bytes, the manifest says {meta['bytes']} (truncated or corrupt)"
+            )
         if hashlib.sha256(data).hexdigest() != meta["sha256"]:
             raise CorruptCheckpoint(f"{fpath} does not match its SHA-256 in the manifest (corrupt)")
     return manifest
@@ -250,9 +260,13 @@ def find_latest(ckpt_dir: Path, warnings: list[str]) -> Found | None:
         except CorruptCheckpoint as e:
             skipped.append((path.name, str(e)))
             continue
-        warnings.extend(f"skipped checkpoint {name}: {why}; using the previous valid one, {path.name}" for name, why in skipped)
+        warnings.extend(
+            f"skipped checkpoint {name}: {why}; using the previous valid one, {path.name}" for name, why in skipped
+        )
         return Found(path, int(manifest["step"]), manifest)
-    warnings.extend(f"skipped checkpoint {name}: {why}; no older valid checkpoint, starting at step 0" for name, why in skipped)
+    warnings.extend(
+        f"skipped checkpoint {name}: {why}; no older valid checkpoint, starting at step 0" for name, why in skipped
+    )
     return None
 
 

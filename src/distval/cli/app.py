@@ -31,8 +31,14 @@ class _InOrder(typer.core.TyperGroup):
         return sorted(names, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
 
 
-app = typer.Typer(cls=_InOrder, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  help="Validate, benchmark, profile and harden distributed PyTorch training.")
+app = typer.Typer(
+    cls=_InOrder,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="Validate, benchmark, profile and harden distributed PyTorch training.",
+)
 comm_app = typer.Typer(no_args_is_help=True, help="Collective correctness and bandwidth.")
 app.add_typer(comm_app, name="comm")
 
@@ -183,7 +189,9 @@ def train_config(workload: dict[str, Any], strategy: str, **parts: Any):
 
     w = dict(workload)
     optim = OptimConfig(lr=w.pop("lr"), warmup_steps=w.pop("warmup"), clip=w.pop("clip"))
-    strategy_cfg = StrategyConfig(**{k: w.pop(k) for k in ("bucket_mb", "comm_hook", "powersgd_rank", "mixed_precision")})
+    strategy_cfg = StrategyConfig(
+        **{k: w.pop(k) for k in ("bucket_mb", "comm_hook", "powersgd_rank", "mixed_precision")}
+    )
     return TrainConfig(strategy=strategy, optim=optim, strategy_cfg=strategy_cfg, **w, **parts)
 
 

@@ -33,12 +33,21 @@ DTYPE_HELP = "Comma list of dtypes (float32,float64,float16,bfloat16,int32,int64
 def comm_check(
     ops: Annotated[str, option("--ops", help=f"Comma list of {', '.join(CHECK_OPS)}, or all.")] = "all",
     dtypes: Annotated[str, option("-d", "--dtypes", help=DTYPE_HELP)] = "all",
-    counts: Annotated[Optional[str], option(
-        "--counts", help="Comma list of element counts per rank to check (default 0,1,7,1000,65537).")] = None,
-    check_iters: Annotated[int, option("-c", "--check-iters", help="Repeat every check N times with fresh inputs.")] = 1,
+    counts: Annotated[
+        Optional[str],
+        option("--counts", help="Comma list of element counts per rank to check (default 0,1,7,1000,65537)."),
+    ] = None,
+    check_iters: Annotated[
+        int, option("-c", "--check-iters", help="Repeat every check N times with fresh inputs.")
+    ] = 1,
     seed: Annotated[int, option("--seed", help="Seed of the input generator.")] = 0,
-    nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
-    deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
+    nproc: Nproc = None,
+    backend: Backend = "auto",
+    expect_world: ExpectWorld = None,
+    timeout: Timeout = "60s",
+    deadline: Deadline = None,
+    hang_after: HangAfter = "8s",
+    json: JsonOut = None,
 ) -> int:
     """Exact correctness of every collective, dtype, reduce op and odd size; names the bad rank and index."""
     from distval.comm import check

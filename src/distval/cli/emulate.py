@@ -13,14 +13,42 @@ from distval.cli.app import option as O  # noqa: N812
 
 @app.command("emulate")
 def emulate(
-    command: Annotated[Optional[list[str]], typer.Argument(help="The distval command to run on every node, after `--`, e.g. -- comm bench --ops all_reduce --json b.json", show_default=False)] = None,
+    command: Annotated[
+        Optional[list[str]],
+        typer.Argument(
+            help="The distval command to run on every node, after `--`, e.g. -- comm bench --ops all_reduce --json b.json",
+            show_default=False,
+        ),
+    ] = None,
     nodes: Annotated[int, O("--nodes", help="Emulated nodes (network namespaces).")] = 2,
     nproc_per_node: Annotated[int, O("--nproc-per-node", help="Workers torchrun starts on each node.")] = 1,
-    rate: Annotated[str, O("--rate", help="Link rate per node and direction, tc units: 1gbit, 100mbit, 10gbit (bps = bytes/s).")] = "1gbit",
-    latency: Annotated[str, O("--latency", help="One-way latency added per link, e.g. 0.2ms (needs the netem qdisc; without it: not emulated, and said so).")] = "0",
-    decoy_nic: Annotated[bool, O("--decoy-nic", help="Drill: a second NIC that leads nowhere, hostnames resolving to it, GLOO_SOCKET_IFNAME unset.")] = False,
-    keep_going: Annotated[bool, O("--keep-going", help="Let the other nodes run on when one fails (default: stop them, as srun --kill-on-bad-exit).")] = False,
-    clean: Annotated[bool, O("--clean", help="Only remove namespaces left by crashed emulate runs, then exit.")] = False,
+    rate: Annotated[
+        str, O("--rate", help="Link rate per node and direction, tc units: 1gbit, 100mbit, 10gbit (bps = bytes/s).")
+    ] = "1gbit",
+    latency: Annotated[
+        str,
+        O(
+            "--latency",
+            help="One-way latency added per link, e.g. 0.2ms (needs the netem qdisc; without it: not emulated, and said so).",
+        ),
+    ] = "0",
+    decoy_nic: Annotated[
+        bool,
+        O(
+            "--decoy-nic",
+            help="Drill: a second NIC that leads nowhere, hostnames resolving to it, GLOO_SOCKET_IFNAME unset.",
+        ),
+    ] = False,
+    keep_going: Annotated[
+        bool,
+        O(
+            "--keep-going",
+            help="Let the other nodes run on when one fails (default: stop them, as srun --kill-on-bad-exit).",
+        ),
+    ] = False,
+    clean: Annotated[
+        bool, O("--clean", help="Only remove namespaces left by crashed emulate runs, then exit.")
+    ] = False,
 ) -> int:
     """N nodes on this machine (network namespaces, veth, bridge, tc shaping) running a distval command over torchrun."""
     from distval.emulate import launcher, netns

@@ -25,13 +25,25 @@ from distval.cli.app import (
                                          "allow_interspersed_args": False})
 def launch_cmd(
     ctx: typer.Context,
-    script: Annotated[Path, typer.Argument(help="The training script; everything after it is its own arguments.",
-                                           show_default=False)],
-    nproc_per_node: Annotated[Optional[int], option(
-        "--nproc-per-node", "--nproc", help="Workers to start (as torchrun's; default: number of GPUs, else 2).")] = None,
-    max_restarts: Annotated[int, option("--max-restarts", help="Restart every worker up to N times after a "
-                                        "failure (as torchrun's); a hang ends the job.")] = 0,
-    timeout: Timeout = "60s", hang_after: HangAfter = "8s", json: JsonOut = None,
+    script: Annotated[
+        Path, typer.Argument(help="The training script; everything after it is its own arguments.", show_default=False)
+    ],
+    nproc_per_node: Annotated[
+        Optional[int],
+        option(
+            "--nproc-per-node", "--nproc", help="Workers to start (as torchrun's; default: number of GPUs, else 2)."
+        ),
+    ] = None,
+    max_restarts: Annotated[
+        int,
+        option(
+            "--max-restarts",
+            help="Restart every worker up to N times after a failure (as torchrun's); a hang ends the job.",
+        ),
+    ] = 0,
+    timeout: Timeout = "60s",
+    hang_after: HangAfter = "8s",
+    json: JsonOut = None,
 ) -> int:
     """Run your own torch.distributed script under distval's watchdog: hangs, dead and stopped ranks named in seconds."""
     from distval.launch import detect_mode

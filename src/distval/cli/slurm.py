@@ -16,13 +16,22 @@ from distval.slurm import SlurmJob, check_syntax, sbatch_script
 
 @app.command("slurm")
 def slurm(
-    command: Annotated[Optional[list[str]], typer.Argument(help="The distval command to run, after `--`.", show_default=False)] = None,
+    command: Annotated[
+        Optional[list[str]], typer.Argument(help="The distval command to run, after `--`.", show_default=False)
+    ] = None,
     nodes: Annotated[int, O("--nodes", help="Nodes (one srun task, one torchrun each).")] = 1,
-    gpus_per_node: Annotated[Optional[int], O("--gpus-per-node", help="GPUs per node (#SBATCH --gpus-per-node; one worker each).")] = None,
-    nproc_per_node: Annotated[Optional[int], O("--nproc-per-node", help="Workers per node (default: --gpus-per-node, else 1).")] = None,
+    gpus_per_node: Annotated[
+        Optional[int], O("--gpus-per-node", help="GPUs per node (#SBATCH --gpus-per-node; one worker each).")
+    ] = None,
+    nproc_per_node: Annotated[
+        Optional[int], O("--nproc-per-node", help="Workers per node (default: --gpus-per-node, else 1).")
+    ] = None,
     partition: Annotated[Optional[str], O("--partition", help="Slurm partition.")] = None,
     time_limit: Annotated[Optional[str], O("--time", help="Time limit, e.g. 00:30:00.")] = None,
-    ifname: Annotated[Optional[str], O("--ifname", help="Network interface for Gloo and NCCL (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME).")] = None,
+    ifname: Annotated[
+        Optional[str],
+        O("--ifname", help="Network interface for Gloo and NCCL (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)."),
+    ] = None,
     out: Annotated[Optional[Path], O("--out", help="Write the script here (default: print it).")] = None,
 ) -> int:
     """Write an sbatch script: srun one task per node, torchrun per node, c10d rendezvous on the first node."""

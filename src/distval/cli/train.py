@@ -77,19 +77,29 @@ def train_cmd(
 @app.command("compare")
 @workload_options(steps=10)
 def compare_cmd(
-    strategies: Annotated[str, option("--strategies", help="Comma list of strategies (default: the DDP family).")] = "all",
+    strategies: Annotated[
+        str, option("--strategies", help="Comma list of strategies (default: the DDP family).")
+    ] = "all",
     workload: Any = None,
-    calibration: Annotated[Optional[Path], option(
-        "--calibration", help="A `comm bench --json` file: adds the planner's predicted step time.")] = None,
-    html: Annotated[Optional[Path], option(
-        "--html", help="Also write a self-contained HTML report (step-time plot).")] = None,
-    nproc: Nproc = None, backend: Backend = "auto", timeout: Timeout = "60s", json: JsonOut = None,
+    calibration: Annotated[
+        Optional[Path],
+        option("--calibration", help="A `comm bench --json` file: adds the planner's predicted step time."),
+    ] = None,
+    html: Annotated[
+        Optional[Path], option("--html", help="Also write a self-contained HTML report (step-time plot).")
+    ] = None,
+    nproc: Nproc = None,
+    backend: Backend = "auto",
+    timeout: Timeout = "60s",
+    json: JsonOut = None,
 ) -> int:
     """Every strategy on the same workload: parity with one process, step time, memory, traffic."""
     from distval import strategies as strategy_mod
     from distval.train.compare import run_compare
 
-    names = strategy_mod.DDP_FAMILY if strategies == "all" else [strategy_mod.check_name(n) for n in split_list(strategies)]
+    names = (
+        strategy_mod.DDP_FAMILY if strategies == "all" else [strategy_mod.check_name(n) for n in split_list(strategies)]
+    )
     cfg = train_config(workload, names[0])
     opts = launch_options(nproc, backend, None, timeout, None)
     check_training(cfg, opts)

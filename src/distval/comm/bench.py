@@ -68,7 +68,9 @@ class BenchConfig:
         if self.redop not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {self.redop!r}; choose from {', '.join(REDUCE_OPS)}")
         if self.redop == "avg" and not DTYPES[self.dtype].is_floating_point:
-            raise ValueError(f"-o avg needs a floating-point dtype (got {self.dtype}): integer averages round differently per backend")
+            raise ValueError(
+                f"-o avg needs a floating-point dtype (got {self.dtype}): integer averages round differently per backend"
+            )
         if self.min_bytes < 0 or self.max_bytes < 0:
             raise ValueError("sizes must not be negative")
         if self.min_bytes > self.max_bytes:
@@ -126,7 +128,9 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> dict[str, Any]:
     return {"rows": rows, "skipped": skipped, "copy_gbps": copy_gbps}
 
 
-def _bench_one(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, count: int, inplace: bool) -> dict[str, Any] | str:
+def _bench_one(
+    ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, count: int, inplace: bool
+) -> dict[str, Any] | str:
     """One row, or the backend's reason when every rank's backend rejects the op. Only the op
     under test goes through `ctx.comm`; barriers and the reductions of timings and #wrong go
     through the Gloo control group, so they are neither timed, nor counted, nor faulted."""
@@ -179,10 +183,22 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
     all-reduces, so rank 0's rows are the job's rows. The copy ceiling is the slowest rank's."""
     copies = [r["copy_gbps"] for r in per_rank if r["copy_gbps"]]
     copy_gbps = min(copies) if copies else None
-    bench = Table("bench", BENCH_COLUMNS, title=f"{cfg.iters} iterations after {cfg.warmup} warm-up, blocking per op, "
-                  "time = p50 over iterations of the max over ranks (nccl-tests conventions)",
-                  units={"bytes": "B", "time_us_p50": "us", "time_us_p95": "us", "time_us_min": "us", "time_us_max": "us",
-                         "algbw_gbps": "GB/s (1e9)", "busbw_gbps": "GB/s (1e9)", "busbw_pct_of_copy": "%"})
+    bench = Table(
+        "bench",
+        BENCH_COLUMNS,
+        title=f"{cfg.iters} iterations after {cfg.warmup} warm-up, blocking per op, "
+        "time = p50 over iterations of the max over ranks (nccl-tests conventions)",
+        units={
+            "bytes": "B",
+            "time_us_p50": "us",
+            "time_us_p95": "us",
+            "time_us_min": "us",
+            "time_us_max": "us",
+            "algbw_gbps": "GB/s (1e9)",
+            "busbw_gbps": "GB/s (1e9)",
+            "busbw_pct_of_copy": "%",
+        },
+    )
     for r in per_rank[0]["rows"]:
         t = r["times_s"]
         p50 = statistics.median(t)
@@ -218,8 +234,14 @@ def bench_checks(bench: Table, fits: Table, cfg: BenchConfig, world_size: int, c
                                 details={"reason": skipped[op]}, where={"op": op}))
             continue
         if not rows:
-            checks.append(Check(name, Status.SKIP, f"{op}: no size in the sweep gives a non-empty buffer at {world_size} ranks",
-                                hint="raise -e"))
+            checks.append(
+                Check(
+                    name,
+                    Status.SKIP,
+                    f"{op}: no size in the sweep gives a non-empty buffer at {world_size} ranks",
+                    hint="raise -e",
+                )
+            )
             continue
         bad = [r for r in rows if r["wrong"]]
         top = sorted(rows, key=lambda r: r["bytes"])[-3:]
@@ -227,18 +249,33 @@ def bench_checks(bench: Table, fits: Table, cfg: BenchConfig, world_size: int, c
         fit = next((f for f in fits.rows if f["op"] == op), None)
         fit_text = (f"; α {fit['alpha_us']:.1f} µs, β {fit['beta_gbps']:.2f} GB/s, R² {fit['r2']:.3f}" if fit
                     else "; no α–β fit (the sweep shows no bandwidth-bound sizes: raise -e)")
-        share = f" ({100 * plateau / copy_gbps:.0f}% of this host's {copy_gbps:.1f} GB/s copy ceiling)" if copy_gbps else ""
+        share = (
+            f" ({100 * plateau / copy_gbps:.0f}% of this host's {copy_gbps:.1f} GB/s copy ceiling)" if copy_gbps else ""
+        )
         details = {"plateau_busbw_gbps": plateau, "largest_bytes": top[-1]["bytes"], "rows": len(rows)}
         if bad:
             first = bad[0]
-            checks.append(Check(name, Status.FAIL,
-                                f"{op}: {sum(r['wrong'] for r in bad)} wrong element(s) after timing, first at {format_size(first['bytes'])} "
-                                f"({'in' if first['inplace'] else 'out-of'}-place)", details={**details, "wrong_rows": bad},
-                                hint="run `distval comm check` with -c 20 to localise the rank and index",
-                                where={"op": op, "bytes": first["bytes"], "inplace": first["inplace"]}))
+            checks.append(
+                Check(
+                    name,
+                    Status.FAIL,
+                    f"{op}: {sum(r['wrong'] for r in bad)} wrong element(s) after timing, first at {format_size(first['bytes'])} "
+                    f"({'in' if first['inplace'] else 'out-of'}-place)",
+                    details={**details, "wrong_rows": bad},
+                    hint="run `distval comm check` with -c 20 to localise the rank and index",
+                    where={"op": op, "bytes": first["bytes"], "inplace": first["inplace"]},
+                )
+            )
         else:
-            checks.append(Check(name, Status.OK, f"{op}: busbw {plateau:.2f} GB/s at the largest sizes{share}{fit_text}; #wrong 0",
-                                details=details, where={"op": op}))
+            checks.append(
+                Check(
+                    name,
+                    Status.OK,
+                    f"{op}: busbw {plateau:.2f} GB/s at the largest sizes{share}{fit_text}; #wrong 0",
+                    details=details,
+                    where={"op": op},
+                )
+            )
     return checks
 
 
@@ -256,9 +293,16 @@ def csv_text(bench: Table) -> str:
 
 def build_report(job: JobResult, cfg: BenchConfig) -> Report:
     bench, fits, copy_gbps = build_tables(job.results, cfg)
-    report = Report("comm bench", meta=meta.collect(
-        job, cfg, copy_ceiling_gbps=copy_gbps, sizes_bytes=cfg.sizes(),
-        timing="blocking per op (barrier, issue, wait); iteration time = max over ranks; p50/p95/min/max over iterations"))
+    report = Report(
+        "comm bench",
+        meta=meta.collect(
+            job,
+            cfg,
+            copy_ceiling_gbps=copy_gbps,
+            sizes_bytes=cfg.sizes(),
+            timing="blocking per op (barrier, issue, wait); iteration time = max over ranks; p50/p95/min/max over iterations",
+        ),
+    )
     report.checks = bench_checks(bench, fits, cfg, job.world_size, copy_gbps, job.results[0]["skipped"])
     report.tables += [bench, fits]
     return report

@@ -138,7 +138,9 @@ def _run_case(ctx: RankContext, case: Case, seed: int) -> list[tuple[dict[str, A
     rooted = OP_SPECS[op].rooted
     for root in range(ctx.world_size) if rooted else [0]:
         for inplace in inplace_variants(op):
-            coll = Collective(ctx.comm, op, dtype, case.count, ctx.device, redop=redop or "sum", root=root, inplace=inplace)
+            coll = Collective(
+                ctx.comm, op, dtype, case.count, ctx.device, redop=redop or "sum", root=root, inplace=inplace
+            )
             where = {"root": root} if rooted else {}
             if len(inplace_variants(op)) > 1:
                 where["inplace"] = inplace
@@ -179,7 +181,11 @@ def _verdict(case: Case, outcomes: list[dict[str, Any]], cfg: CheckConfig) -> Ch
         return Check(f"comm.check {case.name}", Status.SKIP, f"{case.name}: not supported here: {reason}",
                      details={"reason": reason}, where=where)
     wrong = [{"rank": r, **w} for r, o in enumerate(outcomes) for w in o["wrong"]]
-    size = "all ranks arrive before any leaves" if op == "barrier" else f"{case.count} element{'s' if case.count != 1 else ''}"
+    size = (
+        "all ranks arrive before any leaves"
+        if op == "barrier"
+        else f"{case.count} element{'s' if case.count != 1 else ''}"
+    )
     if not wrong:
         reps = f", {cfg.iters} repetitions" if cfg.iters > 1 else ""
         return Check(f"comm.check {case.name}", Status.OK, f"{case.name} ({size}{reps}): exact on every rank",

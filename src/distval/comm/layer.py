@@ -231,38 +231,66 @@ class Comm:
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False):
         rec = self._start("broadcast", tensor, nbytes(tensor), peer=src)
-        return self._run(rec, lambda: dist.broadcast(tensor, src=src, group=self.group, async_op=async_op), [tensor], async_op)
+        return self._run(
+            rec, lambda: dist.broadcast(tensor, src=src, group=self.group, async_op=async_op), [tensor], async_op
+        )
 
     def reduce(self, tensor: torch.Tensor, dst: int, op: str = "sum", async_op: bool = False):
         rec = self._start("reduce", tensor, nbytes(tensor), peer=dst)
-        return self._run(rec, lambda: dist.reduce(tensor, dst=dst, op=reduce_op(op), group=self.group, async_op=async_op), [tensor] if self.rank == dst else [], async_op)
+        return self._run(
+            rec,
+            lambda: dist.reduce(tensor, dst=dst, op=reduce_op(op), group=self.group, async_op=async_op),
+            [tensor] if self.rank == dst else [],
+            async_op,
+        )
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
         """Tensor form: `output` holds world_size inputs back to back (may alias `input`)."""
         rec = self._start("all_gather", input, nbytes(output))
-        return self._run(rec, lambda: _all_gather_tensor(output, input, group=self.group, async_op=async_op), [output], async_op)
+        return self._run(
+            rec, lambda: _all_gather_tensor(output, input, group=self.group, async_op=async_op), [output], async_op
+        )
 
     def all_gather_list(self, outputs: list[torch.Tensor], input: torch.Tensor, async_op: bool = False):
         rec = self._start("all_gather", input, sum(nbytes(o) for o in outputs))
-        return self._run(rec, lambda: dist.all_gather(outputs, input, group=self.group, async_op=async_op), outputs, async_op)
+        return self._run(
+            rec, lambda: dist.all_gather(outputs, input, group=self.group, async_op=async_op), outputs, async_op
+        )
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum", async_op: bool = False):
         """Tensor form: rank r receives the reduction of chunk r of every rank's `input`."""
         rec = self._start("reduce_scatter", input, nbytes(input))
-        return self._run(rec, lambda: _reduce_scatter_tensor(output, input, op=reduce_op(op), group=self.group, async_op=async_op), [output], async_op)
+        return self._run(
+            rec,
+            lambda: _reduce_scatter_tensor(output, input, op=reduce_op(op), group=self.group, async_op=async_op),
+            [output],
+            async_op,
+        )
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
         """Equal splits: chunk j of this rank's input lands as chunk `rank` of rank j's output."""
         rec = self._start("all_to_all", input, nbytes(input))
-        return self._run(rec, lambda: dist.all_to_all_single(output, input, group=self.group, async_op=async_op), [output], async_op)
+        return self._run(
+            rec, lambda: dist.all_to_all_single(output, input, group=self.group, async_op=async_op), [output], async_op
+        )
 
     def gather(self, tensor: torch.Tensor, gather_list: list[torch.Tensor] | None, dst: int, async_op: bool = False):
         rec = self._start("gather", tensor, nbytes(tensor) * self.world_size, peer=dst)
-        return self._run(rec, lambda: dist.gather(tensor, gather_list, dst=dst, group=self.group, async_op=async_op), gather_list or [], async_op)
+        return self._run(
+            rec,
+            lambda: dist.gather(tensor, gather_list, dst=dst, group=self.group, async_op=async_op),
+            gather_list or [],
+            async_op,
+        )
 
     def scatter(self, tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int, async_op: bool = False):
         rec = self._start("scatter", tensor, nbytes(tensor) * self.world_size, peer=src)
-        return self._run(rec, lambda: dist.scatter(tensor, scatter_list, src=src, group=self.group, async_op=async_op), [tensor], async_op)
+        return self._run(
+            rec,
+            lambda: dist.scatter(tensor, scatter_list, src=src, group=self.group, async_op=async_op),
+            [tensor],
+            async_op,
+        )
 
     def sendrecv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int):
         """Send `send` to `dst` while receiving `recv` from `src` (a ring shift when dst = rank+1,

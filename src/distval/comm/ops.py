@@ -71,7 +71,15 @@ class Collective:
                  redop: str = "sum", root: int = 0, inplace: bool = False):
         if inplace not in inplace_variants(op):
             raise ValueError(f"{op} has no {'in' if inplace else 'out-of'}-place form")
-        self.comm, self.op, self.dtype, self.count, self.redop, self.root, self.inplace = comm, op, dtype, count, redop, root, inplace
+        self.comm, self.op, self.dtype, self.count, self.redop, self.root, self.inplace = (
+            comm,
+            op,
+            dtype,
+            count,
+            redop,
+            root,
+            inplace,
+        )
         n, rank = comm.world_size, comm.rank
         self.n, self.rank = n, rank
         self.size_bytes = OPS[op].s_chunks(n) * count * dtype.itemsize
@@ -144,7 +152,9 @@ class Collective:
         if op in ("all_gather_list", "gather"):
             if self.outs is None:
                 return None
-            return compare(torch.cat([o.cpu() for o in self.outs]), torch.cat([self._data(j, c, seed) for j in range(n)]))
+            return compare(
+                torch.cat([o.cpu() for o in self.outs]), torch.cat([self._data(j, c, seed) for j in range(n)])
+            )
         if op == "all_to_all":
             return compare(self.out.cpu(), torch.cat([self._data(j, c, seed, offset=r * c) for j in range(n)]))
         if op == "scatter":

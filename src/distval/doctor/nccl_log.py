@@ -32,7 +32,9 @@ from distval.doctor.net import is_decoy_name
 from distval.doctor.topo import Topo
 from distval.results import Check, Status, Table
 
-_LINE = re.compile(r"(?:(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] )?NCCL (?P<level>INFO|WARN) ?(?P<msg>.*)$")
+_LINE = re.compile(
+    r"(?:(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] )?NCCL (?P<level>INFO|WARN) ?(?P<msg>.*)$"
+)
 _VERSION = re.compile(r"NCCL version (\S+)")
 _CHANNEL = re.compile(r"^Channel (?P<ch>\d+)(?:/(?P<sub>\d+))? : (?P<src>\d+)\[(?P<sdev>[0-9a-fA-F]+)\] -> "
                       r"(?P<dst>\d+)\[(?P<ddev>[0-9a-fA-F]+)\](?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$")
@@ -117,7 +119,9 @@ def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLog:
             continue
         _read_info(log, host, msg, n)
     if log.num_lines == 0 and log.version is None:
-        raise ValueError(f"{source}: no NCCL lines ('NCCL INFO ...'); run the job with NCCL_DEBUG=INFO and pass its output")
+        raise ValueError(
+            f"{source}: no NCCL lines ('NCCL INFO ...'); run the job with NCCL_DEBUG=INFO and pass its output"
+        )
     return log
 
 
@@ -159,7 +163,9 @@ def _read_info(log: NcclLog, host: str | None, msg: str, n: int) -> None:
 def load_nccl_log(path: str | Path) -> NcclLog:
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"--nccl-log {str(p)!r} does not exist" if not p.exists() else f"--nccl-log {str(p)!r} is not a file")
+        raise ValueError(
+            f"--nccl-log {str(p)!r} does not exist" if not p.exists() else f"--nccl-log {str(p)!r} is not a file"
+        )
     try:
         text = p.read_text(encoding="utf-8", errors="strict")
     except (OSError, UnicodeDecodeError) as e:
@@ -190,9 +196,13 @@ def check_transports(log: NcclLog) -> Check:
     counts = Counter(c.transport for c in log.connections)
     details = log.summary()
     if not counts:
-        return Check(name, Status.SKIP, f"{log.source}: no channel connection lines ('Channel NN/0 : a[i] -> b[j] via ...')",
-                     details=details | {"reason": "no connections in the log"},
-                     hint="set NCCL_DEBUG=INFO before the first collective (and NCCL_DEBUG_SUBSYS unset or including INIT)")
+        return Check(
+            name,
+            Status.SKIP,
+            f"{log.source}: no channel connection lines ('Channel NN/0 : a[i] -> b[j] via ...')",
+            details=details | {"reason": "no connections in the log"},
+            hint="set NCCL_DEBUG=INFO before the first collective (and NCCL_DEBUG_SUBSYS unset or including INIT)",
+        )
     parts = [f"{t} x{n}" for t, n in sorted(counts.items())]
     extra = []
     if log.rings:
@@ -202,8 +212,12 @@ def check_transports(log: NcclLog) -> Check:
     if log.gdr is not None or any(c.gdr for c in log.connections):
         extra.append("GDR " + ("on" if log.gdr or any(c.gdr for c in log.connections) else "off"))
     version = f"NCCL {log.version}: " if log.version else ""
-    return Check(name, Status.OK, f"{version}{', '.join(parts)} connections" + (f"; {', '.join(extra)}" if extra else ""),
-                 details=details)
+    return Check(
+        name,
+        Status.OK,
+        f"{version}{', '.join(parts)} connections" + (f"; {', '.join(extra)}" if extra else ""),
+        details=details,
+    )
 
 
 def check_network(log: NcclLog) -> Check:
@@ -215,9 +229,15 @@ def check_network(log: NcclLog) -> Check:
     details = {"network": log.network, "socket_interfaces": log.socket_ifs, "bootstrap_interface": log.bootstrap_if,
                "ib_hcas": log.ib_hcas, "nodes": log.num_nodes}
     if not chosen and not log.ib_hcas:
-        return Check(name, Status.SKIP, f"{log.source}: no 'NET/Socket : Using', 'NET/IB : Using' or 'Bootstrap : Using' line",
-                     details=details | {"reason": "no interface lines"})
-    ifs = ", ".join(dict.fromkeys(f"{s['interface']} ({s['address']})" for s in log.socket_ifs)) or ", ".join(dict.fromkeys(chosen))
+        return Check(
+            name,
+            Status.SKIP,
+            f"{log.source}: no 'NET/Socket : Using', 'NET/IB : Using' or 'Bootstrap : Using' line",
+            details=details | {"reason": "no interface lines"},
+        )
+    ifs = ", ".join(dict.fromkeys(f"{s['interface']} ({s['address']})" for s in log.socket_ifs)) or ", ".join(
+        dict.fromkeys(chosen)
+    )
     hcas = ", ".join(dict.fromkeys(f"{h['hca']}:{h['port']}/{h['link']}" for h in log.ib_hcas))
     text = (f"network {log.network}; " if log.network else "") + (f"sockets over {ifs}" if ifs else "") + \
         (f"; IB over {hcas}" if hcas else "")
@@ -245,11 +265,20 @@ def check_p2p_paths(log: NcclLog, topo: Topo | None) -> Check:
         return Check(name, Status.OK, "no P2P connection in the log (SHM/NET between GPUs)", details={"p2p": 0})
     devs = sorted({(c.src_dev, c.dst_dev) for c in p2p})
     if topo is None:
-        return Check(name, Status.SKIP, f"{len(p2p)} P2P connection(s) ({', '.join(sorted({c.transport for c in p2p}))}); "
-                     "give --topo-file (or run where nvidia-smi is) to check their paths", details={"reason": "no topology"})
+        return Check(
+            name,
+            Status.SKIP,
+            f"{len(p2p)} P2P connection(s) ({', '.join(sorted({c.transport for c in p2p}))}); "
+            "give --topo-file (or run where nvidia-smi is) to check their paths",
+            details={"reason": "no topology"},
+        )
     if any(_gpu_index(a) is None or _gpu_index(b) is None for a, b in devs):
-        return Check(name, Status.SKIP, "the log names devices by PCI bus id (an old NCCL): cannot match them to the matrix",
-                     details={"reason": "bus ids", "devices": devs})
+        return Check(
+            name,
+            Status.SKIP,
+            "the log names devices by PCI bus id (an old NCCL): cannot match them to the matrix",
+            details={"reason": "bus ids", "devices": devs},
+        )
     bad, unknown, paths = [], [], {}
     for key, entry in _pairs(p2p).items():
         host, src, sdev, dst, ddev, transport, _ = key
@@ -270,15 +299,28 @@ def check_p2p_paths(log: NcclLog, topo: Topo | None) -> Check:
         where_host = f" on {first['host']}" if first["host"] else ""
         conns = "; ".join(f"{b['src_rank']}->{b['dst_rank']} ({b['gpus']}) via {b['transport']} on channel(s) "
                           f"{','.join(f'{c:02d}' for c in b['channels'])}" for b in bad)
-        return Check(name, Status.FAIL, f"P2P between GPUs whose path is SYS (across NUMA nodes){where_host}: {conns}; "
-                     "the classic P2P hang (kernels spin at 100% with no progress)",
-                     details={"connections": bad, "paths": paths, "topology": topo.source},
-                     hint="NCCL_P2P_DISABLE=1 (traffic goes through SHM/NET), or NCCL_P2P_LEVEL=NODE so P2P stops at the "
-                          "socket boundary; check ACS/IOMMU (iommu=pt, ACS off) if P2P should work",
-                     where={"host": first["host"], "rank": first["src_rank"], "peer": first["dst_rank"], "gpus": first["gpus"],
-                            "line": first["line"]})
-    return Check(name, Status.OK, f"P2P only between GPUs on good paths: {', '.join(f'{k} {v}' for k, v in sorted(paths.items()))}",
-                 details={"paths": paths})
+        return Check(
+            name,
+            Status.FAIL,
+            f"P2P between GPUs whose path is SYS (across NUMA nodes){where_host}: {conns}; "
+            "the classic P2P hang (kernels spin at 100% with no progress)",
+            details={"connections": bad, "paths": paths, "topology": topo.source},
+            hint="NCCL_P2P_DISABLE=1 (traffic goes through SHM/NET), or NCCL_P2P_LEVEL=NODE so P2P stops at the "
+            "socket boundary; check ACS/IOMMU (iommu=pt, ACS off) if P2P should work",
+            where={
+                "host": first["host"],
+                "rank": first["src_rank"],
+                "peer": first["dst_rank"],
+                "gpus": first["gpus"],
+                "line": first["line"],
+            },
+        )
+    return Check(
+        name,
+        Status.OK,
+        f"P2P only between GPUs on good paths: {', '.join(f'{k} {v}' for k, v in sorted(paths.items()))}",
+        details={"paths": paths},
+    )
 
 
 def check_warnings(log: NcclLog) -> Check:

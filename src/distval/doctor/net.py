@@ -48,7 +48,21 @@ from distval.netaddr import (
 from distval.results import Check, Status
 
 SYS_NET = Path("/sys/class/net")
-DECOY_PREFIXES = ("docker", "br-", "virbr", "veth", "tun", "tap", "wg", "tailscale", "zt", "vboxnet", "vmnet", "cni", "flannel")
+DECOY_PREFIXES = (
+    "docker",
+    "br-",
+    "virbr",
+    "veth",
+    "tun",
+    "tap",
+    "wg",
+    "tailscale",
+    "zt",
+    "vboxnet",
+    "vmnet",
+    "cni",
+    "flannel",
+)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.@:-]{1,15}$")  # Linux IFNAMSIZ is 16 with the NUL
 
 
@@ -236,8 +250,10 @@ def parse_nccl_ifname(value: str) -> NcclIfname:
             continue
         name, _, port = raw.partition(":")
         if any(c in name for c in "^="):
-            raise ValueError(f"NCCL_SOCKET_IFNAME={value!r}: {raw!r} has {'^' if '^' in name else '='} inside the list; "
-                             f"NCCL reads ^ and = only at the start of the whole value (e.g. ^=docker0,lo)")
+            raise ValueError(
+                f"NCCL_SOCKET_IFNAME={value!r}: {raw!r} has {'^' if '^' in name else '='} inside the list; "
+                f"NCCL reads ^ and = only at the start of the whole value (e.g. ^=docker0,lo)"
+            )
         if name != name.strip() or not _NAME_RE.match(name) or (port and not port.isdigit()):
             raise ValueError(f"NCCL_SOCKET_IFNAME={value!r}: {raw!r} is not an interface name or prefix")
         items.append(name)
@@ -287,14 +303,24 @@ def _check_gloo(value: str | None, ifaces: list[Interface], route: dict[str, Any
     name = "doctor.net GLOO_SOCKET_IFNAME"
     by_name = {i.name: i for i in ifaces}
     master_dev, remote = _route_note(route)
-    fix = f"export GLOO_SOCKET_IFNAME={master_dev}" if master_dev else "set it to the interface `ip route get $MASTER_ADDR` names"
+    fix = (
+        f"export GLOO_SOCKET_IFNAME={master_dev}"
+        if master_dev
+        else "set it to the interface `ip route get $MASTER_ADDR` names"
+    )
     if value is None or value == "":
-        return Check(name, Status.OK, "not set: Gloo binds the address the host name resolves to (see doctor.net hostname)",
-                     details={"value": None})
+        return Check(
+            name,
+            Status.OK,
+            "not set: Gloo binds the address the host name resolves to (see doctor.net hostname)",
+            details={"value": None},
+        )
     try:
         names = parse_gloo_ifname(value)
     except ValueError as e:
-        return Check(name, Status.FAIL, str(e), details={"value": value}, hint=fix, where={"variable": "GLOO_SOCKET_IFNAME"})
+        return Check(
+            name, Status.FAIL, str(e), details={"value": value}, hint=fix, where={"variable": "GLOO_SOCKET_IFNAME"}
+        )
     where = {"variable": "GLOO_SOCKET_IFNAME", "value": value}
     missing = [n for n in names if n not in by_name]
     if missing:
@@ -303,30 +329,56 @@ def _check_gloo(value: str | None, ifaces: list[Interface], route: dict[str, Any
                      details={"value": value, "missing": missing}, hint=fix, where=where)
     no_addr = [n for n in names if not by_name[n].ips]
     if no_addr:
-        return Check(name, Status.FAIL, f"GLOO_SOCKET_IFNAME={value}: {', '.join(no_addr)} has no address; Gloo fails "
-                     f"with 'Unable to find address'", details={"value": value, "no_address": no_addr}, hint=fix, where=where)
+        return Check(
+            name,
+            Status.FAIL,
+            f"GLOO_SOCKET_IFNAME={value}: {', '.join(no_addr)} has no address; Gloo fails "
+            f"with 'Unable to find address'",
+            details={"value": value, "no_address": no_addr},
+            hint=fix,
+            where=where,
+        )
     down = [n for n in names if not by_name[n].up]
     if down:
-        return Check(name, Status.FAIL, f"GLOO_SOCKET_IFNAME={value}: {', '.join(down)} is down",
-                     details={"value": value, "down": down}, hint=f"bring it up (ip link set {down[0]} up) or {fix}", where=where)
+        return Check(
+            name,
+            Status.FAIL,
+            f"GLOO_SOCKET_IFNAME={value}: {', '.join(down)} is down",
+            details={"value": value, "down": down},
+            hint=f"bring it up (ip link set {down[0]} up) or {fix}",
+            where=where,
+        )
     if remote and master_dev not in names:
         loop = [n for n in names if by_name[n].loopback]
         what = f"{', '.join(loop)} is loopback and cannot reach other hosts" if loop else \
             f"the route to MASTER_ADDR {route['addr']} leaves by {master_dev}, not {', '.join(names)}"
         return Check(name, Status.FAIL if loop else Status.WARN, f"GLOO_SOCKET_IFNAME={value}: {what}",
                      details={"value": value, "route_dev": master_dev}, hint=fix, where=where)
-    return Check(name, Status.OK, f"GLOO_SOCKET_IFNAME={value}: Gloo binds {', '.join(f'{n} ({by_name[n].ips[0]})' for n in names)}",
-                 details={"value": value, "selected": names}, where=where)
+    return Check(
+        name,
+        Status.OK,
+        f"GLOO_SOCKET_IFNAME={value}: Gloo binds {', '.join(f'{n} ({by_name[n].ips[0]})' for n in names)}",
+        details={"value": value, "selected": names},
+        where=where,
+    )
 
 
 def _check_nccl(value: str | None, ifaces: list[Interface], route: dict[str, Any] | None) -> Check:
     name = "doctor.net NCCL_SOCKET_IFNAME"
     master_dev, remote = _route_note(route)
-    fix = f"export NCCL_SOCKET_IFNAME=={master_dev}" if master_dev else "set it to the interface `ip route get $MASTER_ADDR` names"
+    fix = (
+        f"export NCCL_SOCKET_IFNAME=={master_dev}"
+        if master_dev
+        else "set it to the interface `ip route get $MASTER_ADDR` names"
+    )
     if value is None or value == "":
         auto = nccl_auto_candidates(ifaces)
-        return Check(name, Status.OK, f"not set: NCCL auto-detects ({', '.join(auto) or 'nothing'}; see doctor.net decoys)",
-                     details={"value": None, "auto": auto})
+        return Check(
+            name,
+            Status.OK,
+            f"not set: NCCL auto-detects ({', '.join(auto) or 'nothing'}; see doctor.net decoys)",
+            details={"value": None, "auto": auto},
+        )
     where = {"variable": "NCCL_SOCKET_IFNAME", "value": value}
     try:
         spec = parse_nccl_ifname(value)
@@ -336,16 +388,37 @@ def _check_nccl(value: str | None, ifaces: list[Interface], route: dict[str, Any
     selected = [i.name for i in usable if spec.matches(i.name)]
     details = {"value": value, "exclude": spec.exclude, "exact": spec.exact, "items": spec.items, "selected": selected}
     if not selected:
-        return Check(name, Status.FAIL, f"NCCL_SOCKET_IFNAME={value} selects no usable interface (up, with an address) "
-                     f"among {', '.join(i.name for i in usable) or 'none'}; NCCL fails with 'no socket interface found'",
-                     details=details, hint=fix, where=where)
+        return Check(
+            name,
+            Status.FAIL,
+            f"NCCL_SOCKET_IFNAME={value} selects no usable interface (up, with an address) "
+            f"among {', '.join(i.name for i in usable) or 'none'}; NCCL fails with 'no socket interface found'",
+            details=details,
+            hint=fix,
+            where=where,
+        )
     if remote and master_dev not in selected:
-        return Check(name, Status.WARN, f"NCCL_SOCKET_IFNAME={value} selects {', '.join(selected)}, not {master_dev}, "
-                     f"the interface the route to MASTER_ADDR {route['addr']} leaves by", details=details, hint=fix, where=where)
+        return Check(
+            name,
+            Status.WARN,
+            f"NCCL_SOCKET_IFNAME={value} selects {', '.join(selected)}, not {master_dev}, "
+            f"the interface the route to MASTER_ADDR {route['addr']} leaves by",
+            details=details,
+            hint=fix,
+            where=where,
+        )
     if remote and (stray := [n for n in selected if n != master_dev and (n == "lo" or is_decoy_name(n))]):
-        return Check(name, Status.WARN, f"NCCL_SOCKET_IFNAME={value} also selects {', '.join(stray)}; NCCL may use it for "
-                     f"traffic between hosts", details=details, hint=fix, where=where)
-    return Check(name, Status.OK, f"NCCL_SOCKET_IFNAME={value} selects {', '.join(selected)}", details=details, where=where)
+        return Check(
+            name,
+            Status.WARN,
+            f"NCCL_SOCKET_IFNAME={value} also selects {', '.join(stray)}; NCCL may use it for traffic between hosts",
+            details=details,
+            hint=fix,
+            where=where,
+        )
+    return Check(
+        name, Status.OK, f"NCCL_SOCKET_IFNAME={value} selects {', '.join(selected)}", details=details, where=where
+    )
 
 
 # -- host checks ------------------------------------------------------------------------------
@@ -369,15 +442,28 @@ def check_hostname(ifaces: list[Interface], hostname: str | None = None, route: 
                      details={"addresses": addrs}, hint=hint_loop, where=where)
     foreign = [a for a in addrs if not is_loopback(a) and owner_of(a, ifaces) is None]
     if foreign and len(foreign) == len([a for a in addrs if not is_loopback(a)]):
-        return Check(name, Status.WARN, f"host name {hostname!r} resolves to {', '.join(foreign)}, which no interface here holds; "
-                     "Gloo falls back to 127.0.0.1", details={"addresses": addrs}, hint=hint_loop, where=where)
+        return Check(
+            name,
+            Status.WARN,
+            f"host name {hostname!r} resolves to {', '.join(foreign)}, which no interface here holds; "
+            "Gloo falls back to 127.0.0.1",
+            details={"addresses": addrs},
+            hint=hint_loop,
+            where=where,
+        )
     first = next(a for a in addrs if not is_loopback(a) and owner_of(a, ifaces))
     dev = (route or {}).get("dev")
     if dev and dev != "lo" and owner_of(first, ifaces) != dev:
-        return Check(name, Status.WARN, f"host name {hostname!r} resolves to {first} ({owner_of(first, ifaces)}), but the route "
-                     f"to MASTER_ADDR leaves by {dev}: with GLOO_SOCKET_IFNAME unset Gloo advertises {first}, which the "
-                     "other ranks may not reach (init hangs)", details={"addresses": addrs, "route_dev": dev},
-                     hint=f"export GLOO_SOCKET_IFNAME={dev}, or map {hostname} to {dev}'s address in /etc/hosts", where=where)
+        return Check(
+            name,
+            Status.WARN,
+            f"host name {hostname!r} resolves to {first} ({owner_of(first, ifaces)}), but the route "
+            f"to MASTER_ADDR leaves by {dev}: with GLOO_SOCKET_IFNAME unset Gloo advertises {first}, which the "
+            "other ranks may not reach (init hangs)",
+            details={"addresses": addrs, "route_dev": dev},
+            hint=f"export GLOO_SOCKET_IFNAME={dev}, or map {hostname} to {dev}'s address in /etc/hosts",
+            where=where,
+        )
     return Check(name, Status.OK, f"host name {hostname!r} resolves to {first} ({owner_of(first, ifaces)})",
                  details={"addresses": addrs}, where=where)
 
@@ -399,8 +485,14 @@ def check_master_route(master_addr: str, ifaces: list[Interface]) -> tuple[Check
     what = f"MASTER_ADDR {master_addr}" + (f" ({ips[0]})" if ips[0] != master_addr else "")
     details = {"addresses": ips, "route": route}
     if dev is not None and not dev.up:
-        return Check(name, Status.FAIL, f"{what} is routed through {dev.name}, which is down", details=details, where=where,
-                     hint=f"ip link set {dev.name} up, or fix the route"), route
+        return Check(
+            name,
+            Status.FAIL,
+            f"{what} is routed through {dev.name}, which is down",
+            details=details,
+            where=where,
+            hint=f"ip link set {dev.name} up, or fix the route",
+        ), route
     local = " (an address of this host)" if route["local"] else ""
     return Check(name, Status.OK, f"{what}{local} is reached through {route['dev']}{via}"
                  + (f", source {route['src']}" if route.get("src") else ""), details=details, where=where), route
@@ -415,7 +507,12 @@ def check_decoys(ifaces: list[Interface], route: dict[str, Any] | None, env: Map
     others = [i for i in ifaces if i.up and i.routable_ips and not i.loopback and i.name != master_dev]
     details = {"decoys": [i.name for i in others], "route_dev": master_dev, "nccl_auto": nccl_auto_candidates(ifaces)}
     if not others:
-        return Check(name, Status.OK, f"no interface but {master_dev or 'the route interface'} is up with an address", details=details)
+        return Check(
+            name,
+            Status.OK,
+            f"no interface but {master_dev or 'the route interface'} is up with an address",
+            details=details,
+        )
     listing = ", ".join(f"{i.name} ({i.routable_ips[0]})" for i in others)
     if not remote:
         return Check(name, Status.OK, f"MASTER_ADDR is on this host's loopback: a single-host job; {listing} "
@@ -428,15 +525,27 @@ def check_decoys(ifaces: list[Interface], route: dict[str, Any] | None, env: Map
                      f"NCCL_SOCKET_IFNAME pin {master_dev}", details=details)
     named = [i.name for i in others if is_decoy_name(i.name)]
     auto = details["nccl_auto"]
-    nccl_pick = f"; NCCL's auto-detection would start with {auto[0]}" if auto and auto[0] != master_dev and not pinned_nccl else ""
+    nccl_pick = (
+        f"; NCCL's auto-detection would start with {auto[0]}"
+        if auto and auto[0] != master_dev and not pinned_nccl
+        else ""
+    )
     unpinned = [v for v, ok in (("GLOO_SOCKET_IFNAME", pinned_gloo), ("NCCL_SOCKET_IFNAME", pinned_nccl)) if not ok]
-    return Check(name, Status.WARN, f"{listing} {'are' if len(others) > 1 else 'is'} up with an address but not on the route "
-                 f"to MASTER_ADDR (which leaves by {master_dev}){nccl_pick}"
-                 + (f"; {', '.join(named)} {'look' if len(named) > 1 else 'looks'} like a container/VPN/bridge link" if named else ""),
-                 details=details | {"unpinned": unpinned},
-                 hint=f"export GLOO_SOCKET_IFNAME={master_dev} NCCL_SOCKET_IFNAME=={master_dev} on every node "
-                      "(with that node's interface name); NCCL_DEBUG=INFO shows what NCCL chose",
-                 where={"interfaces": [i.name for i in others]})
+    return Check(
+        name,
+        Status.WARN,
+        f"{listing} {'are' if len(others) > 1 else 'is'} up with an address but not on the route "
+        f"to MASTER_ADDR (which leaves by {master_dev}){nccl_pick}"
+        + (
+            f"; {', '.join(named)} {'look' if len(named) > 1 else 'looks'} like a container/VPN/bridge link"
+            if named
+            else ""
+        ),
+        details=details | {"unpinned": unpinned},
+        hint=f"export GLOO_SOCKET_IFNAME={master_dev} NCCL_SOCKET_IFNAME=={master_dev} on every node "
+        "(with that node's interface name); NCCL_DEBUG=INFO shows what NCCL chose",
+        where={"interfaces": [i.name for i in others]},
+    )
 
 
 def _names_or_none(parse, value: str) -> list[str] | None:
@@ -468,9 +577,14 @@ def check_port(addr: str, port: int, listening_expected: bool, timeout_s: float 
             s.connect((ips[0], port))
             return Check(name, Status.OK, f"{addr}:{port} accepts TCP connections", where=where)
         except TimeoutError:
-            return Check(name, Status.FAIL, f"{addr}:{port}: no answer within {timeout_s:g}s (packets dropped: a firewall?)",
-                         where=where, hint=f"open TCP {port} and the ephemeral ports between the nodes "
-                                           "(e.g. ufw allow from <cluster subnet>)")
+            return Check(
+                name,
+                Status.FAIL,
+                f"{addr}:{port}: no answer within {timeout_s:g}s (packets dropped: a firewall?)",
+                where=where,
+                hint=f"open TCP {port} and the ephemeral ports between the nodes "
+                "(e.g. ufw allow from <cluster subnet>)",
+            )
         except OSError as e:
             if e.errno == errno.ECONNREFUSED:
                 status = Status.FAIL if listening_expected else Status.WARN

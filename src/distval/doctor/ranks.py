@@ -124,19 +124,30 @@ def _ranks_text(ranks: list[int]) -> str:
 
 def check_versions(facts: dict[int, dict[str, Any]]) -> Check:
     name = "doctor.ranks versions"
-    by_key = {k: {r: f["versions"].get(k) for r, f in facts.items()} for k in ("torch", "nccl", "distval", "python", "cuda")}
+    by_key = {
+        k: {r: f["versions"].get(k) for r, f in facts.items()} for k in ("torch", "nccl", "distval", "python", "cuda")
+    }
     differ = {k: v for k, v in by_key.items() if len(set(v.values())) > 1}
     if not differ:
         v = facts[min(facts)]["versions"]
-        return Check(name, Status.OK, f"{len(facts)} ranks agree: torch {v['torch']}, Python {v['python']}, NCCL {v['nccl'] or 'none'}",
-                     details={"versions": v})
+        return Check(
+            name,
+            Status.OK,
+            f"{len(facts)} ranks agree: torch {v['torch']}, Python {v['python']}, NCCL {v['nccl'] or 'none'}",
+            details={"versions": v},
+        )
     text = "; ".join(f"{k}: " + ", ".join(f"{val} on {_ranks_text(rs)}" for val, rs in _value_groups(v).items())
                      for k, v in differ.items())
     severe = any(k in differ for k in ("torch", "nccl", "distval", "cuda"))
-    return Check(name, Status.FAIL if severe else Status.WARN, f"versions differ across ranks: {text}",
-                 details={"differ": {k: {str(r): val for r, val in v.items()} for k, v in differ.items()}},
-                 hint="install the same torch/NCCL (and Python) on every node: mismatched NCCL or torch versions hang or "
-                      "corrupt collectives", where={"keys": sorted(differ)})
+    return Check(
+        name,
+        Status.FAIL if severe else Status.WARN,
+        f"versions differ across ranks: {text}",
+        details={"differ": {k: {str(r): val for r, val in v.items()} for k, v in differ.items()}},
+        hint="install the same torch/NCCL (and Python) on every node: mismatched NCCL or torch versions hang or "
+        "corrupt collectives",
+        where={"keys": sorted(differ)},
+    )
 
 
 def _value_groups(values: dict[int, Any]) -> dict[Any, list[int]]:
@@ -159,10 +170,14 @@ def check_env(facts: dict[int, dict[str, Any]]) -> Check:
                      + (f" ({', '.join(keys)})" if keys else " (none set)"), details={"keys": keys})
     text = "; ".join(f"{k}: " + ", ".join(f"{'unset' if val is None else repr(val)} on {_ranks_text(rs)}"
                                           for val, rs in _value_groups(v).items()) for k, v in differ.items())
-    return Check(name, Status.WARN, f"NCCL/Gloo environment differs across ranks: {text}",
-                 details={"differ": {k: {str(r): val for r, val in v.items()} for k, v in differ.items()}},
-                 hint="export the same NCCL_*/GLOO_* settings on every node (interface names may differ per node on purpose)",
-                 where={"keys": sorted(differ)})
+    return Check(
+        name,
+        Status.WARN,
+        f"NCCL/Gloo environment differs across ranks: {text}",
+        details={"differ": {k: {str(r): val for r, val in v.items()} for k, v in differ.items()}},
+        hint="export the same NCCL_*/GLOO_* settings on every node (interface names may differ per node on purpose)",
+        where={"keys": sorted(differ)},
+    )
 
 
 def check_interfaces(facts: dict[int, dict[str, Any]]) -> Check:
@@ -196,8 +211,13 @@ def check_rendezvous(results: list[dict[str, Any]], ranks: list[dict[str, Any]],
     gathered = sorted(info["rank"] for info in ranks)
     hosts = sorted({info["host"] for info in ranks})
     bound = {info["rank"]: res["bound"] for info, res in zip(ranks, results)}
-    details = {"world_size": world_size, "hosts": hosts,
-               "ranks": [{"rank": info["rank"], "host": info["host"], "bound": res["bound"]} for info, res in zip(ranks, results)]}
+    details = {
+        "world_size": world_size,
+        "hosts": hosts,
+        "ranks": [
+            {"rank": info["rank"], "host": info["host"], "bound": res["bound"]} for info, res in zip(ranks, results)
+        ],
+    }
     if expect_world is not None and world_size != expect_world:
         return Check(name, Status.FAIL, f"world of {world_size} ranks, expected {expect_world}", details=details,
                      hint="every node must join the same rendezvous (same --rdzv-endpoint and --rdzv-id, --nnodes)")
@@ -205,11 +225,18 @@ def check_rendezvous(results: list[dict[str, Any]], ranks: list[dict[str, Any]],
         return Check(name, Status.FAIL, f"ranks disagree on the world: gathered {gathered}, each saw "
                      f"{sorted({tuple(r['seen']) for r in results})}", details=details)
     loop = [r for r, b in bound.items() if b["addresses"] and all(net.is_loopback(a) for a in b["addresses"])]
-    addrs = "; ".join(f"{info['rank']}@{info['host']} {','.join(bound[info['rank']]['addresses']) or '?'}" for info in ranks)
+    addrs = "; ".join(
+        f"{info['rank']}@{info['host']} {','.join(bound[info['rank']]['addresses']) or '?'}" for info in ranks
+    )
     if len(hosts) > 1 and loop:
-        return Check(name, Status.FAIL, f"{_ranks_text(loop)} bound only loopback addresses in a world across {len(hosts)} "
-                     f"hosts: {addrs}", details=details, where={"ranks": loop},
-                     hint="their host names resolve to 127.x: fix /etc/hosts or set GLOO_SOCKET_IFNAME on those nodes")
+        return Check(
+            name,
+            Status.FAIL,
+            f"{_ranks_text(loop)} bound only loopback addresses in a world across {len(hosts)} hosts: {addrs}",
+            details=details,
+            where={"ranks": loop},
+            hint="their host names resolve to 127.x: fix /etc/hosts or set GLOO_SOCKET_IFNAME on those nodes",
+        )
     return Check(name, Status.OK, f"{world_size} ranks on {len(hosts)} host(s) see the same world; bound: {addrs}",
                  details=details)
 
@@ -219,11 +246,23 @@ def compare(results: list[dict[str, Any]], ranks: list[dict[str, Any]], world_si
     facts = {info["rank"]: res["facts"] for info, res in zip(ranks, results)}
     checks = [check_rendezvous(results, ranks, world_size, expect_world), check_versions(facts), check_env(facts),
               check_interfaces(facts)]
-    table = Table("ranks", ["rank", "host", "local_rank", "pid", "bound", "store_local", "route_dev", "mtu", "torch", "nccl"],
-                  title="ranks")
+    table = Table(
+        "ranks",
+        ["rank", "host", "local_rank", "pid", "bound", "store_local", "route_dev", "mtu", "torch", "nccl"],
+        title="ranks",
+    )
     for info, res in zip(ranks, results):
         f, b = res["facts"], res["bound"]
-        table.add(rank=info["rank"], host=info["host"], local_rank=info["local_rank"], pid=info["pid"],
-                  bound=", ".join(b["listen"]) or None, store_local=b["store"], route_dev=f["route_dev"], mtu=f["route_mtu"],
-                  torch=f["versions"]["torch"], nccl=f["versions"]["nccl"])
+        table.add(
+            rank=info["rank"],
+            host=info["host"],
+            local_rank=info["local_rank"],
+            pid=info["pid"],
+            bound=", ".join(b["listen"]) or None,
+            store_local=b["store"],
+            route_dev=f["route_dev"],
+            mtu=f["route_mtu"],
+            torch=f["versions"]["torch"],
+            nccl=f["versions"]["nccl"],
+        )
     return checks, table

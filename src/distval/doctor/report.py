@@ -101,8 +101,18 @@ def _host_meta(facts: dict[str, Any]) -> dict[str, Any]:
 def single_report(cfg: DoctorConfig) -> Report:
     """The doctor in this process alone (no ranks launched)."""
     checks, facts = host_checks(cfg)
-    report = Report("doctor", meta=meta.collect(None, cfg, launch="none", hostname=facts["hostname"],
-                                                 master_addr=cfg.master_addr, master_port=cfg.master_port, **_host_meta(facts)))
+    report = Report(
+        "doctor",
+        meta=meta.collect(
+            None,
+            cfg,
+            launch="none",
+            hostname=facts["hostname"],
+            master_addr=cfg.master_addr,
+            master_port=cfg.master_port,
+            **_host_meta(facts),
+        ),
+    )
     report.checks.extend(checks)
     report.add(Check("doctor.ranks", Status.SKIP, "one process: nothing to compare; run with --nproc N, or under "
                      "torchrun/srun on every node, to compare ranks and probe the rendezvous",
@@ -138,11 +148,17 @@ def world_mismatch_report(cfg: DoctorConfig, world_size: int, mode: str) -> Repo
     report.meta.update(launch=mode, world_size=world_size)
     report.checks = [c for c in report.checks if c.name != "doctor.ranks"]
     alone = " (each process alone: the world of one)" if world_size == 1 else ""
-    report.add(Check("doctor.rendezvous", Status.FAIL, f"this process would join a world of {world_size} rank(s), "
-                     f"expected {cfg.expect_world}{alone}", details={"world_size": world_size, "expected": cfg.expect_world},
-                     hint="launch with `torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint HOST:PORT`, "
-                          "`srun --ntasks N distval doctor`, or `distval doctor --nproc N`",
-                     where={"world_size": world_size}))
+    report.add(
+        Check(
+            "doctor.rendezvous",
+            Status.FAIL,
+            f"this process would join a world of {world_size} rank(s), expected {cfg.expect_world}{alone}",
+            details={"world_size": world_size, "expected": cfg.expect_world},
+            hint="launch with `torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint HOST:PORT`, "
+            "`srun --ntasks N distval doctor`, or `distval doctor --nproc N`",
+            where={"world_size": world_size},
+        )
+    )
     return report
 
 

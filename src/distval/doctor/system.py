@@ -34,8 +34,13 @@ def check_versions(v: dict[str, Any], gpus: list[dict[str, Any]]) -> Check:
         return Check("doctor.versions", Status.FAIL, text + ": this torch has no Gloo backend", details=v,
                      hint="install a torch build with distributed support (pip install torch)")
     if gpus and "gloo" in v and not nccl:
-        return Check("doctor.versions", Status.WARN, text + f": {len(gpus)} GPU(s) but NCCL is not usable from this torch",
-                     details=v, hint="install a CUDA build of torch that matches the driver (see pytorch.org), or use --backend gloo")
+        return Check(
+            "doctor.versions",
+            Status.WARN,
+            text + f": {len(gpus)} GPU(s) but NCCL is not usable from this torch",
+            details=v,
+            hint="install a CUDA build of torch that matches the driver (see pytorch.org), or use --backend gloo",
+        )
     return Check("doctor.versions", Status.OK, text, details=v)
 
 
@@ -52,8 +57,15 @@ def gpus() -> list[dict[str, Any]]:
     for line in out.stdout.splitlines() if out.returncode == 0 else []:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 5 and parts[0].isdigit():
-            rows.append({"index": int(parts[0]), "name": parts[1], "memory_mib": int(parts[2]) if parts[2].isdigit() else None,
-                         "driver": parts[3], "bus_id": parts[4]})
+            rows.append(
+                {
+                    "index": int(parts[0]),
+                    "name": parts[1],
+                    "memory_mib": int(parts[2]) if parts[2].isdigit() else None,
+                    "driver": parts[3],
+                    "bus_id": parts[4],
+                }
+            )
     return rows
 
 
@@ -62,7 +74,9 @@ def check_devices(gpu_rows: list[dict[str, Any]], cuda_visible: int | None) -> C
     cpus = os.cpu_count() or 0
     details = {"cpus": cpus, "gpus": gpu_rows, "torch_cuda_devices": cuda_visible}
     if not gpu_rows:
-        return Check("doctor.devices", Status.OK, f"{cpus} CPUs, no NVIDIA GPU (jobs run on CPU with Gloo)", details=details)
+        return Check(
+            "doctor.devices", Status.OK, f"{cpus} CPUs, no NVIDIA GPU (jobs run on CPU with Gloo)", details=details
+        )
     names = sorted({g["name"] for g in gpu_rows})
     text = f"{cpus} CPUs, {len(gpu_rows)} GPU(s): {', '.join(names)}"
     if cuda_visible is not None and cuda_visible == 0:
@@ -81,10 +95,15 @@ def check_shm(path: str = "/dev/shm") -> Check:
     details = {"path": path, "size_bytes": size, "free_bytes": free}
     text = f"{path}: {size / GIB:.1f} GiB ({free / GIB:.1f} GiB free)"
     if size < SHM_WARN_BYTES or free < SHM_WARN_BYTES:
-        return Check(name, Status.WARN, f"{path} is {size / MIB:.0f} MiB ({free / MIB:.0f} MiB free): NCCL's shared-memory "
-                     "transport and DataLoader workers fail with 'No space left on device' or bus errors",
-                     details=details, where={"path": path},
-                     hint="docker run --shm-size=8g (or --ipc=host); Kubernetes: an emptyDir with medium: Memory")
+        return Check(
+            name,
+            Status.WARN,
+            f"{path} is {size / MIB:.0f} MiB ({free / MIB:.0f} MiB free): NCCL's shared-memory "
+            "transport and DataLoader workers fail with 'No space left on device' or bus errors",
+            details=details,
+            where={"path": path},
+            hint="docker run --shm-size=8g (or --ipc=host); Kubernetes: an emptyDir with medium: Memory",
+        )
     return Check(name, Status.OK, text, details=details)
 
 
@@ -107,9 +126,14 @@ def check_memlock(rdma: list[str]) -> Check:
     if soft == resource.RLIM_INFINITY:
         return Check("doctor.system memlock", Status.OK, text, details=details)
     if rdma:
-        return Check("doctor.system memlock", Status.WARN, f"{text} with RDMA devices {', '.join(rdma)}: NCCL's IB transport "
-                     "cannot register its buffers (ibv_reg_mr failed)", details=details,
-                     hint="ulimit -l unlimited (limits.conf: * - memlock unlimited; Docker: --ulimit memlock=-1)")
+        return Check(
+            "doctor.system memlock",
+            Status.WARN,
+            f"{text} with RDMA devices {', '.join(rdma)}: NCCL's IB transport "
+            "cannot register its buffers (ibv_reg_mr failed)",
+            details=details,
+            hint="ulimit -l unlimited (limits.conf: * - memlock unlimited; Docker: --ulimit memlock=-1)",
+        )
     return Check("doctor.system memlock", Status.OK, f"{text}; only RDMA needs more and this host has no RDMA device",
                  details=details)
 
@@ -120,7 +144,21 @@ def check_nofile() -> Check:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     details = {"soft": _limit_text(soft), "hard": _limit_text(hard)}
     if soft != resource.RLIM_INFINITY and soft < NOFILE_WARN:
-        raise_to = "its hard limit " + _limit_text(hard) if hard == resource.RLIM_INFINITY or hard > soft else "65536 (raise the hard limit)"
-        return Check("doctor.system nofile", Status.WARN, f"open files limited to {soft}: large worlds and data loaders "
-                     "fail with 'Too many open files'", details=details, hint=f"ulimit -n to {raise_to}")
-    return Check("doctor.system nofile", Status.OK, f"open files: {_limit_text(soft)} (hard {_limit_text(hard)})", details=details)
+        raise_to = (
+            "its hard limit " + _limit_text(hard)
+            if hard == resource.RLIM_INFINITY or hard > soft
+            else "65536 (raise the hard limit)"
+        )
+        return Check(
+            "doctor.system nofile",
+            Status.WARN,
+            f"open files limited to {soft}: large worlds and data loaders fail with 'Too many open files'",
+            details=details,
+            hint=f"ulimit -n to {raise_to}",
+        )
+    return Check(
+        "doctor.system nofile",
+        Status.OK,
+        f"open files: {_limit_text(soft)} (hard {_limit_text(hard)})",
+        details=details,
+    )

@@ -76,7 +76,9 @@ def parse_topo(text: str, source: str = "topology") -> Topo:
     if start is None:
         raise ValueError(f"{source}: no `nvidia-smi topo -m` matrix (a header line starting with GPU0)")
     header = lines[start].split()
-    extra_at = next((i for i in range(len(header)) if " ".join(header[i:i + 2]) in ("CPU Affinity", "NUMA Affinity")), len(header))
+    extra_at = next(
+        (i for i in range(len(header)) if " ".join(header[i : i + 2]) in ("CPU Affinity", "NUMA Affinity")), len(header)
+    )
     devices = header[:extra_at]
     extras = _labels(header[extra_at:])
     if len(set(devices)) != len(devices):
@@ -127,7 +129,9 @@ def _labels(tokens: list[str]) -> list[str]:
 def load_topo(path: str | Path) -> Topo:
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"--topo-file {str(p)!r} does not exist" if not p.exists() else f"--topo-file {str(p)!r} is not a file")
+        raise ValueError(
+            f"--topo-file {str(p)!r} does not exist" if not p.exists() else f"--topo-file {str(p)!r} is not a file"
+        )
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -174,16 +178,28 @@ def check_paths(topo: Topo, env: Mapping[str, str]) -> Check:
     cpu_pairs = [f"{a}-{b} {link}" for a, b, link in pairs if link in ("PHB", "NODE")]
     guard = p2p_disabled_by(env)
     if sys_pairs and not guard:
-        return Check(name, Status.WARN, f"{', '.join(sys_pairs)}: path SYS (across NUMA nodes, no NVLink); NCCL P2P between "
-                     "them is the classic init/first-step hang (two GPUs on different NUMA nodes)" + (f"; also through the CPU: {', '.join(cpu_pairs)}" if cpu_pairs else ""),
-                     details=details, where={"pairs": sys_pairs},
-                     hint="if NCCL hangs or is slow: NCCL_P2P_DISABLE=1, or NCCL_P2P_LEVEL=NODE (P2P stops at the socket); "
-                          "check ACS/IOMMU (lspci -vvv | grep ACSCtl, iommu=pt); run with NCCL_DEBUG=INFO and pass the log "
-                          "to --nccl-log")
+        return Check(
+            name,
+            Status.WARN,
+            f"{', '.join(sys_pairs)}: path SYS (across NUMA nodes, no NVLink); NCCL P2P between "
+            "them is the classic init/first-step hang (two GPUs on different NUMA nodes)"
+            + (f"; also through the CPU: {', '.join(cpu_pairs)}" if cpu_pairs else ""),
+            details=details,
+            where={"pairs": sys_pairs},
+            hint="if NCCL hangs or is slow: NCCL_P2P_DISABLE=1, or NCCL_P2P_LEVEL=NODE (P2P stops at the socket); "
+            "check ACS/IOMMU (lspci -vvv | grep ACSCtl, iommu=pt); run with NCCL_DEBUG=INFO and pass the log "
+            "to --nccl-log",
+        )
     if cpu_pairs and not guard:
-        return Check(name, Status.WARN, f"{', '.join(cpu_pairs)}: P2P goes through the CPU's PCIe host bridge (slower than "
-                     "PIX/PXB/NVLink; some platforms stall it)", details=details, where={"pairs": cpu_pairs},
-                     hint="if all_reduce hangs or is slow between them: NCCL_P2P_DISABLE=1 or NCCL_P2P_LEVEL=PXB")
+        return Check(
+            name,
+            Status.WARN,
+            f"{', '.join(cpu_pairs)}: P2P goes through the CPU's PCIe host bridge (slower than "
+            "PIX/PXB/NVLink; some platforms stall it)",
+            details=details,
+            where={"pairs": cpu_pairs},
+            hint="if all_reduce hangs or is slow between them: NCCL_P2P_DISABLE=1 or NCCL_P2P_LEVEL=PXB",
+        )
     best = sorted({link for _, _, link in pairs}, key=link_rank)
     kept = f"; {guard} keeps P2P off {', '.join(sys_pairs + cpu_pairs)}" if guard and (sys_pairs or cpu_pairs) else ""
     return Check(name, Status.OK, f"{len(pairs)} GPU pair(s) over {', '.join(best)}{kept}", details=details)
@@ -209,13 +225,24 @@ def check_nic_affinity(topo: Topo, env: Mapping[str, str]) -> Check:
         exact = hca.lstrip("^").startswith("=")
         hits = [n for n in names if any((n == w) if exact else n.startswith(w) for w in wanted) != excluded]
         if not hits:
-            return Check(name, Status.WARN, f"NCCL_IB_HCA={hca} matches none of this host's NICs ({', '.join(names)})",
-                         details=details, hint=f"set NCCL_IB_HCA to NICs next to the GPUs, e.g. ={near[topo.gpus[0]]['nics'][0]}")
+            return Check(
+                name,
+                Status.WARN,
+                f"NCCL_IB_HCA={hca} matches none of this host's NICs ({', '.join(names)})",
+                details=details,
+                hint=f"set NCCL_IB_HCA to NICs next to the GPUs, e.g. ={near[topo.gpus[0]]['nics'][0]}",
+            )
     if far:
-        return Check(name, Status.WARN, f"{', '.join(far)} {'have' if len(far) > 1 else 'has'} no NIC on its NUMA node "
-                     "(nearest path SYS): network traffic crosses the socket", details=details, where={"gpus": far},
-                     hint="pin NCCL_IB_HCA to NICs close to the GPUs; NCCL's PXN (NCCL_PXN_DISABLE=0) can route through a "
-                          "GPU next to a NIC")
+        return Check(
+            name,
+            Status.WARN,
+            f"{', '.join(far)} {'have' if len(far) > 1 else 'has'} no NIC on its NUMA node "
+            "(nearest path SYS): network traffic crosses the socket",
+            details=details,
+            where={"gpus": far},
+            hint="pin NCCL_IB_HCA to NICs close to the GPUs; NCCL's PXN (NCCL_PXN_DISABLE=0) can route through a "
+            "GPU next to a NIC",
+        )
     text = "; ".join(f"{g} -> {'/'.join(v['nics'])} ({v['link']})" for g, v in near.items())
     return Check(name, Status.OK, f"every GPU has a NIC on its side of the socket: {text}", details=details)
 

@@ -60,8 +60,10 @@ class DrillConfig:
         if not 0 < self.fault_step < self.steps:
             raise ValueError(f"--fault-step must be between 1 and --steps - 1 (got {self.fault_step})")
         if self.ckpt_every >= self.fault_step:
-            raise ValueError(f"--ckpt-every {self.ckpt_every} must be below --fault-step {self.fault_step}, so a checkpoint "
-                             f"exists before the fault")
+            raise ValueError(
+                f"--ckpt-every {self.ckpt_every} must be below --fault-step {self.fault_step}, so a checkpoint "
+                f"exists before the fault"
+            )
         unknown = sorted(set(self.drills) - set(DRILLS))
         if unknown:
             raise ValueError(f"unknown drill(s) {', '.join(unknown)}; choose from {', '.join(DRILLS)}")
@@ -164,24 +166,32 @@ class Driller:
     def kill_during_save(self) -> Outcome:
         out = self.restarted("kill_during_save", f"step={self.cfg.fault_step},rank=0,action=kill_in_save")
         if out.detected:  # the killed save must be the one after the fault step, and never loaded
-            killed = next(s for s in out_journal(self.work / "kill_during_save")["saves"] if s["step"] >= self.cfg.fault_step)
+            killed = next(
+                s for s in out_journal(self.work / "kill_during_save")["saves"] if s["step"] >= self.cfg.fault_step
+            )
             out.detected = killed["attempt"] == 0 and not killed["ok"]
             if (out.resumed_from_step or 0) >= killed["step"]:
-                out.notes.append(f"resumed from step {out.resumed_from_step}: the partial checkpoint {killed['name']} was used")
+                out.notes.append(
+                    f"resumed from step {out.resumed_from_step}: the partial checkpoint {killed['name']} was used"
+                )
                 out.detected = False
         return out
 
     def sigterm_job(self) -> Outcome:
         ckpt = self.fresh_dir("sigterm_job")
-        first = self.train("sigterm_job_1", ckpt, "--resume", "auto", fault=f"step={self.cfg.fault_step},rank=0,action=sigterm_job")
+        first = self.train(
+            "sigterm_job_1", ckpt, "--resume", "auto", fault=f"step={self.cfg.fault_step},rank=0,action=sigterm_job"
+        )
         attempt = (first.journal or {}).get("attempts", [{}])[-1]
         saved = [s for s in (first.journal or {}).get("saves", []) if s.get("ok")]
         out = Outcome()
         out.detected = first.code == 130 and attempt.get("outcome") == "preempted" and bool(saved) \
             and saved[-1]["step"] == attempt.get("last_step")
         if not out.detected:
-            out.notes.append(f"first run: exit {first.code}, outcome {attempt.get('outcome')}, saves {[s['step'] for s in saved]}: "
-                             f"{first.stderr[-300:]}")
+            out.notes.append(
+                f"first run: exit {first.code}, outcome {attempt.get('outcome')}, saves {[s['step'] for s in saved]}: "
+                f"{first.stderr[-300:]}"
+            )
         out.expected_resume = saved[-1]["step"] if saved else 0
         second = self.train("sigterm_job_2", ckpt, "--resume", "auto")
         return self.rerun_outcome(out, first, second)
@@ -203,13 +213,17 @@ class Driller:
 
     def corrupt_file(self) -> Outcome:
         ckpt = self.fresh_dir("corrupt_file")
-        first = self.train("corrupt_file_1", ckpt, "--resume", "auto", fault=f"step={self.cfg.fault_step},rank=1,action=kill")
+        first = self.train(
+            "corrupt_file_1", ckpt, "--resume", "auto", fault=f"step={self.cfg.fault_step},rank=1,action=kill"
+        )
         from distval.ckpt import store
 
         committed = [p for p in store.candidates(ckpt) if (p / store.MANIFEST).exists()]
         out = Outcome()
         if first.code == 0 or not committed:
-            out.notes.append(f"the first run should fail with a checkpoint on disk: exit {first.code}, {len(committed)} checkpoint(s)")
+            out.notes.append(
+                f"the first run should fail with a checkpoint on disk: exit {first.code}, {len(committed)} checkpoint(s)"
+            )
             return out
         target = committed[0] / "model.safetensors"
         data = bytearray(target.read_bytes())
@@ -227,7 +241,9 @@ class Driller:
         if os.geteuid() != 0:
             return Outcome(skip="needs root to mount a small tmpfs for the checkpoint directory")
         mount = self.fresh_dir("disk_full")
-        res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "distval-drill", str(mount)], capture_output=True, text=True)
+        res = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "distval-drill", str(mount)], capture_output=True, text=True
+        )
         if res.returncode != 0:
             return Outcome(skip=f"cannot mount a tmpfs ({res.stderr.strip() or res.returncode})")
         try:
@@ -261,24 +277,45 @@ class Driller:
         except Exception as e:  # a drill that could not even run is a FAIL with the reason, not a crash
             out = Outcome(notes=[f"{type(e).__name__}: {e}"])
         if out.skip:
-            return ({"drill": name, "status": "SKIP"}, Check(f"drill {name}", Status.SKIP, out.skip, where={"drill": name}))
+            return (
+                {"drill": name, "status": "SKIP"},
+                Check(f"drill {name}", Status.SKIP, out.skip, where={"drill": name}),
+            )
         identical = bool(out.losses) and out.losses == self.baseline
         resumed_ok = out.resumed_from_step is not None and out.resumed_from_step == out.expected_resume
         if out.resumed_from_step is not None and not resumed_ok:
             out.notes.append(f"resumed from step {out.resumed_from_step}, expected {out.expected_resume} (the newest "
                              f"checkpoint committed before the fault)")
         if not identical and out.losses:
-            first = next((i for i, (a, b) in enumerate(zip(out.losses, self.baseline)) if a != b), min(len(out.losses), len(self.baseline)))
+            first = next(
+                (i for i, (a, b) in enumerate(zip(out.losses, self.baseline)) if a != b),
+                min(len(out.losses), len(self.baseline)),
+            )
             out.notes.append(f"losses differ from the baseline from step {first}")
         ok = out.detected and resumed_ok and identical
-        row = {"drill": name, "status": "PASS" if ok else "FAIL", "detected": out.detected, "recovery_s": out.recovery_s,
-               "steps_lost": out.steps_lost, "resumed_from_step": out.resumed_from_step, "loss_identical": identical}
-        summary = (f"{name}: detected, resumed from step {out.resumed_from_step} ({out.steps_lost} step(s) redone), "
-                   f"losses bitwise equal to the uninterrupted run" if ok else f"{name}: " + "; ".join(out.notes or ["not detected"]))
-        return row, Check(f"drill {name}", Status.OK if ok else Status.FAIL, summary,
-                          details={**row, "notes": out.notes, "drill_s": time.perf_counter() - start},
-                          hint="" if ok else "see details.notes; rerun `distval train` with the same DISTVAL_FAULT to look closer",
-                          where={"drill": name})
+        row = {
+            "drill": name,
+            "status": "PASS" if ok else "FAIL",
+            "detected": out.detected,
+            "recovery_s": out.recovery_s,
+            "steps_lost": out.steps_lost,
+            "resumed_from_step": out.resumed_from_step,
+            "loss_identical": identical,
+        }
+        summary = (
+            f"{name}: detected, resumed from step {out.resumed_from_step} ({out.steps_lost} step(s) redone), "
+            f"losses bitwise equal to the uninterrupted run"
+            if ok
+            else f"{name}: " + "; ".join(out.notes or ["not detected"])
+        )
+        return row, Check(
+            f"drill {name}",
+            Status.OK if ok else Status.FAIL,
+            summary,
+            details={**row, "notes": out.notes, "drill_s": time.perf_counter() - start},
+            hint="" if ok else "see details.notes; rerun `distval train` with the same DISTVAL_FAULT to look closer",
+            where={"drill": name},
+        )
 
 
 def committed_before(journal: dict[str, Any] | None, attempt: int) -> int:
@@ -317,7 +354,9 @@ def run_drills(cfg: DrillConfig, work: Path | None = None) -> Report:
             table.add(**row)
             report.add(check)
     except RuntimeError as e:
-        report.add(Check("drill baseline", Status.ERROR, str(e), hint="`distval train` itself fails here; run it alone"))
+        report.add(
+            Check("drill baseline", Status.ERROR, str(e), hint="`distval train` itself fails here; run it alone")
+        )
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)

@@ -245,7 +245,11 @@ class Cluster:
         # through to DNS, which no namespace can reach (a warning per connection)
         lines += [f"::ffff:{addr(i)}\t{self.node(i)}" for i in range(self.topo.num_nodes)]
         if self.topo.decoy:  # the eth0 addresses get names too (-eth0), so reverse lookups still succeed
-            lines += [f"{pre}{self.address(i)}\t{self.node(i)}-eth0" for i in range(self.topo.num_nodes) for pre in ("", "::ffff:")]
+            lines += [
+                f"{pre}{self.address(i)}\t{self.node(i)}-eth0"
+                for i in range(self.topo.num_nodes)
+                for pre in ("", "::ffff:")
+            ]
         return "\n".join(lines) + "\n"
 
     def node_argv(self, i: int, argv: list[str]) -> list[str]:

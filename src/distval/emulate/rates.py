@@ -30,7 +30,9 @@ def parse_rate(text: str, flag: str = "--rate") -> int:
     if not math.isfinite(value) or value < 8:
         raise ValueError(f"{flag} {text!r} is below 8 bit/s; give a positive rate such as 1gbit")
     if value > 1e12:
-        raise ValueError(f"{flag} {text!r} is above 1 Tbit/s, faster than a veth pair can carry; emulate up to a few gbit")
+        raise ValueError(
+            f"{flag} {text!r} is above 1 Tbit/s, faster than a veth pair can carry; emulate up to a few gbit"
+        )
     return int(round(value))
 
 

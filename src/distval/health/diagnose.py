@@ -45,7 +45,9 @@ def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[
     """`beats`: every rank's last heartbeat (health/heartbeat.py), when the launcher has them."""
     exitcodes, log_tails, beats = exitcodes or {}, log_tails or {}, beats or {}
     ranks = sorted(states)
-    status = {r: (statuses.get(r) or {}).get("status") or (states[r] or {}).get("status") or "not started" for r in ranks}
+    status = {
+        r: (statuses.get(r) or {}).get("status") or (states[r] or {}).get("status") or "not started" for r in ranks
+    }
     details = {"ranks": {r: {"error": (states[r] or {}).get("error"), "status": status[r],
                              "issued": (states[r] or {}).get("issued"), "exitcode": exitcodes.get(r),
                              "pending": [p["op"] for p in (states[r] or {}).get("pending", [])],

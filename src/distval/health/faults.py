@@ -71,7 +71,9 @@ class Fault:
         if self.action not in ACTIONS:
             raise ValueError(f"{ENV} action {self.action!r}; choose from {', '.join(ACTIONS)}")
         if where not in ACTIONS[self.action]:
-            raise ValueError(f"{ENV} action {self.action!r} applies to {' or '.join(ACTIONS[self.action])}=, not {where}=")
+            raise ValueError(
+                f"{ENV} action {self.action!r} applies to {' or '.join(ACTIONS[self.action])}=, not {where}="
+            )
 
     def armed(self, rank: int) -> bool:
         return rank == self.rank and self.attempt in (-1, attempt_number())

@@ -296,7 +296,11 @@ def summary(hang: Hang) -> str:
         if not row["culprit"]:
             others[(row["waiting_in"], row["where"])].append(row["rank"])
     for (what, at), rs in others.items():
-        text += f"; {_ranks_text(rs)}: " + (f"waiting in {what}" if what else "in no collective") + (f" at {at}" if at else "")
+        text += (
+            f"; {_ranks_text(rs)}: "
+            + (f"waiting in {what}" if what else "in no collective")
+            + (f" at {at}" if at else "")
+        )
     if hang.stacks_note:
         text += f" (stacks: {hang.stacks_note})"
     return text

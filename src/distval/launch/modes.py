@@ -43,16 +43,24 @@ def worker_env(mode: str, env: dict[str, str]) -> dict[str, str]:
             "RANK": env["SLURM_PROCID"],
             "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
             "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
-            "MASTER_ADDR": env.get("MASTER_ADDR") or first_slurm_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
+            "MASTER_ADDR": env.get("MASTER_ADDR")
+            or first_slurm_host(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")),
             "MASTER_PORT": env.get("MASTER_PORT") or str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000),
         }
     elif mode == "mpi":
         rank = env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK"))
         size = env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE"))
         if "MASTER_ADDR" not in env:
-            raise CannotRun("launched by mpirun but MASTER_ADDR is not set; export MASTER_ADDR=<first host> (and MASTER_PORT) with mpirun -x")
-        out = {"RANK": rank, "WORLD_SIZE": size, "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", env.get("MPI_LOCALRANKID", "0")),
-               "MASTER_ADDR": env["MASTER_ADDR"], "MASTER_PORT": env.get("MASTER_PORT", "29500")}
+            raise CannotRun(
+                "launched by mpirun but MASTER_ADDR is not set; export MASTER_ADDR=<first host> (and MASTER_PORT) with mpirun -x"
+            )
+        out = {
+            "RANK": rank,
+            "WORLD_SIZE": size,
+            "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", env.get("MPI_LOCALRANKID", "0")),
+            "MASTER_ADDR": env["MASTER_ADDR"],
+            "MASTER_PORT": env.get("MASTER_PORT", "29500"),
+        }
     else:
         return {}
     return {k: str(v) for k, v in out.items()}

@@ -59,8 +59,13 @@ class Calibration:
         return out
 
     def describe(self) -> str:
-        parts = [f"{op} α {f.alpha_s * 1e6:.1f} µs β {f.beta_bytes_per_s / 1e9:.3g} GB/s" for op, f in self.fits.items()]
-        return f"{os.path.basename(self.path)}: {self.backend}, {self.world_size} ranks, {self.scope}-node; " + "; ".join(parts)
+        parts = [
+            f"{op} α {f.alpha_s * 1e6:.1f} µs β {f.beta_bytes_per_s / 1e9:.3g} GB/s" for op, f in self.fits.items()
+        ]
+        return (
+            f"{os.path.basename(self.path)}: {self.backend}, {self.world_size} ranks, {self.scope}-node; "
+            + "; ".join(parts)
+        )
 
 
 def load(path: str) -> Calibration:
@@ -79,7 +84,9 @@ def _load(path: str, _mtime_ns: int, _size: int) -> Calibration:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{flag} is not JSON ({e.msg} at line {e.lineno}); give the file `distval comm bench --json` wrote") from None
+        raise ValueError(
+            f"{flag} is not JSON ({e.msg} at line {e.lineno}); give the file `distval comm bench --json` wrote"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{flag} cannot be read ({e})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("command") not in ("comm bench", "run"):
@@ -98,14 +105,20 @@ def _fits(doc: dict, flag: str) -> dict[str, Fit]:
     table = doc.get("tables", {}).get("alpha_beta") if isinstance(doc.get("tables"), dict) else None
     rows = table.get("rows") if isinstance(table, dict) else None
     if not isinstance(rows, list):
-        raise ValueError(f"{flag} has no alpha_beta table; run `distval comm bench --ops all_reduce` with sizes up to a few MiB")
+        raise ValueError(
+            f"{flag} has no alpha_beta table; run `distval comm bench --ops all_reduce` with sizes up to a few MiB"
+        )
     fits: dict[str, Fit] = {}
     for row in rows:
         op = _USABLE.get(row.get("op")) if isinstance(row, dict) else None
         if op is None or (op in fits and row.get("op") == "all_gather_list"):
             continue
         alpha_us, beta_gbps = row.get("alpha_us"), row.get("beta_gbps")
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (alpha_us, beta_gbps)) or beta_gbps <= 0 or alpha_us < 0:
+        if (
+            not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (alpha_us, beta_gbps))
+            or beta_gbps <= 0
+            or alpha_us < 0
+        ):
             raise ValueError(f"{flag}: the alpha_beta row of {row.get('op')} needs alpha_us >= 0 and beta_gbps > 0 "
                              f"(got {alpha_us!r}, {beta_gbps!r})")
         fits[op] = Fit(row["op"], alpha_us * 1e-6, beta_gbps * 1e9, row.get("r2"), row.get("dtype"))

@@ -114,7 +114,9 @@ class PlanConfig:
         self._check_choices()
         self._check_links()
         if self.model_info().spec is None and self.comm_hook == "powersgd":
-            raise ValueError("--comm-hook powersgd needs the matrix shapes: give --model or --layers --hidden --heads --seq --vocab")
+            raise ValueError(
+                "--comm-hook powersgd needs the matrix shapes: give --model or --layers --hidden --heads --seq --vocab"
+            )
         self.batch()
 
     @classmethod
@@ -155,7 +157,9 @@ class PlanConfig:
         if self.comm_hook not in COMM_HOOKS:
             raise ValueError(f"unknown --comm-hook {self.comm_hook!r}; known: {', '.join(COMM_HOOKS)}")
         if self.comm_hook == "powersgd" and self.strategy != "ddp":
-            raise ValueError(f"--comm-hook powersgd is a DDP communication hook; it does not apply to --strategy {self.strategy}")
+            raise ValueError(
+                f"--comm-hook powersgd is a DDP communication hook; it does not apply to --strategy {self.strategy}"
+            )
         if self.model is not None:
             presets.model(self.model)
         presets.device(self.device)
@@ -173,7 +177,9 @@ class PlanConfig:
         if self.world_size is not None and (self.num_nodes is not None or self.devices_per_node is not None):
             nodes, per_node = self.num_nodes or 1, self.devices_per_node or 1
             if nodes * per_node != self.world_size:
-                raise ValueError(f"--world {self.world_size} contradicts --nodes {nodes} × --devices-per-node {per_node}")
+                raise ValueError(
+                    f"--world {self.world_size} contradicts --nodes {nodes} × --devices-per-node {per_node}"
+                )
 
     # -- resolution ---------------------------------------------------------------------------
 
@@ -205,14 +211,18 @@ class PlanConfig:
                 raise ValueError(f"--global-batch {g} is not divisible by --grad-accum {k} × world size {world}")
             m = g // (k * world)
         if m * world * k != g:
-            raise ValueError(f"--global-batch {g} contradicts --micro-batch {m} × world size {world} × --grad-accum {k} = {m * world * k}")
+            raise ValueError(
+                f"--global-batch {g} contradicts --micro-batch {m} × world size {world} × --grad-accum {k} = {m * world * k}"
+            )
         return m, k
 
     def model_info(self) -> ModelInfo:
         spec = self._spec()
         if spec is None:
             if self.params is None:
-                raise ValueError("give --model NAME, --params N, or the architecture: --layers --hidden --heads --seq --vocab")
+                raise ValueError(
+                    "give --model NAME, --params N, or the architecture: --layers --hidden --heads --seq --vocab"
+                )
             n = int(self.params)
             return ModelInfo(f"{n / 1e6:.0f}M params", n, n, self.seq_len, None)
         count = spec.num_params()
@@ -238,7 +248,9 @@ class PlanConfig:
             return None  # a count, maybe with --seq
         missing = [flag for key, flag in {**shape, "seq_len": "--seq"}.items() if key not in given]
         if missing:
-            raise ValueError(f"missing sizes: an explicit architecture needs --layers --hidden --heads --seq --vocab (missing {' '.join(missing)})")
+            raise ValueError(
+                f"missing sizes: an explicit architecture needs --layers --hidden --heads --seq --vocab (missing {' '.join(missing)})"
+            )
         return ModelSpec("custom", given["num_layers"], given["hidden_size"], given["num_heads"],
                          given.get("num_kv_heads", given["num_heads"]), given["seq_len"], given["vocab_size"],
                          presets.swiglu_ffn(given["hidden_size"]))

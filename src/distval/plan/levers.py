@@ -148,8 +148,14 @@ def link_levers(cfg: PlanConfig, base: StepResult) -> list[dict]:
     kinds = _INTRA_KINDS if scope == "intra" else _NETWORK_KINDS
     if current.name in presets.LINKS:  # a preset: stay within its family (NICs for NICs, fabrics for fabrics)
         kinds = _INTRA_KINDS if presets.LINKS[current.name].kind in _INTRA_KINDS else _NETWORK_KINDS
-    faster = sorted((s for s in presets.LINKS.values()
-                     if s.kind in kinds and s.gbps * 1e9 * cfg.efficiency > current.bytes_per_s * 1.001), key=lambda s: s.gbps)
+    faster = sorted(
+        (
+            s
+            for s in presets.LINKS.values()
+            if s.kind in kinds and s.gbps * 1e9 * cfg.efficiency > current.bytes_per_s * 1.001
+        ),
+        key=lambda s: s.gbps,
+    )
     if not faster:
         return [_row("faster link", "—", base, None, f"{current.name} is already as fast as the fastest preset")]
     change = {field: None, "calibration": None}
@@ -161,9 +167,17 @@ def link_levers(cfg: PlanConfig, base: StepResult) -> list[dict]:
     if meets is not None and meets[0] is not results[0][0]:
         chosen.append(meets)
     was = "the measured link" if cfg.calibration else current.name
-    return [_row("faster link", s.name, base, r,
-                 f"{s.gbps:g} GB/s line rate instead of {was}" + (f"; comm under {cfg.comm_target:.0%}" if meets and s is meets[0] else ""))
-            for s, r in chosen]
+    return [
+        _row(
+            "faster link",
+            s.name,
+            base,
+            r,
+            f"{s.gbps:g} GB/s line rate instead of {was}"
+            + (f"; comm under {cfg.comm_target:.0%}" if meets and s is meets[0] else ""),
+        )
+        for s, r in chosen
+    ]
 
 
 def lever_rows(cfg: PlanConfig, base: StepResult) -> list[dict]:
@@ -180,7 +194,9 @@ def lever_rows(cfg: PlanConfig, base: StepResult) -> list[dict]:
 def rightsizing_rows(cfg: PlanConfig, memory: list[dict]) -> list[dict]:
     """Per strategy, the device preset with the least memory that holds it (a proxy for the
     cheapest: prices vary, memory classes do not), and the step time there."""
-    gpus = sorted((d for d in presets.DEVICES.values() if d.memory_bytes), key=lambda d: (d.memory_bytes, d.peak_tflops))
+    gpus = sorted(
+        (d for d in presets.DEVICES.values() if d.memory_bytes), key=lambda d: (d.memory_bytes, d.peak_tflops)
+    )
     rows = []
     for mem in memory:
         device = next((d for d in gpus if fits(mem["total_bytes"], d.memory_bytes)), None)
@@ -198,5 +214,8 @@ def rightsizing_rows(cfg: PlanConfig, memory: list[dict]) -> list[dict]:
 
 def cheapest(rows: list[dict]) -> dict | None:
     fitting = [r for r in rows if r["device"] is not None]
-    return min(fitting, key=lambda r: (r["device_bytes"], r["step_time_s"] if r["step_time_s"] is not None else math.inf),
-               default=None)
+    return min(
+        fitting,
+        key=lambda r: (r["device_bytes"], r["step_time_s"] if r["step_time_s"] is not None else math.inf),
+        default=None,
+    )

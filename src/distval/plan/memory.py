@@ -115,7 +115,9 @@ def memory_rows(inp: "Inputs") -> list[dict]:
            for ckpt in (False, True)}
     rows = []
     for strategy in STRATEGIES:
-        params, grads, optim = model_states(strategy, inp.model.num_params, inp.world_size, inp.param_bytes, inp.grad_bytes, k)
+        params, grads, optim = model_states(
+            strategy, inp.model.num_params, inp.world_size, inp.param_bytes, inp.grad_bytes, k
+        )
         chosen_act = act[inp.cfg.activation_checkpointing]
         buf = buffers(inp, strategy)
         total = params + grads + optim + buf + (chosen_act or 0.0)

@@ -202,6 +202,14 @@ def evaluate(cfg: PlanConfig, inputs: Inputs | None = None) -> StepResult:
     both = comm is not None and compute is not None
     per_token = flops_per_token(inp.model)
     tokens = inp.global_batch * inp.model.seq_len if inp.model.seq_len else None
-    return StepResult(inp, phases, comm, compute, comm + compute if both else None, max(comm, compute) if both else None,
-                      schedule.step_time(phases, inp.cfg.overlap), tokens,
-                      per_token * tokens if per_token is not None else None)
+    return StepResult(
+        inp,
+        phases,
+        comm,
+        compute,
+        comm + compute if both else None,
+        max(comm, compute) if both else None,
+        schedule.step_time(phases, inp.cfg.overlap),
+        tokens,
+        per_token * tokens if per_token is not None else None,
+    )

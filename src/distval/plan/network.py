@@ -127,7 +127,9 @@ class Network:
         intra, inter = self.link_for("intra", op), self.link_for("inter", op)
         if intra is None or inter is None:
             return None, "unknown", "no link"
-        slow = Link("bottleneck", max(intra.alpha_s, inter.alpha_s), min(intra.bytes_per_s, inter.bytes_per_s), inter.source)
+        slow = Link(
+            "bottleneck", max(intra.alpha_s, inter.alpha_s), min(intra.bytes_per_s, inter.bytes_per_s), inter.source
+        )
         flat = self._one_level(op, d * m, size_bytes, slow)
         if op == "all_reduce":  # each phase on the link calibrated for its own op, if any
             hier = (ring_time("reduce_scatter", d, size_bytes, self.link_for("intra", "reduce_scatter"))

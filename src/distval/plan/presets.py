@@ -132,7 +132,9 @@ class ModelSpec:
         return self.num_layers * self.layer_params() + self.norm_params() + self.vocab_size * self.hidden_size
 
 
-def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, seq: int, vocab: int, ffn: int, tied: bool) -> ModelSpec:
+def _llama(
+    name: str, layers: int, hidden: int, heads: int, kv: int, seq: int, vocab: int, ffn: int, tied: bool
+) -> ModelSpec:
     return ModelSpec(name, layers, hidden, heads, kv, seq, vocab, ffn, tied_embeddings=tied)
 
 

@@ -15,12 +15,34 @@ from distval.plan.model import StepResult, evaluate, resolve
 from distval.plan.schedule import COMM
 from distval.results import Check, Report, Status, Table
 
-COLLECTIVE_COLUMNS = ["name", "op", "count", "bytes_per_rank", "sent_bytes_per_rank", "algorithm", "time_each_s", "time_s", "source"]
+COLLECTIVE_COLUMNS = [
+    "name",
+    "op",
+    "count",
+    "bytes_per_rank",
+    "sent_bytes_per_rank",
+    "algorithm",
+    "time_each_s",
+    "time_s",
+    "source",
+]
 STEP_COLUMNS = ["comm_time_s", "compute_time_s", "step_time_no_overlap_s", "step_time_overlap_s", "comm_compute_ratio",
                 "step_time_s", "comm_share", "tokens_per_step", "tokens_per_s", "mfu"]
-MEMORY_COLUMNS = ["strategy", "params_bytes", "grads_bytes", "optimizer_bytes", "model_state_bytes", "activations_bytes",
-                  "activations_no_ckpt_bytes", "activations_ckpt_bytes", "buffers_bytes", "total_bytes", "device_bytes",
-                  "fits", "chosen"]
+MEMORY_COLUMNS = [
+    "strategy",
+    "params_bytes",
+    "grads_bytes",
+    "optimizer_bytes",
+    "model_state_bytes",
+    "activations_bytes",
+    "activations_no_ckpt_bytes",
+    "activations_ckpt_bytes",
+    "buffers_bytes",
+    "total_bytes",
+    "device_bytes",
+    "fits",
+    "chosen",
+]
 SCALING_COLUMNS = ["world_size", "num_nodes", "global_batch", "throughput", "efficiency", "comm_share", "step_time_s"]
 LEVER_COLUMNS = ["rank", "lever", "setting", "step_time_s", "tokens_per_s", "comm_share", "speedup", "note"]
 RIGHTSIZING_COLUMNS = ["strategy", "device", "total_bytes", "device_bytes", "step_time_s", "tokens_per_s"]
@@ -46,9 +68,20 @@ def collectives_rows(result: StepResult) -> list[dict]:
         for task in phase.tasks:
             if task.stream != COMM:
                 continue
-            row = groups.setdefault((task.label, task.op, task.size_bytes), {
-                "name": task.label, "op": task.op, "count": 0, "bytes_per_rank": task.size_bytes, "sent_bytes_per_rank": 0.0,
-                "algorithm": task.algorithm, "time_each_s": task.duration_s, "time_s": 0.0, "source": task.source})
+            row = groups.setdefault(
+                (task.label, task.op, task.size_bytes),
+                {
+                    "name": task.label,
+                    "op": task.op,
+                    "count": 0,
+                    "bytes_per_rank": task.size_bytes,
+                    "sent_bytes_per_rank": 0.0,
+                    "algorithm": task.algorithm,
+                    "time_each_s": task.duration_s,
+                    "time_s": 0.0,
+                    "source": task.source,
+                },
+            )
             row["count"] += phase.repeat
             row["sent_bytes_per_rank"] += phase.repeat * task.sent_bytes
             row["time_s"] = None if task.duration_s is None else row["time_s"] + phase.repeat * task.duration_s
@@ -79,15 +112,27 @@ def assumption_rows(result: StepResult) -> list[dict]:
         ("parameters", f"{m.num_params:,}", "given" if cfg.params is not None else "computed from the shape"),
         ("FLOP parameters N (6·N per token)", f"{m.flop_params:,}", "layers and head" if m.spec else "= parameters"),
         ("sequence length", m.seq_len, seq_source),
-        ("batch", f"{inp.micro_batch} micro × {inp.world_size} ranks × {inp.grad_accum} accumulation = {inp.global_batch}",
-         "given" if (cfg.micro_batch, cfg.global_batch, cfg.grad_accum) != (None, None, None) else "assumed (default micro-batch 1)"),
-        ("dtypes param/grad/optimizer", f"{cfg.param_dtype}/{cfg.grad_dtype}/{cfg.optim_dtype}; "
-                                        f"gradients reduced in {inp.comm_grad_bytes} B", "given"),
+        (
+            "batch",
+            f"{inp.micro_batch} micro × {inp.world_size} ranks × {inp.grad_accum} accumulation = {inp.global_batch}",
+            "given"
+            if (cfg.micro_batch, cfg.global_batch, cfg.grad_accum) != (None, None, None)
+            else "assumed (default micro-batch 1)",
+        ),
+        (
+            "dtypes param/grad/optimizer",
+            f"{cfg.param_dtype}/{cfg.grad_dtype}/{cfg.optim_dtype}; gradients reduced in {inp.comm_grad_bytes} B",
+            "given",
+        ),
         ("device peak", f"{inp.peak_flops / 1e12:.4g} TFLOP/s", inp.peak_source),
         ("MFU", cfg.mfu, given("mfu")),
         ("device memory", f"{inp.memory_bytes / 2**30:.1f} GiB", inp.memory_source),
         ("link efficiency (presets, --bandwidth)", cfg.efficiency, given("efficiency")),
-        ("strategy / overlap / activation checkpointing", f"{cfg.strategy} / {cfg.overlap} / {cfg.activation_checkpointing}", "given"),
+        (
+            "strategy / overlap / activation checkpointing",
+            f"{cfg.strategy} / {cfg.overlap} / {cfg.activation_checkpointing}",
+            "given",
+        ),
         ("attention kernel", cfg.attention, given("attention")),
     ]
     if inp.calibration is not None:
@@ -132,8 +177,14 @@ def step_checks(result: StepResult, lever_rows: list[dict]) -> list[Check]:
         checks.append(Check("plan.comm", Status.SKIP, "no communication times: no link was given",
                             hint="give --link NAME, --bandwidth GB/s or --calibration bench.json"))
     if result.compute_time_s is None:
-        checks.append(Check("plan.compute", Status.SKIP, "no compute time: the sequence length is unknown",
-                            hint="give --seq (and --layers --hidden --heads --vocab for the attention term), or --model"))
+        checks.append(
+            Check(
+                "plan.compute",
+                Status.SKIP,
+                "no compute time: the sequence length is unknown",
+                hint="give --seq (and --layers --hidden --heads --vocab for the attention term), or --model",
+            )
+        )
     ratio = result.comm_compute_ratio
     if ratio is None:
         return checks
@@ -143,10 +194,16 @@ def step_checks(result: StepResult, lever_rows: list[dict]) -> list[Check]:
             f"(ratio {ratio:.3g}); step {result.step_time_s:.3g} s, between {result.step_time_overlap_s:.3g} s "
             f"(perfect overlap) and {result.step_time_no_overlap_s:.3g} s (none)")
     bound = ratio > 1
-    checks.append(Check("plan.step", Status.WARN if bound else Status.OK,
-                        ("communication-bound: " if bound else "compute-bound: ") + text,
-                        details={"comm_compute_ratio": ratio, "comm_share": result.comm_share}, hint=hint if bound else "",
-                        where={"strategy": result.inputs.cfg.strategy, "world_size": result.inputs.world_size}))
+    checks.append(
+        Check(
+            "plan.step",
+            Status.WARN if bound else Status.OK,
+            ("communication-bound: " if bound else "compute-bound: ") + text,
+            details={"comm_compute_ratio": ratio, "comm_share": result.comm_share},
+            hint=hint if bound else "",
+            where={"strategy": result.inputs.cfg.strategy, "world_size": result.inputs.world_size},
+        )
+    )
     return checks
 
 
@@ -154,10 +211,18 @@ def memory_check(result: StepResult, rows: list[dict], sizing: list[dict]) -> Ch
     cfg = result.inputs.cfg
     chosen = next(r for r in rows if r["chosen"])
     partial = "" if chosen["activations_bytes"] is not None else " (without activations: give the architecture)"
-    text = (f"{cfg.strategy} needs {_gib(chosen['total_bytes'])} per rank{partial}; the device has "
-            f"{_gib(chosen['device_bytes'])} ({result.inputs.memory_source}), {memory.USABLE_FRACTION:.0%} of it usable")
+    text = (
+        f"{cfg.strategy} needs {_gib(chosen['total_bytes'])} per rank{partial}; the device has "
+        f"{_gib(chosen['device_bytes'])} ({result.inputs.memory_source}), {memory.USABLE_FRACTION:.0%} of it usable"
+    )
     if chosen["fits"]:
-        return Check("plan.memory", Status.OK, text, details={"total_bytes": chosen["total_bytes"]}, where={"strategy": cfg.strategy})
+        return Check(
+            "plan.memory",
+            Status.OK,
+            text,
+            details={"total_bytes": chosen["total_bytes"]},
+            where={"strategy": cfg.strategy},
+        )
     hints = []
     others = [r["strategy"] for r in rows if r["fits"]]
     if others:
@@ -179,8 +244,13 @@ def sizing_check(sizing: list[dict]) -> Check:
         return Check("plan.rightsize", Status.WARN, "no device preset holds one rank of this plan under any strategy",
                      hint="add ranks, use --activation-checkpointing or a smaller micro-batch")
     when = f", step {best['step_time_s']:.3g} s" if best["step_time_s"] is not None else ""
-    return Check("plan.rightsize", Status.OK, f"cheapest that fits: {best['device']} ({_gib(best['device_bytes'])}) with "
-                 f"{best['strategy']}{when} (least device memory as the price proxy)", details=dict(best))
+    return Check(
+        "plan.rightsize",
+        Status.OK,
+        f"cheapest that fits: {best['device']} ({_gib(best['device_bytes'])}) with "
+        f"{best['strategy']}{when} (least device memory as the price proxy)",
+        details=dict(best),
+    )
 
 
 def build_report(cfg: PlanConfig) -> Report:
@@ -198,7 +268,9 @@ def build_report(cfg: PlanConfig) -> Report:
                                                      "spec": dataclasses.asdict(info.spec) if info.spec else None}))
     report.checks = step_checks(result, lever_rows) + [memory_check(result, mem, sizing), sizing_check(sizing)]
     if result.inputs.calibration is not None:
-        report.checks.append(Check("plan.calibration", Status.OK, "link numbers measured: " + result.inputs.calibration.describe()))
+        report.checks.append(
+            Check("plan.calibration", Status.OK, "link numbers measured: " + result.inputs.calibration.describe())
+        )
     report.tables = [
         _table("collectives", COLLECTIVE_COLUMNS, collectives_rows(result), "collectives of one step (per rank)"),
         _table("step", STEP_COLUMNS, [step_row(result)], "one optimizer step"),
@@ -218,21 +290,64 @@ def _is_bytes(column: str) -> bool:
 # The terminal view: per table, (column, header) pairs; byte columns get a unit (GB, MB, KB, B)
 # chosen from the column's largest value.
 _VIEWS = {
-    "collectives": [("name", "collective"), ("count", "count"), ("bytes_per_rank", "size each"),
-                    ("sent_bytes_per_rank", "sent, all"), ("time_s", "time, all"), ("algorithm", "algorithm")],
-    "memory": [("strategy", "strategy"), ("params_bytes", "params"), ("grads_bytes", "grads"), ("optimizer_bytes", "optimizer"),
-               ("activations_no_ckpt_bytes", "activations"), ("activations_ckpt_bytes", "act. ckpt"),
-               ("buffers_bytes", "buffers"), ("total_bytes", "total"), ("fits", "fits")],
-    "scaling": [("world_size", "ranks"), ("num_nodes", "nodes"), ("global_batch", "global batch"), ("throughput", "throughput"),
-                ("efficiency", "efficiency"), ("comm_share", "comm share"), ("step_time_s", "step")],
-    "levers": [("rank", "#"), ("lever", "lever"), ("setting", "setting"), ("speedup", "speedup"), ("step_time_s", "step"),
-               ("comm_share", "comm share"), ("note", "note")],
-    "rightsizing": [("strategy", "strategy"), ("device", "device"), ("total_bytes", "needs"), ("device_bytes", "has"),
-                    ("step_time_s", "step"), ("tokens_per_s", "throughput")],
+    "collectives": [
+        ("name", "collective"),
+        ("count", "count"),
+        ("bytes_per_rank", "size each"),
+        ("sent_bytes_per_rank", "sent, all"),
+        ("time_s", "time, all"),
+        ("algorithm", "algorithm"),
+    ],
+    "memory": [
+        ("strategy", "strategy"),
+        ("params_bytes", "params"),
+        ("grads_bytes", "grads"),
+        ("optimizer_bytes", "optimizer"),
+        ("activations_no_ckpt_bytes", "activations"),
+        ("activations_ckpt_bytes", "act. ckpt"),
+        ("buffers_bytes", "buffers"),
+        ("total_bytes", "total"),
+        ("fits", "fits"),
+    ],
+    "scaling": [
+        ("world_size", "ranks"),
+        ("num_nodes", "nodes"),
+        ("global_batch", "global batch"),
+        ("throughput", "throughput"),
+        ("efficiency", "efficiency"),
+        ("comm_share", "comm share"),
+        ("step_time_s", "step"),
+    ],
+    "levers": [
+        ("rank", "#"),
+        ("lever", "lever"),
+        ("setting", "setting"),
+        ("speedup", "speedup"),
+        ("step_time_s", "step"),
+        ("comm_share", "comm share"),
+        ("note", "note"),
+    ],
+    "rightsizing": [
+        ("strategy", "strategy"),
+        ("device", "device"),
+        ("total_bytes", "needs"),
+        ("device_bytes", "has"),
+        ("step_time_s", "step"),
+        ("tokens_per_s", "throughput"),
+    ],
 }
-_STEP_LABELS = {"comm_time_s": "communication", "compute_time_s": "compute", "step_time_no_overlap_s": "step, no overlap",
-                "step_time_overlap_s": "step, perfect overlap", "step_time_s": "step, estimate", "comm_compute_ratio": "T_comm / T_compute",
-                "comm_share": "comm share of the step", "tokens_per_step": "tokens per step", "tokens_per_s": "throughput", "mfu": "MFU"}
+_STEP_LABELS = {
+    "comm_time_s": "communication",
+    "compute_time_s": "compute",
+    "step_time_no_overlap_s": "step, no overlap",
+    "step_time_overlap_s": "step, perfect overlap",
+    "step_time_s": "step, estimate",
+    "comm_compute_ratio": "T_comm / T_compute",
+    "comm_share": "comm share of the step",
+    "tokens_per_step": "tokens per step",
+    "tokens_per_s": "throughput",
+    "mfu": "MFU",
+}
 _SWEEP_HEADERS = {"comm_time_s": "comm", "compute_time_s": "compute", "step_time_s": "step", "comm_share": "comm share",
                   "tokens_per_s": "throughput", "total_bytes": "memory", "fits": "fits"}
 _SCALES = (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0))
@@ -268,7 +383,9 @@ def _view(table: Table, columns: list[tuple[str, str]]) -> Table:
 
 def _step_view(table: Table) -> Table:
     row = table.rows[0]
-    rows = [{"quantity": _STEP_LABELS[c], "value": row.get(c), "unit": _unit(c, [row.get(c)])[0]} for c in table.columns]
+    rows = [
+        {"quantity": _STEP_LABELS[c], "value": row.get(c), "unit": _unit(c, [row.get(c)])[0]} for c in table.columns
+    ]
     return Table(table.name, ["quantity", "value", "unit"], rows, table.title)
 
 
@@ -287,16 +404,43 @@ def readable(report: Report) -> Report:
 
 # -- --sweep NAME=v1,v2,... ----------------------------------------------------------------------
 
-SWEEPABLE = {"model": "model", "params": "params", "layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads",
-             "kv-heads": "num_kv_heads", "seq": "seq_len", "vocab": "vocab_size", "micro-batch": "micro_batch",
-             "global-batch": "global_batch", "grad-accum": "grad_accum", "param-dtype": "param_dtype",
-             "grad-dtype": "grad_dtype", "optim-dtype": "optim_dtype", "world": "world_size", "nodes": "num_nodes",
-             "devices-per-node": "devices_per_node", "nics-per-node": "nics_per_node", "link": "link",
-             "intra-link": "intra_link", "inter-link": "inter_link", "bandwidth": "bandwidth_gbps", "latency": "latency_us",
-             "efficiency": "efficiency", "device": "device", "peak-tflops": "peak_tflops", "device-memory": "device_memory_gb",
-             "mfu": "mfu", "strategy": "strategy", "bucket-mb": "bucket_mb", "overlap": "overlap",
-             "activation-checkpointing": "activation_checkpointing", "attention": "attention", "comm-hook": "comm_hook",
-             "powersgd-rank": "powersgd_rank"}
+SWEEPABLE = {
+    "model": "model",
+    "params": "params",
+    "layers": "num_layers",
+    "hidden": "hidden_size",
+    "heads": "num_heads",
+    "kv-heads": "num_kv_heads",
+    "seq": "seq_len",
+    "vocab": "vocab_size",
+    "micro-batch": "micro_batch",
+    "global-batch": "global_batch",
+    "grad-accum": "grad_accum",
+    "param-dtype": "param_dtype",
+    "grad-dtype": "grad_dtype",
+    "optim-dtype": "optim_dtype",
+    "world": "world_size",
+    "nodes": "num_nodes",
+    "devices-per-node": "devices_per_node",
+    "nics-per-node": "nics_per_node",
+    "link": "link",
+    "intra-link": "intra_link",
+    "inter-link": "inter_link",
+    "bandwidth": "bandwidth_gbps",
+    "latency": "latency_us",
+    "efficiency": "efficiency",
+    "device": "device",
+    "peak-tflops": "peak_tflops",
+    "device-memory": "device_memory_gb",
+    "mfu": "mfu",
+    "strategy": "strategy",
+    "bucket-mb": "bucket_mb",
+    "overlap": "overlap",
+    "activation-checkpointing": "activation_checkpointing",
+    "attention": "attention",
+    "comm-hook": "comm_hook",
+    "powersgd-rank": "powersgd_rank",
+}
 _BOOLS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
 
 

@@ -63,7 +63,9 @@ def _times(value: float | None, share: float) -> float | None:
     return None if value is None else value * share
 
 
-def _backward_with(inp: "Inputs", tasks: list[Task], bwd: float | None, sizes: list[float], label: str, op: str) -> None:
+def _backward_with(
+    inp: "Inputs", tasks: list[Task], bwd: float | None, sizes: list[float], label: str, op: str
+) -> None:
     """Backward in chunks, one per bucket, each followed by its collective."""
     whole = sum(sizes)
     for size in sizes:
@@ -140,7 +142,9 @@ def zero3(inp: "Inputs", fwd: float | None, bwd: float | None, keep_root: bool =
     computed: list[int] = []
     for i, (_, _, share) in enumerate(parts):
         if i + 1 < len(parts):  # prefetch the next unit once the previous one is done computing
-            tasks.append(comm_task(inp, "params all_gather fwd", "all_gather", parts[i + 1][1] * p, tuple(computed[-1:])))
+            tasks.append(
+                comm_task(inp, "params all_gather fwd", "all_gather", parts[i + 1][1] * p, tuple(computed[-1:]))
+            )
             gathered.append(len(tasks) - 1)
         tasks.append(Task("forward", COMPUTE, _times(fwd, share), (gathered[i],)))
         computed.append(len(tasks) - 1)

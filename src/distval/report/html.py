@@ -183,7 +183,9 @@ def _meta_value_html(key: str, value: Any, depth: int) -> str:
 
 
 def _kv_table(mapping: dict[str, Any], depth: int = 0) -> str:
-    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_meta_value_html(str(k), v, depth)}</td></tr>" for k, v in mapping.items())
+    rows = "".join(
+        f"<tr><th>{_e(k)}</th><td>{_meta_value_html(str(k), v, depth)}</td></tr>" for k, v in mapping.items()
+    )
     return f'<table class="kv">{rows}</table>'
 
 
@@ -241,7 +243,9 @@ def _collapsed_html(status: str, checks: list[dict[str, Any]]) -> str:
             f"<td>{_e(_where_text(c.get('where')))}</td></tr>" for c in members)
         inner.append(f"<details><summary><code>{_e(family)}</code> ({len(members)})</summary>"
                      f"<table><tr><th>check</th><th>summary</th><th>where</th></tr>{rows}</table></details>")
-    label = f"{len(checks)} check{'s' if len(checks) != 1 else ''} in {len(groups)} group{'s' if len(groups) != 1 else ''}"
+    label = (
+        f"{len(checks)} check{'s' if len(checks) != 1 else ''} in {len(groups)} group{'s' if len(groups) != 1 else ''}"
+    )
     return f"<details><summary>{_badge(status, len(checks))} {label}</summary>\n" + "\n".join(inner) + "\n</details>"
 
 
@@ -332,8 +336,11 @@ def _bus_factor(rows: list[dict[str, Any]], op: str) -> float | None:
     return sorted(ratios)[len(ratios) // 2] if ratios else None
 
 
-def _model_curves(fits: list[dict[str, Any]], bench_rows: list[dict[str, Any]],
-                  series: dict[tuple[str, str, Any], list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
+def _model_curves(
+    fits: list[dict[str, Any]],
+    bench_rows: list[dict[str, Any]],
+    series: dict[tuple[str, str, Any], list[tuple[float, float]]],
+) -> dict[str, list[tuple[float, float]]]:
     """op -> busbw implied by the fitted α–β model over the op's measured size range."""
     curves = {}
     for f in fits:
@@ -386,8 +393,10 @@ def _axes_svg(ax: _Axes) -> list[str]:
         _, y = ax.px(2.0 ** ax.lx0, value)
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + width}" y2="{y:.1f}" stroke="#eee"/>'
                    f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(f"{value:g}")}</text>')
-    out.append(f'<text x="{left + width / 2}" y="{bottom + 34}" text-anchor="middle">message size (bytes, log2)</text>'
-               f'<text transform="translate(16 {top + height / 2}) rotate(-90)" text-anchor="middle">busbw (GB/s)</text>')
+    out.append(
+        f'<text x="{left + width / 2}" y="{bottom + 34}" text-anchor="middle">message size (bytes, log2)</text>'
+        f'<text transform="translate(16 {top + height / 2}) rotate(-90)" text-anchor="middle">busbw (GB/s)</text>'
+    )
     return out
 
 
@@ -435,7 +444,9 @@ def _plot_svg(series: dict[tuple[str, str, Any], list[tuple[float, float]]],
     for op, points in curves.items():
         d = "M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in (ax.px(*p) for p in points))
         dash = ' stroke-dasharray="8 4"'
-        body.append(f'<path class="model" d="{d}" fill="none" stroke="{colours.get(op, "#333")}" stroke-width="1.5"{dash} opacity=".8"/>')
+        body.append(
+            f'<path class="model" d="{d}" fill="none" stroke="{colours.get(op, "#333")}" stroke-width="1.5"{dash} opacity=".8"/>'
+        )
         legend.append((f"{op} α–β model", colours.get(op, "#333"), dash))
     body.append("</g>")
     body += _legend_svg(legend, 640, 24)
@@ -465,7 +476,9 @@ def _strategies_section(tables: dict[str, dict[str, Any]]) -> str:
     """Per strategy, horizontal bars of the step time (p50) with the planner's prediction as a
     tick, and of the model state the largest rank holds with the strategy's formula as a tick."""
     rows = [r for r in (tables.get("strategies") or {}).get("rows") or [] if isinstance(r, dict)]
-    time_bars = [(str(r.get("strategy")), _num(r.get("step_time_p50_s")), _num(r.get("predicted_step_time_s"))) for r in rows]
+    time_bars = [
+        (str(r.get("strategy")), _num(r.get("step_time_p50_s")), _num(r.get("predicted_step_time_s"))) for r in rows
+    ]
     state_bars = [(str(r.get("strategy")), _num(r.get("model_state_bytes")), _num(r.get("expected_model_state_bytes")))
                   for r in rows]
     return (_bar_chart("Step time by strategy", time_bars, lambda t: f"{t * 1e3:.1f} ms",
@@ -487,13 +500,17 @@ def _bar_chart(title: str, bars: list[tuple[str, float | None, float | None]], f
         y = 5 + i * bar_h
         w = plot_w * v / top
         parts.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" font-size="12">{_e(name)}</text>')
-        parts.append(f'<rect class="series" x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}" fill="#4e79a7">'
-                     f'<title>{_e(name)}: {_e(fmt(v))}</title></rect>')
+        parts.append(
+            f'<rect class="series" x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}" fill="#4e79a7">'
+            f"<title>{_e(name)}: {_e(fmt(v))}</title></rect>"
+        )
         parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 15}" font-size="11">{_e(fmt(v))}</text>')
         if tick:
             x = label_w + plot_w * tick / top
-            parts.append(f'<line class="model" x1="{x:.1f}" x2="{x:.1f}" y1="{y + 1}" y2="{y + bar_h - 1}" stroke="#e15759" '
-                         f'stroke-width="2"><title>{_e(fmt(tick))}</title></line>')
+            parts.append(
+                f'<line class="model" x1="{x:.1f}" x2="{x:.1f}" y1="{y + 1}" y2="{y + bar_h - 1}" stroke="#e15759" '
+                f'stroke-width="2"><title>{_e(fmt(tick))}</title></line>'
+            )
     parts.append(f'<text x="{label_w}" y="{height - 4}" font-size="11">{_e(caption)}</text>')
     parts.append("</svg>")
     return f"<h2>{_e(title)}</h2>\n" + "".join(parts)

@@ -13,7 +13,13 @@ from rich.text import Text
 
 from distval.results import Check, Report, Status, Table
 
-STYLES = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim", Status.ERROR: "bold magenta"}
+STYLES = {
+    Status.OK: "green",
+    Status.WARN: "yellow",
+    Status.FAIL: "bold red",
+    Status.SKIP: "dim",
+    Status.ERROR: "bold magenta",
+}
 _ATTENTION = (Status.ERROR, Status.FAIL, Status.WARN)
 
 

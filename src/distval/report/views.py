@@ -61,14 +61,20 @@ def strategies_view(table: Table, meta: dict[str, Any]) -> RichTable:
         return "—" if value is None else format(value * scale, fmt)
 
     for r in table.rows:
-        t.add_row(r["strategy"], "bitwise" if r["bitwise_equal"] else f"{r['max_rel_param_diff']:.1e}",
-                  f"{r['final_loss']:.3f}", num(r["step_time_p50_s"], ".1f", 1e3),
-                  *([num(r["predicted_step_time_s"], ".1f", 1e3)] if predicted else []),
-                  num(r["tokens_per_s"], ",.0f"), num(r["peak_mem_bytes"], ",.0f", 2**-20),
-                  f"{num(r['model_state_bytes'], '.2f', 2**-20)} ({num(r['predicted_model_state_bytes'], '.2f', 2**-20)})",
-                  num(r["comm_calls_per_step"], "g"),
-                  f"{num(r['comm_bytes_per_step'], '.3f', 1e-6)} ({num(r['expected_comm_bytes_per_step'], '.3f', 1e-6)})",
-                  num(r["comm_wire_bytes_per_step"], ".3f", 1e-6), num(r["comm_hidden_frac"], ".0%"))
+        t.add_row(
+            r["strategy"],
+            "bitwise" if r["bitwise_equal"] else f"{r['max_rel_param_diff']:.1e}",
+            f"{r['final_loss']:.3f}",
+            num(r["step_time_p50_s"], ".1f", 1e3),
+            *([num(r["predicted_step_time_s"], ".1f", 1e3)] if predicted else []),
+            num(r["tokens_per_s"], ",.0f"),
+            num(r["peak_mem_bytes"], ",.0f", 2**-20),
+            f"{num(r['model_state_bytes'], '.2f', 2**-20)} ({num(r['predicted_model_state_bytes'], '.2f', 2**-20)})",
+            num(r["comm_calls_per_step"], "g"),
+            f"{num(r['comm_bytes_per_step'], '.3f', 1e-6)} ({num(r['expected_comm_bytes_per_step'], '.3f', 1e-6)})",
+            num(r["comm_wire_bytes_per_step"], ".3f", 1e-6),
+            num(r["comm_hidden_frac"], ".0%"),
+        )
     return t
 
 

@@ -198,7 +198,9 @@ class HookStrategy(Strategy, abc.ABC):
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         super().__init__(model, comm, cfg)
         self._sync = False
-        self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in model.parameters() if p.requires_grad]
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._hook) for p in model.parameters() if p.requires_grad
+        ]
 
     def _hook(self, p: nn.Parameter) -> None:
         if self._sync:

@@ -46,8 +46,14 @@ class FSDP2(Strategy):
 
         device = next(model.parameters()).device.type
         self.mesh = DeviceMesh.from_group(comm.group or dist.group.WORLD, device)
-        policy = MixedPrecisionPolicy(param_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.mixed_precision], reduce_dtype=torch.float32) \
-            if cfg.mixed_precision != "none" else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(
+                param_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.mixed_precision],
+                reduce_dtype=torch.float32,
+            )
+            if cfg.mixed_precision != "none"
+            else MixedPrecisionPolicy()
+        )
         for block in getattr(model, "blocks", []):
             fully_shard(block, mesh=self.mesh, mp_policy=policy)
         fully_shard(model, mesh=self.mesh, mp_policy=policy)
@@ -86,8 +92,14 @@ class FSDP2(Strategy):
             st = optimizer.state[p]
             if not st:
                 st.update(initial_adam_state(optimizer, p))
-            state.update({f"{name}/param": p.data, f"{name}/exp_avg": st["exp_avg"], f"{name}/exp_avg_sq": st["exp_avg_sq"],
-                          f"{name}/step": st["step"]})
+            state.update(
+                {
+                    f"{name}/param": p.data,
+                    f"{name}/exp_avg": st["exp_avg"],
+                    f"{name}/exp_avg_sq": st["exp_avg_sq"],
+                    f"{name}/step": st["step"],
+                }
+            )
         return state
 
     def load_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

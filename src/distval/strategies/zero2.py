@@ -52,7 +52,9 @@ class Zero2(HookStrategy, ShardedStrategy):
         for p in group.params:
             p.grad = None  # only the shard is kept
         out = torch.empty(group.shard_numel, dtype=group.dtype, device=flat.device)
-        self._inflight.append((self.comm.reduce_scatter(out, flat, async_op=True), flat, out, i))  # flat lives until waited
+        self._inflight.append(
+            (self.comm.reduce_scatter(out, flat, async_op=True), flat, out, i)
+        )  # flat lives until waited
         self._next = i + 1
 
     def sync_gradients(self) -> None:

@@ -31,10 +31,26 @@ from distval.train.loop import train_rank
 
 STEP_COLUMNS = ["step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "comm_calls", "comm_bytes",
                 "comm_time_s", "comm_blocked_s", "mfu", "peak_mem_bytes"]
-COMPARE_COLUMNS = ["strategy", "max_rel_param_diff", "bitwise_equal", "final_loss", "step_time_p50_s", "step_time_p95_s",
-                   "tokens_per_s", "peak_mem_bytes", "model_state_bytes", "expected_model_state_bytes",
-                   "predicted_model_state_bytes", "predicted_peak_mem_bytes", "comm_calls_per_step", "comm_bytes_per_step",
-                   "expected_comm_bytes_per_step", "comm_wire_bytes_per_step", "comm_hidden_frac", "predicted_step_time_s"]
+COMPARE_COLUMNS = [
+    "strategy",
+    "max_rel_param_diff",
+    "bitwise_equal",
+    "final_loss",
+    "step_time_p50_s",
+    "step_time_p95_s",
+    "tokens_per_s",
+    "peak_mem_bytes",
+    "model_state_bytes",
+    "expected_model_state_bytes",
+    "predicted_model_state_bytes",
+    "predicted_peak_mem_bytes",
+    "comm_calls_per_step",
+    "comm_bytes_per_step",
+    "expected_comm_bytes_per_step",
+    "comm_wire_bytes_per_step",
+    "comm_hidden_frac",
+    "predicted_step_time_s",
+]
 MEMORY_RTOL = 0.10  # measured model state against the formula
 PARITY_RTOL = 1e-5
 
@@ -51,7 +67,9 @@ def run_train(cfg: TrainConfig, opts: LaunchOptions, watchers: list[Watcher] | t
     def build(job: JobResult) -> Report:
         r0 = job.results[0]
         checksums = {r["checksum"] for r in job.results}
-        report = Report("train", meta=meta.collect(job, cfg, param_checksum=r0["checksum"], num_params=r0["num_params"]))
+        report = Report(
+            "train", meta=meta.collect(job, cfg, param_checksum=r0["checksum"], num_params=r0["num_params"])
+        )
         report.tables.append(steps_table(r0))
         first, last = r0["steps"][0]["loss"], r0["steps"][-1]["loss"]
         report.add(Check(f"train {cfg.strategy}", Status.OK, f"{cfg.steps} steps, loss {first:.3f} -> {last:.3f}",
@@ -104,13 +122,24 @@ def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float
 def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions,
                 calibration: str | None = None) -> Report:
     world = opts.nproc or 2
-    ref_cfg = dataclasses.replace(cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world, return_params=True)
+    ref_cfg = dataclasses.replace(
+        cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world, return_params=True
+    )
     reference = _one(ref_cfg, dataclasses.replace(opts, nproc=1))
     report = Report("compare", meta=meta.collect(None, cfg, world_size=world, backend=opts.backend,
                                                  strategies=strategy_names, parity_rtol=PARITY_RTOL))
-    table = Table("strategies", COMPARE_COLUMNS, title=f"strategies on {world} ranks against a single-process reference",
-                  units={"step_time_p50_s": "s", "step_time_p95_s": "s", "peak_mem_bytes": "B",
-                         "comm_bytes_per_step": "B", "expected_comm_bytes_per_step": "B"})
+    table = Table(
+        "strategies",
+        COMPARE_COLUMNS,
+        title=f"strategies on {world} ranks against a single-process reference",
+        units={
+            "step_time_p50_s": "s",
+            "step_time_p95_s": "s",
+            "peak_mem_bytes": "B",
+            "comm_bytes_per_step": "B",
+            "expected_comm_bytes_per_step": "B",
+        },
+    )
     report.tables.append(table)
     if isinstance(reference, Report):
         return reference
@@ -120,7 +149,9 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
             report.checks += result.checks
             continue
         row = compare_row(name, result, reference)
-        row["predicted_step_time_s"] = predicted_step_time(cfg, name, world, reference, result["peak_flops"], calibration)
+        row["predicted_step_time_s"] = predicted_step_time(
+            cfg, name, world, reference, result["peak_flops"], calibration
+        )
         row.update(predicted_memory(cfg, name, world))
         table.add(**row)
         report.add(parity_check(name, row))
@@ -148,9 +179,13 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
     counted = statistics.median(s["comm_bytes"] for s in steps)
     uncounted = not result["counts_all_comm"] and counted == 0  # every collective is torch's own
     return {
-        "strategy": name, "max_rel_param_diff": diff, "bitwise_equal": bool(torch.equal(result["params"], reference["params"])),
-        "final_loss": result["steps"][-1]["loss"], "step_time_p50_s": statistics.median(times),
-        "step_time_p95_s": percentile(times, 95), "tokens_per_s": statistics.median(s["tokens_per_s"] for s in steps),
+        "strategy": name,
+        "max_rel_param_diff": diff,
+        "bitwise_equal": bool(torch.equal(result["params"], reference["params"])),
+        "final_loss": result["steps"][-1]["loss"],
+        "step_time_p50_s": statistics.median(times),
+        "step_time_p95_s": percentile(times, 95),
+        "tokens_per_s": statistics.median(s["tokens_per_s"] for s in steps),
         "peak_mem_bytes": max(s["peak_mem_bytes"] for s in steps),
         "model_state_bytes": result["steps"][-1]["model_state_bytes"],
         "expected_model_state_bytes": result["expected_model_state_bytes"],
@@ -167,13 +202,18 @@ def memory_check(name: str, row: dict[str, Any]) -> Check:
     measured, expected = row["model_state_bytes"], row["expected_model_state_bytes"]
     rel = abs(measured - expected) / expected
     ok = rel <= MEMORY_RTOL
-    return Check(f"compare {name} model state", Status.OK if ok else Status.WARN,
-                 f"{name}: {measured / 2**20:.2f} MiB of parameters, gradients and optimizer state on the largest rank, "
-                 f"{rel:.1%} from the formula's {expected / 2**20:.2f} MiB",
-                 details={"model_state_bytes": measured, "expected_model_state_bytes": expected, "rel_diff": rel},
-                 hint="" if ok else "the strategy holds more (or less) than its sharding promises: look for unfreed gradients "
-                                    "or unevenly split shards",
-                 where={"strategy": name})
+    return Check(
+        f"compare {name} model state",
+        Status.OK if ok else Status.WARN,
+        f"{name}: {measured / 2**20:.2f} MiB of parameters, gradients and optimizer state on the largest rank, "
+        f"{rel:.1%} from the formula's {expected / 2**20:.2f} MiB",
+        details={"model_state_bytes": measured, "expected_model_state_bytes": expected, "rel_diff": rel},
+        hint=""
+        if ok
+        else "the strategy holds more (or less) than its sharding promises: look for unfreed gradients "
+        "or unevenly split shards",
+        where={"strategy": name},
+    )
 
 
 def parity(params: torch.Tensor, reference: torch.Tensor) -> float:
@@ -185,9 +225,13 @@ def parity_check(name: str, row: dict[str, Any]) -> Check:
     diff = row["max_rel_param_diff"]
     ok = diff <= PARITY_RTOL
     how = "bitwise equal to" if row["bitwise_equal"] else f"within {diff:.2e} (relative) of"
-    return Check(f"compare {name} parity", Status.OK if ok else Status.FAIL,
-                 f"{name}: parameters {how} the single-process run" if ok
-                 else f"{name}: parameters differ from the single-process run by {diff:.2e} (relative), above {PARITY_RTOL:g}",
-                 details={"max_rel_param_diff": diff, "bitwise_equal": row["bitwise_equal"]},
-                 hint="" if ok else "the strategy does not compute the same gradient mean: check its averaging and accumulation",
-                 where={"strategy": name})
+    return Check(
+        f"compare {name} parity",
+        Status.OK if ok else Status.FAIL,
+        f"{name}: parameters {how} the single-process run"
+        if ok
+        else f"{name}: parameters differ from the single-process run by {diff:.2e} (relative), above {PARITY_RTOL:g}",
+        details={"max_rel_param_diff": diff, "bitwise_equal": row["bitwise_equal"]},
+        hint="" if ok else "the strategy does not compute the same gradient mean: check its averaging and accumulation",
+        where={"strategy": name},
+    )

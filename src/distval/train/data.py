@@ -103,7 +103,9 @@ class DataConfig:
         if self.branching < 1:
             raise ValueError(f"branching must be at least 1 (got {self.branching})")
         if self.task == "classify" and self.source == "synthetic":
-            raise ValueError("the synthetic corpus is for task 'lm'; classification needs a (label, text) file or data set")
+            raise ValueError(
+                "the synthetic corpus is for task 'lm'; classification needs a (label, text) file or data set"
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "DataConfig":
@@ -160,7 +162,9 @@ class TokenDataset:
 
 # ---------------------------------------------------------------------------------------- synthetic
 
-def synthetic_corpus(num_samples: int, seq_len: int, vocab_size: int, seed: int = 0, branching: int = 4) -> TokenDataset:
+def synthetic_corpus(
+    num_samples: int, seq_len: int, vocab_size: int, seed: int = 0, branching: int = 4
+) -> TokenDataset:
     """`num_samples` independent walks of length seq_len on a random sparse Markov chain over
     `vocab_size` tokens; the first token of each walk is uniform. All from `seed`."""
     rng = np.random.default_rng([seed, vocab_size, branching])
@@ -367,11 +371,15 @@ def parse_labels(values: list, where: str, num_classes: int | None) -> tuple[tor
 def _source_file(cfg: DataConfig) -> Path:
     path = Path(cfg.source).expanduser()
     if not path.exists():
-        raise ValueError(f"data file {path} does not exist; pass an existing .txt/.jsonl/.csv/.parquet file or 'synthetic'")
+        raise ValueError(
+            f"data file {path} does not exist; pass an existing .txt/.jsonl/.csv/.parquet file or 'synthetic'"
+        )
     if path.is_dir():
         raise ValueError(f"data path {path} is a directory; pass one .txt/.jsonl/.csv/.parquet file")
     if path.suffix.lower() not in FILE_SUFFIXES:
-        raise ValueError(f"data file {path}: unknown format {path.suffix or '(no suffix)'!r}; use {', '.join(FILE_SUFFIXES)}")
+        raise ValueError(
+            f"data file {path}: unknown format {path.suffix or '(no suffix)'!r}; use {', '.join(FILE_SUFFIXES)}"
+        )
     return path
 
 
@@ -384,8 +392,10 @@ def _check_columns(found: list[str], cfg: DataConfig, where: str) -> None:
     if missing:
         flags = " and ".join(f"--{c.replace('_', '-')}" for c in ("label_column", "text_column")
                              if getattr(cfg, c) in missing)
-        raise ValueError(f"{where}: no column {', '.join(map(repr, missing))} (columns found: {', '.join(found) or 'none'}); "
-                         f"name the right one with {flags}")
+        raise ValueError(
+            f"{where}: no column {', '.join(map(repr, missing))} (columns found: {', '.join(found) or 'none'}); "
+            f"name the right one with {flags}"
+        )
 
 
 def validate_data_source(cfg: DataConfig | str, vocab_size: int | None = None) -> str:
@@ -399,15 +409,19 @@ def validate_data_source(cfg: DataConfig | str, vocab_size: int | None = None) -
         path = _source_file(cfg)
         if path.suffix.lower() == ".txt":
             if cfg.task == "classify":
-                raise ValueError(f"{path}: classification needs (label, text) columns: use a CSV, JSONL or Parquet file")
+                raise ValueError(
+                    f"{path}: classification needs (label, text) columns: use a CSV, JSONL or Parquet file"
+                )
         else:
             _check_columns(file_columns(path), cfg, str(path))
     elif kind == "hf":
         _check_columns(list(hf_dataset(cfg).column_names), cfg, f"data set {cfg.hf_name!r}")
     # after the source itself: a missing file is the first thing to fix
     if kind != "synthetic" and vocab_size is not None and vocab_size < TEXT_VOCAB_SIZE:
-        raise ValueError(f"text data uses the byte tokenizer ({TEXT_VOCAB_SIZE} ids) but the model vocab is {vocab_size}; "
-                         f"use a model preset with a larger vocabulary (e.g. --model small)")
+        raise ValueError(
+            f"text data uses the byte tokenizer ({TEXT_VOCAB_SIZE} ids) but the model vocab is {vocab_size}; "
+            f"use a model preset with a larger vocabulary (e.g. --model small)"
+        )
     return kind
 
 
@@ -451,11 +465,15 @@ validate_source = validate_data_source  # the name distval.cli imports
 def accumulation_steps(global_batch: int, micro_batch: int, world_size: int) -> int:
     """Micro-batches per rank per optimizer step: global_batch / (world_size × micro_batch)."""
     if global_batch < 1 or micro_batch < 1 or world_size < 1:
-        raise ValueError(f"global batch {global_batch}, micro-batch {micro_batch} and world size {world_size} must be positive")
+        raise ValueError(
+            f"global batch {global_batch}, micro-batch {micro_batch} and world size {world_size} must be positive"
+        )
     per_step = world_size * micro_batch
     if global_batch % per_step:
-        raise ValueError(f"global batch {global_batch} is not divisible by world size {world_size} × micro-batch {micro_batch}; "
-                         f"use a multiple of {per_step}")
+        raise ValueError(
+            f"global batch {global_batch} is not divisible by world size {world_size} × micro-batch {micro_batch}; "
+            f"use a multiple of {per_step}"
+        )
     return global_batch // per_step
 
 
@@ -471,8 +489,10 @@ class ShardedLoader:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
         if len(dataset) < global_batch:
-            raise ValueError(f"{dataset.name} has {len(dataset)} samples, fewer than one global batch of {global_batch}; "
-                             f"lower the global batch or add data")
+            raise ValueError(
+                f"{dataset.name} has {len(dataset)} samples, fewer than one global batch of {global_batch}; "
+                f"lower the global batch or add data"
+            )
         self.dataset, self.global_batch, self.micro_batch = dataset, global_batch, micro_batch
         self.rank, self.world_size, self.seed, self.shuffle = rank, world_size, seed, shuffle
         self.epoch = 0
@@ -533,8 +553,10 @@ class ShardedLoader:
         mine = self.state_dict()
         for key in keys:
             if key in state and state[key] != mine[key]:
-                raise ValueError(f"data loader state was saved with {key}={state[key]} but this loader has {key}={mine[key]}; "
-                                 f"resume with the same data, seed and batch split")
+                raise ValueError(
+                    f"data loader state was saved with {key}={state[key]} but this loader has {key}={mine[key]}; "
+                    f"resume with the same data, seed and batch split"
+                )
         self.set_epoch(int(state["epoch"]))
         self.offset, self.step_offset = int(state["offset"]), int(state.get("step_offset", 0))
 

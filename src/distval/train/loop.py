@@ -48,7 +48,9 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     num_classes = getattr(getattr(loader, "dataset", None), "num_classes", None)
     model = build_model(spec, seed=cfg.seed, num_classes=num_classes, device=ctx.device)
     strategy = strategies.build(cfg.strategy, model, ctx.comm, cfg.strategy_cfg)
-    optimizer = strategy.build_optimizer(torch.optim.AdamW, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, foreach=False)
+    optimizer = strategy.build_optimizer(
+        torch.optim.AdamW, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, foreach=False
+    )
     flops_per_token = spec.flops_per_token()
     peak = cfg.peak_flops or _measured_peak(ctx)
     # checkpoints (distval/ckpt): resume restores model, optimizer, RNG, data position and metrics so far
@@ -80,11 +82,16 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     full = strategy.full_parameters()  # collective for sharded strategies
     expected_state = torch.tensor([strategy.expected_model_state_bytes(optimizer) or -1], dtype=torch.float64)
     ctx.control_comm.all_reduce(expected_state, "max")  # the largest rank, as measured
-    result: dict[str, Any] = {"steps": steps, "expected_comm_bytes_per_step": strategy.expected_comm_bytes_per_step(cfg.grad_accum),
-                              "expected_model_state_bytes": int(expected_state) if float(expected_state) >= 0 else None,
-                              "checksum": _checksum(full), "num_params": full.numel(), "peak_flops": peak,
-                              "counts_all_comm": strategy.counts_all_comm,
-                              "num_tensors": sum(1 for p in model.parameters() if p.requires_grad)}
+    result: dict[str, Any] = {
+        "steps": steps,
+        "expected_comm_bytes_per_step": strategy.expected_comm_bytes_per_step(cfg.grad_accum),
+        "expected_model_state_bytes": int(expected_state) if float(expected_state) >= 0 else None,
+        "checksum": _checksum(full),
+        "num_params": full.numel(),
+        "peak_flops": peak,
+        "counts_all_comm": strategy.counts_all_comm,
+        "num_tensors": sum(1 for p in model.parameters() if p.requires_grad),
+    }
     if cfg.return_params and ctx.rank == 0:
         result["params"] = full
     strategy.close()
@@ -115,13 +122,20 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     tokens = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1)
     step_s = float(maxima[0])
     return {
-        "step": step, "loss": float(loss_sum) / ctx.world_size, "grad_norm": float(grad_norm), "lr": cfg.optim.lr_at(step, cfg.steps),
-        "step_time_s": step_s, "tokens_per_s": tokens / step_s,
+        "step": step,
+        "loss": float(loss_sum) / ctx.world_size,
+        "grad_norm": float(grad_norm),
+        "lr": cfg.optim.lr_at(step, cfg.steps),
+        "step_time_s": step_s,
+        "tokens_per_s": tokens / step_s,
         "mfu": tokens / ctx.world_size * flops_per_token / step_s / peak,
-        "comm_calls": sum(t.calls for t in comm.values()), "comm_bytes": sum(t.bytes for t in comm.values()),
+        "comm_calls": sum(t.calls for t in comm.values()),
+        "comm_bytes": sum(t.bytes for t in comm.values()),
         "comm_wire_bytes": round(sum(t.bytes * busbw_factor(op, ctx.world_size) for op, t in comm.items())),
-        "comm_time_s": sum(t.time_s for t in comm.values()), "comm_blocked_s": sum(t.blocked_s for t in comm.values()),
-        "peak_mem_bytes": devices.peak_memory_bytes(ctx.device), "model_state_bytes": int(maxima[1]),
+        "comm_time_s": sum(t.time_s for t in comm.values()),
+        "comm_blocked_s": sum(t.blocked_s for t in comm.values()),
+        "peak_mem_bytes": devices.peak_memory_bytes(ctx.device),
+        "model_state_bytes": int(maxima[1]),
     }
 
 

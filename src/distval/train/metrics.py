@@ -29,7 +29,9 @@ class MetricsConfig:
 
     def resolved(self) -> MetricsConfig:
         """The paths made absolute: the workers may start in another folder."""
-        return dataclasses.replace(self, **{k: str(Path(v).resolve()) for k, v in dataclasses.asdict(self).items() if v})
+        return dataclasses.replace(
+            self, **{k: str(Path(v).resolve()) for k, v in dataclasses.asdict(self).items() if v}
+        )
 
 
 class MetricsLogger:

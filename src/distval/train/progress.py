@@ -31,7 +31,9 @@ class ProgressView:
             return
         self._seen = row.get("time")
         if self._view is None:
-            self._view = _Bar(self.total, self.label) if sys.stderr.isatty() else _Lines(self.total, self.label, self.every_s)
+            self._view = (
+                _Bar(self.total, self.label) if sys.stderr.isatty() else _Lines(self.total, self.label, self.every_s)
+            )
         self._view.update(row)
 
     def close(self) -> None:
