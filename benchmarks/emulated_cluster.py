@@ -108,12 +108,15 @@ def main() -> int:
             f"rate ({eff / WIRE_SHARE:.1%} of the TCP payload ceiling {WIRE_SHARE:.1%})"
         )
         print(
-            f"  64 MiB all_reduce: measured {med['measured_s'] * 1e3:.0f} ms, calibrated plan {med['predicted_s'] * 1e3:.0f} ms "
-            f"(x{ratio:.3f}), uncalibrated plan at 85% of line rate {plain * 1e3:.0f} ms (x{plain / med['measured_s']:.3f})"
+            f"  64 MiB all_reduce: measured {med['measured_s'] * 1e3:.0f} ms, "
+            f"calibrated plan {med['predicted_s'] * 1e3:.0f} ms "
+            f"(x{ratio:.3f}), uncalibrated plan at 85% of line rate {plain * 1e3:.0f} ms "
+            f"(x{plain / med['measured_s']:.3f})"
         )
         print(
             f"  `distval plan --params 16Mi --world {nodes} --calibration X --bucket-mb 64 --no-overlap`: step comm "
-            f"{med['plan_cli_s'] * 1e3:.0f} ms (1 MiB + 63 MiB buckets; x{med['plan_cli_s'] / med['measured_s']:.3f} of one 64 MiB call)"
+            f"{med['plan_cli_s'] * 1e3:.0f} ms (1 MiB + 63 MiB buckets; "
+            f"x{med['plan_cli_s'] / med['measured_s']:.3f} of one 64 MiB call)"
         )
         ok &= abs(eff - 1) <= 0.10 and abs(ratio - 1) <= 0.15
     counts = sorted(runs)

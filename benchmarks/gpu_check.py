@@ -103,7 +103,10 @@ class Checker:
                              name=f"train-{strategy}")
         steps = rows(report, "steps")
         p50 = statistics.median(s["step_time_s"] for s in steps[1:] or steps)  # the first step warms up
-        return f"loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, step {p50 * 1e3:.1f} ms, MFU {steps[-1]['mfu']:.1%}"
+        return (
+            f"loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}, step {p50 * 1e3:.1f} ms, "
+            f"MFU {steps[-1]['mfu']:.1%}"
+        )
 
     def compare(self) -> str:
         report = self.run_ok("compare", *self.common, "--model", self.args.model, "--steps", "6", "--strategies",

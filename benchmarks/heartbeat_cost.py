@@ -47,10 +47,12 @@ def cost(args: argparse.Namespace) -> None:
         f"{args.model}, {args.nproc} ranks, {args.strategy}, {args.steps} steps x {args.repeats} runs each, alternating"
     )
     print(
-        f"  step time p50, heartbeat off  {off * 1e3:8.1f} ms   runs: {', '.join(f'{t * 1e3:.1f}' for t in times[False])}"
+        f"  step time p50, heartbeat off  {off * 1e3:8.1f} ms   "
+        f"runs: {', '.join(f'{t * 1e3:.1f}' for t in times[False])}"
     )
     print(
-        f"  step time p50, heartbeat on   {on * 1e3:8.1f} ms   runs: {', '.join(f'{t * 1e3:.1f}' for t in times[True])}"
+        f"  step time p50, heartbeat on   {on * 1e3:8.1f} ms   "
+        f"runs: {', '.join(f'{t * 1e3:.1f}' for t in times[True])}"
     )
     print(f"  cost: {(on / off - 1):+.2%} of the step time (goal <= 1%)")
 

@@ -125,7 +125,8 @@ def main() -> int:
     factor = 2 * (job.world_size - 1) / job.world_size
     rng = np.random.default_rng(0)
     print(
-        f"all_reduce float32, {job.world_size} ranks, backend {job.backend}; paired iterations, one buffer, order alternating"
+        f"all_reduce float32, {job.world_size} ranks, backend {job.backend}; "
+        "paired iterations, one buffer, order alternating"
     )
     print(f"distval's per-call cost (Comm over dist, one-rank group, median of 20000): {overhead * 1e6:.2f} us")
     print(f"{'size':>6} {'iters':>6} {'bare busbw':>11} {'distval':>9} {'ratio':>6} {'95% CI':>15} {'implied':>8}")

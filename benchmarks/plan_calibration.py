@@ -95,7 +95,8 @@ def main() -> int:
         if size == goal:
             ok = abs(ratio - 1) <= a.tolerance
         print(
-            f"{format_size(size):>6} {predicted_s * 1e6:>13.1f} {m['time_us_p50']:>16.1f} {m['time_us_p95']:>9.1f} {ratio:>10.3f}"
+            f"{format_size(size):>6} {predicted_s * 1e6:>13.1f} {m['time_us_p50']:>16.1f} "
+            f"{m['time_us_p95']:>9.1f} {ratio:>10.3f}"
         )
     print(f"goal: predicted/measured within {a.tolerance:.0%} at {format_size(goal)} -> {'met' if ok else 'NOT met'}")
     if a.json:

@@ -114,7 +114,8 @@ FAKE_NVIDIA_SMI = """#!/bin/sh
 # stands in for the driver's tool on this GPU-less host: the two outputs doctor asks for
 case "$*" in
   "topo -m") cat "{topo}" ;;
-  --query-gpu=*) printf '0, NVIDIA L4, 23034, 550.54.15, 00000000:01:00.0\\n1, NVIDIA L4, 23034, 550.54.15, 00000000:81:00.0\\n' ;;
+  --query-gpu=*) printf '0, NVIDIA L4, 23034, 550.54.15, 00000000:01:00.0\\n\
+1, NVIDIA L4, 23034, 550.54.15, 00000000:81:00.0\\n' ;;
   *) exit 9 ;;
 esac
 """
@@ -268,7 +269,7 @@ def test_two_torchrun_agents_compare_their_environment(tmp_path):
 
 
 UNSHARE = shutil.which("unshare")
-NETNS_SCRIPT = r"""
+NETNS_SCRIPT = """
 set -e
 mount -t sysfs sysfs /sys
 ip link set lo up
@@ -279,9 +280,12 @@ ip link set veth1 up
 ip link add docker0 type bridge
 ip addr add 172.17.0.1/16 dev docker0
 ip link set docker0 up
-"$PY" -c 'from distval.doctor.net import interface_for as f; print("IFACES", f("10.9.0.2"), f("172.17.5.5"), f("127.0.0.1"), f("10.200.0.1"))'
-GLOO_SOCKET_IFNAME=docker0 NCCL_SOCKET_IFNAME=^lo "$PY" -m distval doctor --master-addr 10.9.0.2 --json "$OUT/loose.json" > /dev/null || true
-GLOO_SOCKET_IFNAME=veth0 NCCL_SOCKET_IFNAME==veth0 "$PY" -m distval doctor --master-addr 10.9.0.2 --json "$OUT/pinned.json" > /dev/null || true
+"$PY" -c 'from distval.doctor.net import interface_for as f; \
+print("IFACES", f("10.9.0.2"), f("172.17.5.5"), f("127.0.0.1"), f("10.200.0.1"))'
+GLOO_SOCKET_IFNAME=docker0 NCCL_SOCKET_IFNAME=^lo \
+"$PY" -m distval doctor --master-addr 10.9.0.2 --json "$OUT/loose.json" > /dev/null || true
+GLOO_SOCKET_IFNAME=veth0 NCCL_SOCKET_IFNAME==veth0 \
+"$PY" -m distval doctor --master-addr 10.9.0.2 --json "$OUT/pinned.json" > /dev/null || true
 """
 
 

@@ -71,7 +71,8 @@ def test_nvlink_node_and_pcie_workstation():
 def test_gpu_without_a_nic_on_its_socket_and_an_hca_that_matches_nothing():
     text = (
         "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\n"
-        "GPU0\t X \tSYS\tPIX\t0-15\t0\nGPU1\tSYS\t X \tSYS\t16-31\t1\nNIC0\tPIX\tSYS\t X \n\nNIC Legend:\n\n  NIC0: mlx5_0\n"
+        "GPU0\t X \tSYS\tPIX\t0-15\t0\nGPU1\tSYS\t X \tSYS\t16-31\t1\nNIC0\tPIX\tSYS\t X \n"
+        "\nNIC Legend:\n\n  NIC0: mlx5_0\n"
     )
     topo = parse_topo(text)
     check = by_name(topo_checks(topo, {}))["doctor.topo nic-affinity"]

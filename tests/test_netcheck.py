@@ -119,7 +119,8 @@ def test_unreachable_master_names_the_interface_in_a_namespace():
     etc = f"/etc/netns/{ns}"
     script = (
         "import sys; from distval.netcheck import preflight\n"
-        "env = {'RANK': '1', 'WORLD_SIZE': '2', 'LOCAL_WORLD_SIZE': '1', 'MASTER_ADDR': '10.79.0.1', 'MASTER_PORT': '29400'}\n"
+        "env = {'RANK': '1', 'WORLD_SIZE': '2', 'LOCAL_WORLD_SIZE': '1', "
+        "'MASTER_ADDR': '10.79.0.1', 'MASTER_PORT': '29400'}\n"
         "try:\n    preflight(env, timeout_s=1.0)\nexcept Exception as e:\n    print(type(e).__name__, e); sys.exit(3)\n"
     )
     try:

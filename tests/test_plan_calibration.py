@@ -182,13 +182,13 @@ def test_report_says_which_numbers_are_measured(capsys, tmp_path, bench_file):
             "a calibration needs a bench of at least 2 ranks",
         ),
         (
-            '{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, "tables": {"alpha_beta": {"rows": '
-            '[{"op": "all_reduce", "alpha_us": 10, "beta_gbps": -1}]}}}',
+            '{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, '
+            '"tables": {"alpha_beta": {"rows": [{"op": "all_reduce", "alpha_us": 10, "beta_gbps": -1}]}}}',
             "needs alpha_us >= 0 and beta_gbps > 0",
         ),
         (
-            '{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, "tables": {"alpha_beta": {"rows": '
-            '[{"op": "broadcast", "alpha_us": 10, "beta_gbps": 1}]}}}',
+            '{"schema": "distval.report/1", "command": "comm bench", "meta": {"world_size": 2}, '
+            '"tables": {"alpha_beta": {"rows": [{"op": "broadcast", "alpha_us": 10, "beta_gbps": 1}]}}}',
             "has no alpha-beta fit of all_reduce",
         ),
     ],

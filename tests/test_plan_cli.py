@@ -1,6 +1,6 @@
-"""`distval plan` as a user meets it: the real CLI entry point (`distval.cli.main`), exit codes, one-line errors, the JSON report keys,
---sweep, and the time the plan takes. Most cases run in-process (the CLI code path without a
-1.7 s interpreter start each); two run as real subprocesses."""
+"""`distval plan` as a user meets it: the real CLI entry point (`distval.cli.main`), exit codes,
+one-line errors, the JSON report keys, --sweep, and the time the plan takes. Most cases run
+in-process (the CLI code path without a 1.7 s interpreter start each); two run as real subprocesses."""
 
 from __future__ import annotations
 

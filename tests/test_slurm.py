@@ -82,7 +82,8 @@ while [[ "$1" == --* ]]; do
 done
 pids=()
 for ((i = 0; i < nodes; i++)); do
-  SLURM_PROCID=$i SLURM_NODEID=$i SLURM_LOCALID=0 SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=$nodes SLURM_STEP_NUM_NODES=$nodes \\
+  SLURM_PROCID=$i SLURM_NODEID=$i SLURM_LOCALID=0 SLURM_STEP_ID=0 SLURM_STEP_NUM_TASKS=$nodes \
+SLURM_STEP_NUM_NODES=$nodes \\
     SLURM_STEP_NODELIST="$SLURM_JOB_NODELIST" "$@" &
   pids+=($!)
 done

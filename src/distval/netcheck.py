@@ -156,7 +156,8 @@ def preflight(env: Mapping[str, str] | None = None, timeout_s: float = 5.0, warn
                 f"{' ' + source if source else ''})")
         if route_if and adv.interface and adv.interface != route_if and route_if != "lo":
             (warn or _warn)(
-                f"distval: warning: rank {env.get('RANK', '?')} on {where}: Gloo will advertise {label} ({adv.why}) but MASTER_ADDR "
+                f"distval: warning: rank {env.get('RANK', '?')} on {where}: "
+                f"Gloo will advertise {label} ({adv.why}) but MASTER_ADDR "
                 f"{master} is reached via {route_if}; if ranks hang at init, {fix}"
             )
 

@@ -49,7 +49,8 @@ class SlurmJob:
             )
         if self.time is not None and not _TIME.match(self.time):
             raise ValueError(
-                f"--time {self.time!r} is not a Slurm time; use minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], e.g. 00:30:00"
+                f"--time {self.time!r} is not a Slurm time; "
+                "use minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]], e.g. 00:30:00"
             )
         if self.ifname is not None:
             for name in self.ifname.split(","):

@@ -6,7 +6,8 @@ it from there if this one dies without a word).
     ckpt = Checkpointer(ctx, cfg.ckpt, cfg.steps, fields, strategy, optimizer, loader)  # every rank
     start, history = ckpt.resume()         # step to start at, metrics so far
     for step in range(start, cfg.steps):
-        ckpt.before_step(step)             # rank 0's position on the channel; SIGTERM seen on any rank -> final save, Preempted
+        ckpt.before_step(step)             # rank 0's position on the channel; SIGTERM seen on any rank
+                                           # -> final save, Preempted
         history.append(train_step(...))
         ckpt.after_step(step + 1)          # every --ckpt-every steps and at the end: save
     ckpt.close(ok=True)                    # finish a save still in flight
@@ -462,7 +463,10 @@ def _dcp_save(state: dict[str, Any], where: Path, group: Any, rank: int) -> str 
     try:
         dcp.save(state, checkpoint_id=str(where), process_group=group)
     except Exception as e:  # DCP raises on every rank when one failed (e.g. ENOSPC)
-        return f"rank {rank}: torch.distributed.checkpoint: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+        return (
+            f"rank {rank}: torch.distributed.checkpoint: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+        )
     return None
 
 

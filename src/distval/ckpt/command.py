@@ -88,7 +88,8 @@ def annotate(report: Report | None, ckpt: CheckpointConfig, run_id: str | None) 
             Check(
                 "train checkpoints",
                 Status.OK if len(done) == len(saves) else Status.WARN,
-                f"{len(done)} of {len(saves)} checkpoint(s) saved ({'async' if any(s['async'] for s in saves) else 'sync'}), latest "
+                f"{len(done)} of {len(saves)} checkpoint(s) saved "
+                f"({'async' if any(s['async'] for s in saves) else 'sync'}), latest "
                 f"{done[-1]['name'] if done else 'none'}; training stalled {stall * 1e3:.1f} ms per save (median)",
                 details={
                     "saves": saves,

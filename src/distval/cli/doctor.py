@@ -17,7 +17,8 @@ def doctor(
         Optional[int],
         O(
             "--nproc",
-            help="Also start N local workers: probe the rendezvous and compare ranks. Under torchrun/Slurm every worker takes part.",
+            help="Also start N local workers: probe the rendezvous and compare ranks. "
+            "Under torchrun/Slurm every worker takes part.",
         ),
     ] = None,
     topo_file: Annotated[
@@ -34,7 +35,8 @@ def doctor(
         Optional[str],
         O(
             "--master-addr",
-            help="Address the job rendezvouses at (default: MASTER_ADDR, else the address this host name resolves to, else 127.0.0.1).",
+            help="Address the job rendezvouses at "
+            "(default: MASTER_ADDR, else the address this host name resolves to, else 127.0.0.1).",
         ),
     ] = None,
     master_port: Annotated[

@@ -16,7 +16,8 @@ def emulate(
     command: Annotated[
         Optional[list[str]],
         typer.Argument(
-            help="The distval command to run on every node, after `--`, e.g. -- comm bench --ops all_reduce --json b.json",
+            help="The distval command to run on every node, after `--`, "
+            "e.g. -- comm bench --ops all_reduce --json b.json",
             show_default=False,
         ),
     ] = None,
@@ -29,7 +30,8 @@ def emulate(
         str,
         O(
             "--latency",
-            help="One-way latency added per link, e.g. 0.2ms (needs the netem qdisc; without it: not emulated, and said so).",
+            help="One-way latency added per link, e.g. 0.2ms "
+            "(needs the netem qdisc; without it: not emulated, and said so).",
         ),
     ] = "0",
     decoy_nic: Annotated[
@@ -50,7 +52,8 @@ def emulate(
         bool, O("--clean", help="Only remove namespaces left by crashed emulate runs, then exit.")
     ] = False,
 ) -> int:
-    """N nodes on this machine (network namespaces, veth, bridge, tc shaping) running a distval command over torchrun."""
+    """N nodes on this machine (network namespaces, veth, bridge, tc shaping) running a distval command
+    over torchrun."""
     from distval.emulate import launcher, netns
     from distval.emulate.rates import parse_latency, parse_rate
 

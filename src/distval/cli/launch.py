@@ -45,7 +45,8 @@ def launch_cmd(
     hang_after: HangAfter = "8s",
     json: JsonOut = None,
 ) -> int:
-    """Run your own torch.distributed script under distval's watchdog: hangs, dead and stopped ranks named in seconds."""
+    """Run your own torch.distributed script under distval's watchdog: hangs, dead and stopped ranks named
+    in seconds."""
     from distval.launch import detect_mode
     from distval.runner import run_script
 

@@ -16,7 +16,8 @@ def plan(
         Optional[str],
         O(
             "--model",
-            help="Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, smollm2-135m, smollm2-360m, smollm2-1.7b, llama-7b, llama-70b, tiny, small.",
+            help="Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, smollm2-135m, smollm2-360m, smollm2-1.7b, "
+            "llama-7b, llama-70b, tiny, small.",
         ),
     ] = None,
     params: Annotated[
@@ -53,7 +54,8 @@ def plan(
         Optional[str],
         O(
             "--link",
-            help="Link preset between ranks: 1GbE, 2.5GbE, 10GbE, 25GbE, 100G/200G/400G-IB or -RoCE, PCIe4, PCIe5, NVLink3, NVLink4, xGMI.",
+            help="Link preset between ranks: 1GbE, 2.5GbE, 10GbE, 25GbE, 100G/200G/400G-IB or -RoCE, "
+            "PCIe4, PCIe5, NVLink3, NVLink4, xGMI.",
         ),
     ] = None,
     intra_link: Annotated[Optional[str], O("--intra-link", help="Link preset inside a node.")] = None,

@@ -69,7 +69,8 @@ class BenchConfig:
             raise ValueError(f"unknown reduce op {self.redop!r}; choose from {', '.join(REDUCE_OPS)}")
         if self.redop == "avg" and not DTYPES[self.dtype].is_floating_point:
             raise ValueError(
-                f"-o avg needs a floating-point dtype (got {self.dtype}): integer averages round differently per backend"
+                f"-o avg needs a floating-point dtype (got {self.dtype}): "
+                "integer averages round differently per backend"
             )
         if self.min_bytes < 0 or self.max_bytes < 0:
             raise ValueError("sizes must not be negative")
@@ -259,7 +260,8 @@ def bench_checks(bench: Table, fits: Table, cfg: BenchConfig, world_size: int, c
                 Check(
                     name,
                     Status.FAIL,
-                    f"{op}: {sum(r['wrong'] for r in bad)} wrong element(s) after timing, first at {format_size(first['bytes'])} "
+                    f"{op}: {sum(r['wrong'] for r in bad)} wrong element(s) after timing, "
+                    f"first at {format_size(first['bytes'])} "
                     f"({'in' if first['inplace'] else 'out-of'}-place)",
                     details={**details, "wrong_rows": bad},
                     hint="run `distval comm check` with -c 20 to localise the rank and index",
@@ -300,7 +302,8 @@ def build_report(job: JobResult, cfg: BenchConfig) -> Report:
             cfg,
             copy_ceiling_gbps=copy_gbps,
             sizes_bytes=cfg.sizes(),
-            timing="blocking per op (barrier, issue, wait); iteration time = max over ranks; p50/p95/min/max over iterations",
+            timing="blocking per op (barrier, issue, wait); iteration time = max over ranks; "
+            "p50/p95/min/max over iterations",
         ),
     )
     report.checks = bench_checks(bench, fits, cfg, job.world_size, copy_gbps, job.results[0]["skipped"])

@@ -222,7 +222,8 @@ class Driller:
         out = Outcome()
         if first.code == 0 or not committed:
             out.notes.append(
-                f"the first run should fail with a checkpoint on disk: exit {first.code}, {len(committed)} checkpoint(s)"
+                f"the first run should fail with a checkpoint on disk: exit {first.code}, "
+                f"{len(committed)} checkpoint(s)"
             )
             return out
         target = committed[0] / "model.safetensors"

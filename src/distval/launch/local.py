@@ -30,8 +30,14 @@ from distval.launch.monitor import Monitor, Watcher
 
 
 def _quiet_elastic_logs() -> None:
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    """torch's agent logs every worker start and stop; distval reports what matters itself. Its
+    modules set their own levels, so every logger under these names is quietened."""
+    import torch.distributed.elastic.agent.server.api  # noqa: F401 (creates its logger, level WARNING)
+
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    for name in [*prefixes, *logging.root.manager.loggerDict]:
+        if name.startswith(prefixes):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 class _Stopped(Exception):

@@ -52,7 +52,8 @@ def worker_env(mode: str, env: dict[str, str]) -> dict[str, str]:
         size = env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE"))
         if "MASTER_ADDR" not in env:
             raise CannotRun(
-                "launched by mpirun but MASTER_ADDR is not set; export MASTER_ADDR=<first host> (and MASTER_PORT) with mpirun -x"
+                "launched by mpirun but MASTER_ADDR is not set; "
+                "export MASTER_ADDR=<first host> (and MASTER_PORT) with mpirun -x"
             )
         out = {
             "RANK": rank,

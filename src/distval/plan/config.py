@@ -212,7 +212,8 @@ class PlanConfig:
             m = g // (k * world)
         if m * world * k != g:
             raise ValueError(
-                f"--global-batch {g} contradicts --micro-batch {m} × world size {world} × --grad-accum {k} = {m * world * k}"
+                f"--global-batch {g} contradicts --micro-batch {m} × world size {world} × --grad-accum {k} "
+                f"= {m * world * k}"
             )
         return m, k
 
@@ -249,7 +250,8 @@ class PlanConfig:
         missing = [flag for key, flag in {**shape, "seq_len": "--seq"}.items() if key not in given]
         if missing:
             raise ValueError(
-                f"missing sizes: an explicit architecture needs --layers --hidden --heads --seq --vocab (missing {' '.join(missing)})"
+                "missing sizes: an explicit architecture needs --layers --hidden --heads --seq --vocab "
+                f"(missing {' '.join(missing)})"
             )
         return ModelSpec("custom", given["num_layers"], given["hidden_size"], given["num_heads"],
                          given.get("num_kv_heads", given["num_heads"]), given["seq_len"], given["vocab_size"],

@@ -35,11 +35,13 @@ PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1",
 MAX_DETAILS_CHARS = 20_000
 
 _CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;padding:0 16px;color:#222}
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;\
+padding:0 16px;color:#222}
 h1{font-size:22px;margin:0 0 8px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 h3{font-size:15px;margin:18px 0 6px}code,pre{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:400px}
-.badge{display:inline-block;padding:2px 8px;border-radius:10px;color:#fff;font-weight:600;font-size:12px;margin-right:4px}
+.badge{display:inline-block;padding:2px 8px;border-radius:10px;color:#fff;font-weight:600;font-size:12px;\
+margin-right:4px}
 .zero{opacity:.35}.OK{background:#2e7d32}.WARN{background:#ef8f00}.FAIL{background:#c62828}
 .SKIP{background:#757575}.ERROR{background:#6a1b9a}.other{background:#37474f}
 table{border-collapse:collapse;margin:4px 0 12px}th,td{border:1px solid #ddd;padding:2px 6px;vertical-align:top}
@@ -445,7 +447,8 @@ def _plot_svg(series: dict[tuple[str, str, Any], list[tuple[float, float]]],
         d = "M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in (ax.px(*p) for p in points))
         dash = ' stroke-dasharray="8 4"'
         body.append(
-            f'<path class="model" d="{d}" fill="none" stroke="{colours.get(op, "#333")}" stroke-width="1.5"{dash} opacity=".8"/>'
+            f'<path class="model" d="{d}" fill="none" stroke="{colours.get(op, "#333")}" '
+            f'stroke-width="1.5"{dash} opacity=".8"/>'
         )
         legend.append((f"{op} α–β model", colours.get(op, "#333"), dash))
     body.append("</g>")

@@ -22,8 +22,9 @@ world size loads into another):
 Both are collective for sharded strategies (every rank calls them; every rank gets the full
 state). Sharded strategies also give a sharded form for torch.distributed.checkpoint
 (`sharded_state_dict` / `finish_sharded_load`): each rank saves only its shards, and DCP
-reshards them when loading on another world size. `model_state_tensors(optimizer)` yields what this rank actually holds (parameters,
-gradients, optimizer state, shards) for the model-state memory accounting.
+reshards them when loading on another world size. `model_state_tensors(optimizer)` yields what
+this rank actually holds (parameters, gradients, optimizer state, shards) for the model-state
+memory accounting.
 
 Device placement: a tensor's device comes from the model's parameters (the rank's device), never
 from a default. The full form arrives from disk on the host; `load_state_dict` puts every tensor

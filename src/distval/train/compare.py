@@ -7,10 +7,10 @@ strategy on `nproc` ranks; per strategy the parity of the final parameters with 
 the strategy's expected volume, and the share of communication hidden behind compute
 (1 - exposed/total, where exposed is the time the training thread waited on collectives; for
 pytorch_ddp and pytorch_zero1 the wait inside backward from the last bucket's launch to backward's
-return; None for fsdp2, whose collectives are torch's own), the model state each rank holds (parameters, gradients, optimizer state,
-shards: the largest rank) against the strategy's formula and the planner's prediction, and with
-`--calibration bench.json` the step time `distval plan` predicts (compute at the reference run's
-measured MFU, communication from the bench's α–β fit).
+return; None for fsdp2, whose collectives are torch's own), the model state each rank holds
+(parameters, gradients, optimizer state, shards: the largest rank) against the strategy's formula
+and the planner's prediction, and with `--calibration bench.json` the step time `distval plan`
+predicts (compute at the reference run's measured MFU, communication from the bench's α–β fit).
 """
 
 from __future__ import annotations
