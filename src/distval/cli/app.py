@@ -111,7 +111,7 @@ def finish(report: Report | None, json_path: Path | None, console: Console) -> i
 
 # Commands that make no sense inside an emulated cluster or a Slurm job: they launch nothing or
 # launch it elsewhere.
-_NOT_INSIDE = ("emulate", "slurm", "plan")
+_NOT_INSIDE = ("emulate", "slurm", "plan", "launch")
 
 
 def check_inner(argv: list[str], where: str) -> list[str]:

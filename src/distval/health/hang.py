@@ -19,6 +19,7 @@ The decision, in this order (never "the first rank that disagrees"):
                majority's (seq, op, sizes, dtypes) are named with both sides; with no majority
                every side is named
   network      every rank waits in the same collective: no rank is behind; the transport is
+               stuck (no rank is blamed)
 """
 
 from __future__ import annotations

@@ -40,9 +40,12 @@ def group_progress() -> dict[str, list[int]]:
 
     if not dist.is_initialized():
         return {}
-    from torch._C._distributed_c10d import _dump_fr_trace_json
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
 
-    status = json.loads(_dump_fr_trace_json(includeCollectives=False, onlyActive=False)).get("pg_status", {})
+        status = json.loads(_dump_fr_trace_json(includeCollectives=False, onlyActive=False)).get("pg_status", {})
+    except (ImportError, RuntimeError):  # an older torch without the recorder's dump: steps and statuses only
+        return {}
     return {pg: [int(s["last_enqueued_collective"]), int(s["last_completed_collective"])] for pg, s in status.items()}
 
 
