@@ -19,6 +19,8 @@ def test_every_drill_passes(tmp_path):
         "kill_during_save",
         "corrupt_file",
         "disk_full",
+        "hang_rank",
+        "skip_collective",
     ]
     for name, row in rows.items():
         if name == "disk_full" and os.geteuid() != 0:
@@ -27,6 +29,7 @@ def test_every_drill_passes(tmp_path):
         assert row["status"] == "PASS", (name, [c for c in doc["checks"] if c["name"] == f"drill {name}"])
         assert row["detected"] is True and row["loss_identical"] is True
         assert row["recovery_s"] > 0 and row["steps_lost"] >= 0 and row["resumed_from_step"] > 0
+    assert 0 < rows["hang_rank"]["diagnosis_s"] < 15  # named by the watchdog within seconds of the stall
     # the SIGTERM drill saves at the step boundary it was stopped at: nothing to redo
     assert rows["sigterm_job"]["steps_lost"] == 0 and rows["sigterm_job"]["resumed_from_step"] == 7
     # the partial checkpoint of the killed save is never the one resumed from

@@ -14,6 +14,11 @@ own process group, real workers, real files) with checkpoints every E steps:
   disk_full         checkpoints on a small tmpfs (root only, else SKIP) that holds one checkpoint:
                     the next saves fail with ENOSPC and are reported, training goes on; a kill at
                     step k then resumes from the one checkpoint that fits
+  hang_rank         rank 1 stops (SIGSTOP) at step k: the hang watchdog (--hang-after 3s) must name
+                    rank 1 "stopped" and end the job; a rerun with --resume auto continues
+  skip_collective   rank 1 skips the first collective of step k: rank 1 must be named, by the
+                    watchdog (it went on without it) or, when Gloo aborts on the mismatched sizes
+                    that follow, by the failure diagnosis; the rerun continues likewise
 
 Each drill asserts detection, the step resumed from (the newest checkpoint committed before the
 fault, read from the run journal), and that the per-step losses of the whole run are bitwise equal
@@ -39,8 +44,11 @@ from typing import Any, Callable
 
 from distval.results import Check, Report, Status, Table
 
-DRILL_COLUMNS = ["drill", "status", "detected", "recovery_s", "steps_lost", "resumed_from_step", "loss_identical"]
-DRILLS = ("kill9_rank", "exception_rank", "sigterm_job", "kill_during_save", "corrupt_file", "disk_full")
+DRILL_COLUMNS = ["drill", "status", "detected", "diagnosis_s", "recovery_s", "steps_lost", "resumed_from_step",
+                 "loss_identical"]
+DRILLS = ("kill9_rank", "exception_rank", "sigterm_job", "kill_during_save", "corrupt_file", "disk_full", "hang_rank",
+          "skip_collective")
+HANG_AFTER = "3s"  # the hang drills' --hang-after: a sub-second-step job, diagnosed in seconds
 
 
 @dataclass
@@ -75,6 +83,7 @@ class Run:
     report: dict[str, Any] | None
     stderr: str
     journal: dict[str, Any] | None
+    ended: float = field(default_factory=time.time)  # wall clock, as the journal's times
 
     def table(self, name: str) -> list[dict[str, Any]]:
         return ((self.report or {}).get("tables", {}).get(name) or {}).get("rows", [])
@@ -91,6 +100,8 @@ class Outcome:
     expected_resume: int | None = None
     steps_lost: int | None = None
     recovery_s: float | None = None
+    diagnosis_s: float | None = None  # hang drills: from the last progress to the verdict
+    how: str = ""  # how it was detected, when that can differ (a hang, or a crash)
     losses: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     skip: str | None = None
@@ -211,6 +222,44 @@ class Driller:
             out.recovery_s = resumed["first_step_time"] - last["last_step_time"]
         return out
 
+    def hung(self, name: str, fault: str, kind: str, or_crash: bool = False) -> Outcome:
+        """A job that hangs at the fault: the watchdog must name rank 1 with this kind of hang and
+        end the job (exit 3); a rerun with --resume auto continues from the newest checkpoint.
+        Recovery: from the stall to the first resumed step (diagnosis, then the rerun at once).
+        `or_crash`: the fault may also crash the backend on rank 1 (Gloo aborts when the
+        collectives after a skipped one pair tensors of different sizes): then rank 1 must be
+        named by the failure diagnosis."""
+        ckpt = self.fresh_dir(name)
+        first = self.train(f"{name}_1", ckpt, "--resume", "auto", "--hang-after", HANG_AFTER, fault=fault)
+        errors = [c for c in (first.report or {}).get("checks", []) if c["status"] == "ERROR"]
+        details = errors[0]["details"] if errors else {}
+        hang = details if "hang" in details else {}
+        out = Outcome(diagnosis_s=hang.get("diagnosed_s"))
+        named = first.code == 3 and bool(errors) and errors[0]["where"].get("rank") == 1
+        out.detected = named and (hang.get("hang") == kind or (or_crash and not hang))
+        out.how = (f"rank 1 named by the watchdog in {out.diagnosis_s} s ({kind})" if hang
+                   else f"rank 1 named by the failure diagnosis ({errors[0]['summary'][:80]}...)" if errors else "")
+        if not out.detected:
+            out.notes.append(f"expected rank 1 named ({kind}), exit 3: exit {first.code}, "
+                             f"{errors[0]['summary'] if errors else first.stderr[-300:]}")
+        out.expected_resume = committed_before(first.journal, attempt=0)
+        second = self.train(f"{name}_2", ckpt, "--resume", "auto")
+        out = self.rerun_outcome(out, first, second)
+        at = max((row["step"] for row in hang.get("ranks", []) if row.get("step") is not None), default=None)
+        resumed = ((second.journal or {}).get("attempts") or [{}])[0]
+        if at is not None and out.resumed_from_step is not None:
+            out.steps_lost = at - out.resumed_from_step
+        if resumed.get("first_step_time"):  # from the stall (or the crash) to the first resumed step
+            out.recovery_s = (out.diagnosis_s or 0.0) + resumed["first_step_time"] - first.ended
+        return out
+
+    def hang_rank(self) -> Outcome:
+        return self.hung("hang_rank", f"step={self.cfg.fault_step},rank=1,action=stop", "stopped")
+
+    def skip_collective(self) -> Outcome:
+        return self.hung("skip_collective", f"step={self.cfg.fault_step},rank=1,action=skip", "outside",
+                         or_crash=True)
+
     def corrupt_file(self) -> Outcome:
         ckpt = self.fresh_dir("corrupt_file")
         first = self.train(
@@ -298,14 +347,15 @@ class Driller:
             "drill": name,
             "status": "PASS" if ok else "FAIL",
             "detected": out.detected,
+            "diagnosis_s": out.diagnosis_s,
             "recovery_s": out.recovery_s,
             "steps_lost": out.steps_lost,
             "resumed_from_step": out.resumed_from_step,
             "loss_identical": identical,
         }
         summary = (
-            f"{name}: detected, resumed from step {out.resumed_from_step} ({out.steps_lost} step(s) redone), "
-            f"losses bitwise equal to the uninterrupted run"
+            f"{name}: detected{', ' + out.how if out.how else ''}, resumed from step {out.resumed_from_step} "
+            f"({out.steps_lost} step(s) redone), losses bitwise equal to the uninterrupted run"
             if ok
             else f"{name}: " + "; ".join(out.notes or ["not detected"])
         )

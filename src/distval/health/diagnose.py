@@ -64,10 +64,11 @@ def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[
         if r in signalled:
             how = f"killed by {signal_name(signalled[r])}"
         elif exitcodes and r not in exitcodes:  # the launcher saw the others fail, and this one end well
-            how = "ended (exit 0) while the others still waited for it in a collective"
+            # its last heartbeat came as it ended, so its count is exact (a killed rank's is not)
+            how = "ended (exit 0) while the others still waited for it in a collective" + fewer_collectives(r, beats)
         else:
             how = "died without a word (its peers' connections to it closed)"
-        return WorkerFailure(r, how + fewer_collectives(r, beats), status[r], details)
+        return WorkerFailure(r, how, status[r], details)
     issued = {r: st["issued"] for r, st in states.items() if st}
     if issued and len(set(issued.values())) > 1:
         r = min(issued, key=lambda k: (issued[k], k))

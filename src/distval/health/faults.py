@@ -25,7 +25,8 @@ The catalogue (ACTIONS: where each applies):
   kill_in_save  step   SIGKILL halfway through this rank's files of the next checkpoint save
   stop          both   SIGSTOP this process (a rank frozen: a debugger, a stopped container)
   spin          both   loop in Python forever (a rank stuck outside any collective)
-  skip          op     the `nth` call is never handed to the backend (a rank that skipped one)
+  skip          both   op: the `nth` call, step: the first call of step N, is never handed to
+                       the backend (a rank that skipped a collective)
   slow_save     step   sleep `seconds` inside this rank's next checkpoint save (a slow disk:
                        real work, not a hang)
 """
@@ -45,7 +46,7 @@ from distval.comm.inputs import BITS_OF_SIZE
 ENV = "DISTVAL_FAULT"
 ACTIONS = {"corrupt": ("op",), "raise": ("op", "step"), "hang": ("op", "step"), "kill": ("op", "step"),
            "sigterm": ("step",), "sigterm_job": ("step",), "kill_in_save": ("step",), "stop": ("op", "step"),
-           "spin": ("op", "step"), "skip": ("op",), "slow_save": ("step",)}
+           "spin": ("op", "step"), "skip": ("op", "step"), "slow_save": ("step",)}
 _INT_FIELDS = ("rank", "index", "nth", "step", "attempt", "seconds")
 
 
@@ -107,6 +108,7 @@ class Faults:
         self.on_ops = [f for f in faults if f.op is not None and f.armed(rank)]
         self.on_steps = [f for f in faults if f.step is not None and f.armed(rank)]
         self._hits = [0] * len(self.on_ops)
+        self._skip_next = False  # a step's `skip` fault: the next collective is not issued
 
     @classmethod
     def from_env(cls, rank: int) -> Faults:
@@ -117,6 +119,9 @@ class Faults:
 
     def before_op(self, op: str) -> bool:
         """The `Comm` issue hook: False skips this call (a `skip` fault's call)."""
+        if self._skip_next:
+            self._skip_next = False
+            return False
         return not any(f.action == "skip" for f in self._firing(op, ("skip",)))
 
     def after_op(self, op: str, outputs: Sequence[torch.Tensor]) -> None:
@@ -136,7 +141,9 @@ class Faults:
 
     def at_step(self, step: int) -> None:
         for f in self.on_steps:
-            if f.step == step and f.action not in ("kill_in_save", "slow_save"):
+            if f.step == step and f.action == "skip":
+                self._skip_next = True
+            elif f.step == step and f.action not in ("kill_in_save", "slow_save"):
                 _act(f, (), f"at step {step} on rank {self.rank}")
 
     def in_save(self, step: int) -> bool:

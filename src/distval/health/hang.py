@@ -279,7 +279,7 @@ def diagnose_hang(beats: dict[int, dict[str, Any] | None], stalled_s: float, wit
         waiting = _waiting(b) if b else {}
         pg = next(iter(sorted(waiting, key=lambda g: (g != "0", g))), None)
         rows.append({"rank": r, "pid": b.get("pid"), "host": b.get("host"), "state": states.get(r, "?"),
-                     "cpu_busy": spinning.get(r), "status": b.get("status"),
+                     "cpu_busy": spinning.get(r), "status": b.get("status"), "step": b.get("step"),
                      "waiting_in": _describe(_fingerprint(b, pg), pg) if pg else None,
                      "completed": {g: v[1] for g, v in b.get("groups", {}).items()},
                      "where": where(stacks.get(r)), "culprit": r in culprits})
@@ -343,7 +343,7 @@ class Watchdog:
             statuses = reader.all(self.world_size, "status")  # written at once: fresher than a heartbeat
             for r, b in beats.items():
                 if b and statuses.get(r):
-                    b["status"] = statuses[r].get("status", b["status"])
+                    b.update(status=statuses[r].get("status", b["status"]), step=statuses[r].get("step", b["step"]))
             with self._lock:
                 self.hang = diagnose_hang(beats, stalled)
             self.on_hang(self.hang)
