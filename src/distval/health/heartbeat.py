@@ -75,6 +75,7 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="distval-heartbeat", daemon=True)
         self._last: dict[str, Any] | None = None
         self._waiting_since: tuple[Any, float] | None = None
+        self._lock = threading.Lock()  # the thread beats, and so may the main thread (close, a hook)
         self.errors = 0
 
     def start(self) -> Heartbeat:
@@ -91,6 +92,10 @@ class Heartbeat:
 
     def beat(self) -> dict[str, Any] | None:
         """One heartbeat: published when it differs from the last one. Returns it."""
+        with self._lock:
+            return self._beat()
+
+    def _beat(self) -> dict[str, Any]:
         text, fields = self.status()
         groups = group_progress() or (self._last or {}).get("groups", {})  # after destroy_process_group: the last
         waiting = {pg: v for pg, v in groups.items() if v[0] > v[1]}
