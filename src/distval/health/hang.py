@@ -31,7 +31,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -319,8 +318,7 @@ class Watchdog:
         self._ready = False
         self._changed = time.monotonic()
         self._checked = 0.0
-        self.hang: Hang | None = None
-        self._lock = threading.Lock()
+        self.hang: Hang | None = None  # set once, by the monitor thread; read after it stopped
 
     def tick(self, reader: Any) -> None:
         now = time.monotonic()
@@ -344,8 +342,7 @@ class Watchdog:
             for r, b in beats.items():
                 if b and statuses.get(r):
                     b.update(status=statuses[r].get("status", b["status"]), step=statuses[r].get("step", b["step"]))
-            with self._lock:
-                self.hang = diagnose_hang(beats, stalled)
+            self.hang = diagnose_hang(beats, stalled)
             self.on_hang(self.hang)
 
     def close(self) -> None:
