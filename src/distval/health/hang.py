@@ -3,8 +3,9 @@ rank(s) that caused it, from facts every rank published (health/heartbeat.py), t
 each process and its Python stack (py-spy).
 
 The rule: a hang is declared when no rank has made progress (a collective enqueued or completed
-on any process group, a training step) for max(floor, factor × the longest gap between progress
-seen lately). Before the first progress the allowance is `startup_s` (rendezvous, data loading,
+on any process group, a training step) for max(floor, factor × the 90th percentile of the gaps
+between progress seen lately: one scheduling hiccup does not double the allowance, a pause that
+recurs raises it). Before the first progress the allowance is `startup_s` (rendezvous, data loading,
 the first step's compile); while a rank declares a long phase (a checkpoint save: `busy`) it is
 `busy_s`. A slow step that makes progress now and then only raises the learned gap; it is never
 a hang.
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from distval.health.heartbeat import KIND as HEARTBEAT
+from distval.stats import percentile
 
 STACK_TIMEOUT_S = 10.0
 
@@ -58,7 +60,7 @@ class HangPolicy:
         if not gaps:
             limit = self.startup_s
         else:
-            limit = max(self.floor_s, self.factor * max(0.0, max(gaps) - slop_s)) + slop_s
+            limit = max(self.floor_s, self.factor * max(0.0, percentile(gaps, 90) - slop_s)) + slop_s
         return max(limit, self.busy_s) if busy else limit
 
 
