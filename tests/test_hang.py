@@ -131,9 +131,9 @@ def test_where_is_the_innermost_frame_outside_torch_and_the_collective_layer():
 
 # -- real jobs --------------------------------------------------------------------------------------
 
-def _error(path: Path) -> dict:
+def _error(path: Path, status: str = "ERROR") -> dict:
     doc = json.loads(path.read_text())
-    (check,) = [c for c in doc["checks"] if c["status"] == "ERROR"]
+    (check,) = [c for c in doc["checks"] if c["status"] == status]
     return check
 
 
@@ -144,15 +144,17 @@ def _train(tmp_path: Path, name: str, fault: str, *args: str) -> tuple[int, Path
     return res.returncode, out, res.stdout + res.stderr
 
 
-def test_train_hangs_are_named_with_the_culprit_and_its_stack(tmp_path):
-    cases = {  # name: (fault, ranks, the culprit's kind, a word of the verdict)
+def test_train_hangs_deaths_and_mismatches_are_named_with_the_culprit(tmp_path):
+    hangs = {  # name: (fault, ranks, the culprit's kind, a word of the verdict)
         "stopped": ("step=25,rank=1,action=stop", "2", "stopped", "stopped (SIGSTOP"),
         "spin": ("step=25,rank=2,action=spin", "3", "outside", "waits in no collective"),
-        "skip": ("op=all_reduce,rank=1,action=skip,nth=60", "2", "outside", "skipped a collective"),
+        "skip": ("op=all_reduce,rank=1,action=skip,nth=600", "2", "outside", "skipped a collective"),
     }
+    others = {"reshape": ("step=25,rank=1,action=reshape", "2"), "killed": ("step=25,rank=1,action=kill_in_op", "2")}
+    cases = {**{n: c[:2] for n, c in hangs.items()}, **others}
     with ThreadPoolExecutor(len(cases)) as pool:
         runs = dict(zip(cases, pool.map(lambda n: _train(tmp_path, n, cases[n][0], "--nproc", cases[n][1]), cases)))
-    for name, (fault, _, kind, words) in cases.items():
+    for name, (fault, _, kind, words) in hangs.items():
         code, out, text = runs[name]
         assert code == 3, (name, text[-3000:])
         check = _error(out)
@@ -163,6 +165,15 @@ def test_train_hangs_are_named_with_the_culprit_and_its_stack(tmp_path):
         assert check["details"]["stacks"].get(str(culprit)), (name, check["details"]["stacks_note"])
         assert "distval: hang after" in text  # the verdict on the terminal at once, before the teardown
     assert "_spin (distval/health/faults.py" in _error(runs["spin"][1])["summary"]  # the culprit's line of code
+    # same bytes in another shape: Gloo lets it through; the fingerprint check names rank 1 mid-run (FAIL, exit 1)
+    code, out, text = runs["reshape"]
+    check = _error(out, "FAIL")
+    assert code == 1 and check["where"]["rank"] == 1 and not check["details"]["hung"], check["summary"]
+    assert "rank 1 issued all_reduce [[1, " in check["summary"] and check["details"]["diagnosed_s"] < 15
+    assert int(check["where"]["status"].split("step ")[1]) < 3000  # stopped mid-run, not found at the end
+    code, out, text = runs["killed"]  # SIGKILLed inside an all_reduce: named by the launcher that saw it die
+    check = _error(out)
+    assert code == 3 and check["where"]["rank"] == 1 and "killed by SIGKILL" in check["summary"], check["summary"]
 
 
 def test_a_slow_checkpoint_save_is_not_a_hang(tmp_path):
@@ -194,14 +205,16 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 fault = sys.argv[2] if len(sys.argv) > 2 else ""
 for step in range(int(sys.argv[1])):
     if step == 20 and rank == 1:
-        if fault == "stop":
-            os.kill(os.getpid(), signal.SIGSTOP)
+        if fault in ("stop", "kill"):
+            os.kill(os.getpid(), signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
         elif fault == "skip":
             continue
     model(torch.randn(8, 16)).sum().backward()
     opt.step()
     opt.zero_grad()
-    dist.all_reduce(torch.ones(5 if fault == "mismatch" and rank == 1 and step == 20 else 4))
+    odd = rank == 1 and step == 20
+    dist.all_reduce(torch.ones(5 if fault == "mismatch" and odd else 4).view(1, 4) if fault == "reshape" and odd
+                    else torch.ones(5 if fault == "mismatch" and odd else 4))
     time.sleep(0.02)
 print(f"rank {rank} done")
 dist.destroy_process_group()
@@ -219,7 +232,7 @@ def _launch(tmp_path: Path, name: str, nproc: str, *script_args: str) -> tuple[i
 def test_launch_runs_a_plain_ddp_script_and_names_its_hangs(tmp_path):
     (tmp_path / "ddp_script.py").write_text(SCRIPT)
     cases = {"ok": ("2", "40"), "stop": ("2", "3000", "stop"), "mismatch": ("3", "3000", "mismatch"),
-             "skip": ("2", "3000", "skip")}
+             "skip": ("2", "3000", "skip"), "kill": ("2", "3000", "kill"), "reshape": ("3", "3000", "reshape")}
     with ThreadPoolExecutor(len(cases)) as pool:
         runs = dict(zip(cases, pool.map(lambda n: _launch(tmp_path, n, *cases[n]), cases)))
     code, out, text = runs["ok"]
@@ -236,4 +249,10 @@ def test_launch_runs_a_plain_ddp_script_and_names_its_hangs(tmp_path):
     code, out, text = runs["skip"]  # rank 1 skipped a step, finished early and left the others waiting
     check = _error(out)
     assert code == 3 and check["where"]["rank"] == 1 and "it skipped" in check["summary"], check["summary"]
-
+    code, out, text = runs["kill"]
+    check = _error(out)
+    assert code == 3 and check["where"]["rank"] == 1 and "killed by SIGKILL" in check["summary"], check["summary"]
+    code, out, text = runs["reshape"]  # found by the fingerprint check while the script ran on
+    check = _error(out, "FAIL")
+    assert code == 1 and check["where"]["rank"] == 1 and not check["details"]["hung"], check["summary"]
+    assert "rank 1 issued all_reduce [[1, 4]] Float, while ranks 0, 2 issued all_reduce [[4]] Float" in check["summary"]

@@ -40,9 +40,10 @@ def execute(command: str, rank_fn: RankFn, cfg: Any, opts: LaunchOptions,
 
 
 def failure_check(command: str, e: CannotRun) -> Check:
-    """The one ERROR of a job that failed, hung or could not start."""
+    """The one ERROR of a job that failed, hung or could not start (a FAIL where the job was
+    stopped for a collective mismatch)."""
     failure = isinstance(e, WorkerFailure)
-    return Check(f"{command} ranks" if failure else f"{command} launch", Status.ERROR, str(e),
+    return Check(f"{command} ranks" if failure else f"{command} launch", e.status if failure else Status.ERROR, str(e),
                  details=e.details if failure else {}, hint=(e.hint or _FAILURE_HINT) if failure else "",
                  where={"rank": e.rank, "status": e.last_status} if failure else {})
 

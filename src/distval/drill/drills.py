@@ -19,6 +19,13 @@ own process group, real workers, real files) with checkpoints every E steps:
   skip_collective   rank 1 skips the first collective of step k: rank 1 must be named, by the
                     watchdog (it went on without it) or, when Gloo aborts on the mismatched sizes
                     that follow, by the failure diagnosis; the rerun continues likewise
+  dead_rank_in_collective   rank 1 SIGKILLed inside the first collective of step k: rank 1 must
+                    be named dead (by the watchdog, or by the launcher that saw it die); the
+                    rerun continues likewise
+  mismatch_shape    rank 1 issues the first all_reduce of step k in another shape, same bytes (a
+                    mismatch Gloo lets through, silently): the fingerprint check must name rank 1
+                    (a FAIL, exit 1). Detection only: checkpoints written between the mismatch
+                    and its verdict hold what it corrupted, so there is no bitwise resume to check
 
 Each drill asserts detection, the step resumed from (the newest checkpoint committed before the
 fault, read from the run journal), and that the per-step losses of the whole run are bitwise equal
@@ -47,7 +54,7 @@ from distval.results import Check, Report, Status, Table
 DRILL_COLUMNS = ["drill", "status", "detected", "diagnosis_s", "recovery_s", "steps_lost", "resumed_from_step",
                  "loss_identical"]
 DRILLS = ("kill9_rank", "exception_rank", "sigterm_job", "kill_during_save", "corrupt_file", "disk_full", "hang_rank",
-          "skip_collective")
+          "skip_collective", "dead_rank_in_collective", "mismatch_shape")
 HANG_AFTER = "3s"  # the hang drills' --hang-after: a sub-second-step job, diagnosed in seconds
 
 
@@ -100,11 +107,12 @@ class Outcome:
     expected_resume: int | None = None
     steps_lost: int | None = None
     recovery_s: float | None = None
-    diagnosis_s: float | None = None  # hang drills: from the last progress to the verdict
+    diagnosis_s: float | None = None  # from the last progress to the verdict (a crash: to the job's end)
     how: str = ""  # how it was detected, when that can differ (a hang, or a crash)
     losses: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     skip: str | None = None
+    detect_only: bool = False  # no resume to check (mismatch_shape)
 
 
 class Driller:
@@ -222,6 +230,25 @@ class Driller:
             out.recovery_s = resumed["first_step_time"] - last["last_step_time"]
         return out
 
+    def dead_rank_in_collective(self) -> Outcome:
+        return self.hung("dead_rank_in_collective", f"step={self.cfg.fault_step},rank=1,action=kill_in_op", "dead",
+                         or_crash=True)
+
+    def mismatch_shape(self) -> Outcome:
+        run = self.train("mismatch_shape", self.fresh_dir("mismatch_shape"), "--hang-after", HANG_AFTER,
+                         fault=f"step={self.cfg.fault_step},rank=1,action=reshape")
+        fails = [c for c in (run.report or {}).get("checks", []) if c["status"] == "FAIL"
+                 and c["details"].get("hang") == "mismatch"]
+        out = Outcome(detect_only=True)
+        out.detected = run.code == 1 and bool(fails) and fails[0]["where"].get("rank") == 1
+        if out.detected:
+            out.diagnosis_s = fails[0]["details"]["diagnosed_s"]
+            out.how = f"rank 1 named by the fingerprint check {out.diagnosis_s} s after its collective"
+        else:
+            out.notes.append(f"expected rank 1 named by the fingerprint check, exit 1: exit {run.code}, "
+                             f"{fails[0]['summary'] if fails else run.stderr[-300:]}")
+        return out
+
     def hung(self, name: str, fault: str, kind: str, or_crash: bool = False) -> Outcome:
         """A job that hangs at the fault: the watchdog must name rank 1 with this kind of hang and
         end the job (exit 3); a rerun with --resume auto continues from the newest checkpoint.
@@ -235,6 +262,9 @@ class Driller:
         details = errors[0]["details"] if errors else {}
         hang = details if "hang" in details else {}
         out = Outcome(diagnosis_s=hang.get("diagnosed_s"))
+        last = ((first.journal or {}).get("attempts") or [{}])[-1]
+        if not hang and last.get("last_step_time"):  # named by the launcher: at most from the fault's step to the end
+            out.diagnosis_s = round(first.ended - last["last_step_time"], 2)
         named = first.code == 3 and bool(errors) and errors[0]["where"].get("rank") == 1
         out.detected = named and (hang.get("hang") == kind or (or_crash and not hang))
         out.how = (f"rank 1 named by the watchdog in {out.diagnosis_s} s ({kind})" if hang
@@ -331,7 +361,7 @@ class Driller:
                 {"drill": name, "status": "SKIP"},
                 Check(f"drill {name}", Status.SKIP, out.skip, where={"drill": name}),
             )
-        identical = bool(out.losses) and out.losses == self.baseline
+        identical = None if out.detect_only else bool(out.losses) and out.losses == self.baseline
         resumed_ok = out.resumed_from_step is not None and out.resumed_from_step == out.expected_resume
         if out.resumed_from_step is not None and not resumed_ok:
             out.notes.append(f"resumed from step {out.resumed_from_step}, expected {out.expected_resume} (the newest "
@@ -342,7 +372,7 @@ class Driller:
                 min(len(out.losses), len(self.baseline)),
             )
             out.notes.append(f"losses differ from the baseline from step {first}")
-        ok = out.detected and resumed_ok and identical
+        ok = out.detected and (out.detect_only or (resumed_ok and identical))
         row = {
             "drill": name,
             "status": "PASS" if ok else "FAIL",
@@ -354,7 +384,8 @@ class Driller:
             "loss_identical": identical,
         }
         summary = (
-            f"{name}: detected{', ' + out.how if out.how else ''}, resumed from step {out.resumed_from_step} "
+            f"{name}: detected, {out.how}" if ok and out.detect_only
+            else f"{name}: detected{', ' + out.how if out.how else ''}, resumed from step {out.resumed_from_step} "
             f"({out.steps_lost} step(s) redone), losses bitwise equal to the uninterrupted run"
             if ok
             else f"{name}: " + "; ".join(out.notes or ["not detected"])

@@ -15,13 +15,16 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from distval.results import CannotRun
+from distval.results import CannotRun, Status
 
 
 class WorkerFailure(CannotRun):
+    """A job that failed or hung (its check: ERROR, exit 3), or that was stopped for a finding
+    about the ranks' own work (a collective mismatch: `status` FAIL, exit 1)."""
+
     def __init__(self, rank: int | None, message: str, last_status: str = "", details: dict | None = None,
-                 hint: str = ""):
-        self.rank, self.message, self.last_status, self.hint = rank, message, last_status, hint
+                 hint: str = "", status: Status = Status.ERROR):
+        self.rank, self.message, self.last_status, self.hint, self.status = rank, message, last_status, hint, status
         self.details = details or {}
         who = f"rank {rank}" if rank is not None else "a worker"
         where = f" (last status: {last_status})" if last_status else ""

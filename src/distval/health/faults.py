@@ -5,6 +5,7 @@
     DISTVAL_FAULT="step=7,rank=1,action=kill,attempt=-1"       a rank killed at a training step
     DISTVAL_FAULT="step=7,rank=1,action=kill;op=any,rank=0,action=hang,nth=500"   several: `;`
     DISTVAL_FAULT="op=all_reduce,rank=1,action=skip,nth=40"       a rank skips one collective
+    DISTVAL_FAULT="op=all_reduce,rank=1,action=reshape,nth=40"    a rank's one all_reduce in another shape
 
 Where a fault fires, by its key:
   op=OP     after the `nth` call (0: every call) of collective OP ("any": every op) on the
@@ -27,26 +28,39 @@ The catalogue (ACTIONS: where each applies):
   spin          both   loop in Python forever (a rank stuck outside any collective)
   skip          both   op: the `nth` call, step: the first call of step N, is never handed to
                        the backend (a rank that skipped a collective)
+  kill_in_op    step   the first all_reduce of step N is handed to the backend, then this
+                       process is SIGKILLed while it is in flight (a rank that dies inside a
+                       collective)
+  reshape       both   op: the `nth` all_reduce, step: the first all_reduce of step N, is issued
+                       as the same bytes in another shape, (1, n), on this rank (a shape mismatch
+                       the backend lets through, silently)
   slow_save     step   sleep `seconds` inside this rank's next checkpoint save (a slow disk:
                        real work, not a hang)
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+import torch.distributed as dist
 
 from distval.comm.inputs import BITS_OF_SIZE
+
+if TYPE_CHECKING:
+    from distval.comm.layer import OpRecord
 
 ENV = "DISTVAL_FAULT"
 ACTIONS = {"corrupt": ("op",), "raise": ("op", "step"), "hang": ("op", "step"), "kill": ("op", "step"),
            "sigterm": ("step",), "sigterm_job": ("step",), "kill_in_save": ("step",), "stop": ("op", "step"),
-           "spin": ("op", "step"), "skip": ("op", "step"), "slow_save": ("step",)}
+           "spin": ("op", "step"), "skip": ("op", "step"), "slow_save": ("step",), "reshape": ("op", "step"),
+           "kill_in_op": ("step",)}
+_AT_ISSUE = ("skip", "reshape", "kill_in_op")  # faults that act as the op is issued
 _INT_FIELDS = ("rank", "index", "nth", "step", "attempt", "seconds")
 
 
@@ -75,6 +89,8 @@ class Fault:
             raise ValueError(
                 f"{ENV} action {self.action!r} applies to {' or '.join(ACTIONS[self.action])}=, not {where}="
             )
+        if self.action == "reshape" and self.op not in (None, "all_reduce"):
+            raise ValueError(f"{ENV} action {self.action!r} applies to op=all_reduce only")
 
     def armed(self, rank: int) -> bool:
         return rank == self.rank and self.attempt in (-1, attempt_number())
@@ -108,7 +124,7 @@ class Faults:
         self.on_ops = [f for f in faults if f.op is not None and f.armed(rank)]
         self.on_steps = [f for f in faults if f.step is not None and f.armed(rank)]
         self._hits = [0] * len(self.on_ops)
-        self._skip_next = False  # a step's `skip` fault: the next collective is not issued
+        self._next: str | None = None  # a step's fault for its next collective (skip) or all_reduce
 
     @classmethod
     def from_env(cls, rank: int) -> Faults:
@@ -117,16 +133,25 @@ class Faults:
     def __bool__(self) -> bool:
         return bool(self.on_ops or self.on_steps)
 
-    def before_op(self, op: str) -> bool:
-        """The `Comm` issue hook: False skips this call (a `skip` fault's call)."""
-        if self._skip_next:
-            self._skip_next = False
-            return False
-        return not any(f.action == "skip" for f in self._firing(op, ("skip",)))
+    def before_op(self, rec: OpRecord, group: Any = None, device: Any = "cpu") -> bool:
+        """The `Comm` issue hook: False vetoes this call (a `skip` fault's; a `reshape` fault's,
+        which issues its mismatched collective on `group` instead)."""
+        actions = [f.action for f in self._firing(rec.op, _AT_ISSUE)]
+        if self._next is not None and (self._next == "skip" or rec.op == "all_reduce"):
+            actions.append(self._next)
+            self._next = None
+        if "reshape" in actions or "kill_in_op" in actions:  # this fault issues the all_reduce itself
+            shape = (1, math.prod(rec.shape)) if "reshape" in actions else rec.shape
+            zeros = torch.zeros(shape, dtype=getattr(torch, rec.dtype), device=device)
+            work = dist.all_reduce(zeros, group=group, async_op=True)
+            if "kill_in_op" in actions:
+                os.kill(os.getpid(), signal.SIGKILL)
+            work.wait()
+        return not actions
 
     def after_op(self, op: str, outputs: Sequence[torch.Tensor]) -> None:
         """The `Comm` finish hook."""
-        for f in self._firing(op, tuple(a for a in ACTIONS if a != "skip")):
+        for f in self._firing(op, tuple(a for a in ACTIONS if a not in _AT_ISSUE)):
             _act(f, outputs, f"at {op} on rank {self.rank}")
 
     def _firing(self, op: str, actions: tuple[str, ...]) -> list[Fault]:
@@ -141,8 +166,8 @@ class Faults:
 
     def at_step(self, step: int) -> None:
         for f in self.on_steps:
-            if f.step == step and f.action == "skip":
-                self._skip_next = True
+            if f.step == step and f.action in _AT_ISSUE:
+                self._next = f.action
             elif f.step == step and f.action not in ("kill_in_save", "slow_save"):
                 _act(f, (), f"at step {step} on rank {self.rank}")
 

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from distval.health import fingerprints
 from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.stats import percentile
 
@@ -86,9 +87,10 @@ class Hang:
     ranks: list[dict[str, Any]] = field(default_factory=list)  # the per-rank table
     stacks: dict[int, str] = field(default_factory=dict)
     stacks_note: str = ""
+    hung: bool = True  # False: a mismatch the fingerprint check found while every rank still ran
 
     def details(self) -> dict[str, Any]:
-        return {"hang": self.kind, "culprits": self.culprits, "stalled_s": round(self.stalled_s, 1),
+        return {"hang": self.kind, "hung": self.hung, "culprits": self.culprits, "stalled_s": round(self.stalled_s, 1),
                 "diagnosed_s": round(self.diagnosed_s, 1),
                 "ranks": self.ranks, "stacks": {str(r): s for r, s in self.stacks.items()},
                 "stacks_note": self.stacks_note}
@@ -274,6 +276,22 @@ def diagnose_hang(beats: dict[int, dict[str, Any] | None], stalled_s: float, wit
         note = "; ".join(sorted(reasons))
     if pids and len(pids) < len(beats):
         note = (note + "; " if note else "") + "stacks only of the ranks on this host"
+    rows = _table(beats, culprits, states, spinning, stacks)
+    return Hang(culprits, kind, verdict, stalled_s, stalled_s + time.monotonic() - started, rows, stacks, note)
+
+
+def mismatch_found(beats: dict[int, dict[str, Any] | None], culprits: list[int], verdict: str,
+                   issued_at: float | None) -> Hang:
+    """The fingerprint check's finding (health/fingerprints.py), while every rank still runs;
+    `diagnosed_s` counts from the first differing collective's issue (`issued_at`, epoch s)."""
+    return Hang(culprits, "mismatch", verdict, diagnosed_s=time.time() - issued_at if issued_at else 0.0,
+                ranks=_table(beats, culprits), hung=False, stacks_note="not taken: no rank had hung")
+
+
+def _table(beats: dict[int, dict[str, Any] | None], culprits: list[int], states: dict[int, str] | None = None,
+           spinning: dict[int, bool] | None = None, stacks: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """The per-rank table of a diagnosis."""
+    states, spinning, stacks = states or {}, spinning or {}, stacks or {}
     rows = []
     for r in sorted(beats):
         b = beats[r] or {}
@@ -284,11 +302,13 @@ def diagnose_hang(beats: dict[int, dict[str, Any] | None], stalled_s: float, wit
                      "waiting_in": _describe(_fingerprint(b, pg), pg) if pg else None,
                      "completed": {g: v[1] for g, v in b.get("groups", {}).items()},
                      "where": where(stacks.get(r)), "culprit": r in culprits})
-    return Hang(culprits, kind, verdict, stalled_s, stalled_s + time.monotonic() - started, rows, stacks, note)
+    return rows
 
 
 def summary(hang: Hang) -> str:
     """The verdict, the culprit's line of code, the others in one clause each."""
+    if not hang.hung:
+        return f"collective mismatch, found by the fingerprint check before any hang: {hang.verdict}"
     text = f"hang after {hang.stalled_s:.0f} s without progress: {hang.verdict}"
     for row in hang.ranks:
         if row["culprit"] and row["where"]:
@@ -311,7 +331,9 @@ def summary(hang: Hang) -> str:
 class Watchdog:
     """A monitor-loop watcher (launch/monitor.py): reads every rank's heartbeat each `every_s`,
     learns the gaps between progress, and when none comes for the threshold diagnoses the hang
-    and calls `on_hang(hang)` once (which stops the job)."""
+    and calls `on_hang(hang)` once (which stops the job). On the way it compares the ranks'
+    collective fingerprints (health/fingerprints.py): a mismatch is reported the same way, at
+    once."""
 
     def __init__(self, world_size: int, policy: HangPolicy, on_hang: Callable[[Hang], None], every_s: float = 0.5):
         self.world_size, self.policy, self.on_hang, self.every_s = world_size, policy, on_hang, every_s
@@ -320,14 +342,19 @@ class Watchdog:
         self._ready = False
         self._changed = time.monotonic()
         self._checked = 0.0
+        self._compared: dict[int, Any] = {}
+        self._reader: Any = None
         self.hang: Hang | None = None  # set once, by the monitor thread; read after it stopped
 
     def tick(self, reader: Any) -> None:
         now = time.monotonic()
         if self.hang is not None or now - self._checked < self.every_s:
             return
-        self._checked = now
+        self._checked, self._reader = now, reader
         beats = reader.all(self.world_size, HEARTBEAT)
+        if self._mismatch(beats, reader):
+            self.on_hang(self.hang)
+            return
         progress = {r: (b["groups"], b.get("step")) for r, b in beats.items() if b}
         # learning starts once every rank's process group is up: start-up (imports, rendezvous,
         # data loading) is not a gap between steps
@@ -347,8 +374,26 @@ class Watchdog:
             self.hang = diagnose_hang(beats, stalled)
             self.on_hang(self.hang)
 
+    def _mismatch(self, beats: dict[int, dict[str, Any] | None], reader: Any) -> bool:
+        """Compare the fingerprint digests of every rank's newest windows (when they changed);
+        a mismatch becomes `hang`."""
+        digests = {r: b.get("windows") or {} for r, b in beats.items() if b}
+        if len(digests) < self.world_size or digests == self._compared:
+            return False
+        self._compared = digests
+        found = fingerprints.compare(digests, fingerprints.EVERY,
+                                     lambda: reader.all(self.world_size, fingerprints.KIND))
+        if found is None:
+            return False
+        self.hang = mismatch_found(beats, *found)
+        return True
+
     def close(self) -> None:
-        """Nothing to release: the diagnosis, if any, stays in `hang`."""
+        """After the job: a last compare, of the fingerprints the ranks left as they ended (a
+        mismatch in a job's last collectives stops nothing, but fails the job). The diagnosis,
+        if any, stays in `hang`."""
+        if self.hang is None and self._reader is not None:
+            self._mismatch(self._reader.all(self.world_size, HEARTBEAT), self._reader)
 
 
 def stop_ranks(hang: Hang, grace_s: float = 2.0) -> None:

@@ -9,8 +9,12 @@ last enqueued and last completed sequence number (about 40 µs) and publishes wh
 changed. Only when this rank has waited in the same collective for `stall_s` does it read the
 recorder's entries (a few ms) to add the fingerprint of what it waits in: op, sizes, dtypes.
 
+Every `every` collectives completed on a group, the thread also takes their fingerprints from
+the recorder (health/fingerprints.py): their digests ride in the heartbeat (`windows`), the
+fingerprints themselves go out under their own kind, for the watchdog to compare across ranks.
+
 Payload: {pid, host, status, busy, step, groups: {pg: [enqueued, completed]}, pending: [{pg,
-seq, op, sizes, dtypes}], cpu_s, time}.
+seq, op, sizes, dtypes}], windows: {pg: {window: digest}}, cpu_s, time}.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import socket
 import threading
 import time
 from typing import Any, Callable
+
+from distval.health import fingerprints
 
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_ENTRIES = "256"  # enough to hold what a stalled rank is waiting in; small enough to read in a few ms
@@ -49,13 +55,17 @@ def group_progress() -> dict[str, list[int]]:
     return {pg: [int(s["last_enqueued_collective"]), int(s["last_completed_collective"])] for pg, s in status.items()}
 
 
-def pending_collectives(groups: dict[str, list[int]]) -> list[dict[str, Any]]:
-    """The recorder's entries of collectives enqueued but not completed, per group."""
+def recorded() -> list[dict[str, Any]]:
+    """The Flight Recorder's entries, oldest first (a few ms for 256)."""
     from torch._C._distributed_c10d import _dump_fr_trace_json
 
-    doc = json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+    return json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False)).get("entries", [])
+
+
+def pending_collectives(groups: dict[str, list[int]], entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recorder's entries of collectives enqueued but not completed, per group."""
     out = []
-    for e in doc.get("entries", []):
+    for e in entries:
         pg = e["process_group"][0]  # the group's name, as pg_status keys it
         enqueued, completed = groups.get(pg, [0, 0])
         if completed < e["collective_seq_id"] <= enqueued:
@@ -69,8 +79,13 @@ class Heartbeat:
     or "running <script>" for a user's script."""
 
     def __init__(self, channel: Any, status: Callable[[], tuple[str, dict[str, Any]]], interval_s: float = 0.5,
-                 stall_s: float = 1.0):
+                 stall_s: float = 1.0, every: int = fingerprints.EVERY):
         self.channel, self.status, self.interval_s, self.stall_s = channel, status, interval_s, stall_s
+        self.every = every
+        self._prints: dict[str, dict[int, dict[str, list]]] = {}  # the last KEEP windows per group
+        self._digests: dict[str, dict[str, str]] = {}
+        self._done: dict[str, int] = {}  # per group: the newest window taken (or passed over)
+        self._final = False  # the last beat: the trailing part-window is taken too
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="distval-heartbeat", daemon=True)
         self._last: dict[str, Any] | None = None
@@ -86,9 +101,15 @@ class Heartbeat:
         """Stop, after a last heartbeat: a rank that ends leaves its final counts behind."""
         self._stop.set()
         try:
-            self.beat()
+            self.last_beat()
         except Exception:  # noqa: BLE001 (the process group may be gone already)
             self.errors += 1
+
+    def last_beat(self) -> dict[str, Any] | None:
+        """The final heartbeat, before the process group goes: with the fingerprints of the
+        collectives since the last whole window."""
+        self._final = True
+        return self.beat()
 
     def beat(self) -> dict[str, Any] | None:
         """One heartbeat: published when it differs from the last one. Returns it."""
@@ -106,13 +127,36 @@ class Heartbeat:
         elif self._waiting_since is None or self._waiting_since[0] != key:
             self._waiting_since = (key, now)
         stalled = self._waiting_since is not None and now - self._waiting_since[1] >= self.stall_s
+        completed = {pg: v[1] for pg, v in groups.items()}
+        due = any((-(-n // self.every) if self._final else n // self.every) > self._done.get(pg, 0)
+                  for pg, n in completed.items())
+        entries = recorded() if stalled or due else []
+        if due:
+            self._take_windows(entries, completed)
         beat = {"pid": os.getpid(), "host": socket.gethostname(), "status": text, "busy": bool(fields.get("busy")),
                 "step": fields.get("step"), "groups": groups,
-                "pending": pending_collectives(groups) if stalled else [], "cpu_s": round(time.process_time(), 2)}
+                "pending": pending_collectives(groups, entries) if stalled else [], "windows": self._digests,
+                "cpu_s": round(time.process_time(), 2)}
         if beat != self._last:
             self.channel.publish(KIND, beat)
             self._last = beat
         return beat
+
+    def _take_windows(self, entries: list[dict[str, Any]], completed: dict[str, int]) -> None:
+        new = fingerprints.windows(entries, completed, self.every, self._done, self._final)
+        for pg, n in completed.items():
+            self._done[pg] = max(self._done.get(pg, 0), n // self.every)
+        if not new:
+            return
+        for pg, found in new.items():
+            prints = self._prints.setdefault(pg, {})
+            prints.update(found)
+            for w in sorted(prints)[:-fingerprints.KEEP]:
+                del prints[w]
+        self._digests = {pg: {str(w): fingerprints.digest(f["prints"]) for w, f in ws.items()}
+                         for pg, ws in self._prints.items()}
+        published = {pg: {str(w): f for w, f in ws.items()} for pg, ws in self._prints.items()}
+        self.channel.publish(fingerprints.KIND, {"windows": published})
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

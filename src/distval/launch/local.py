@@ -27,6 +27,7 @@ from distval.health.heartbeat import FR_ENV, enable_flight_recorder
 from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
+from distval.results import Status
 
 
 def _quiet_elastic_logs() -> None:
@@ -121,6 +122,7 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
             monitor.close()
             for sig, handler in saved_handlers.items():
                 signal.signal(sig, handler)
+        _raise_hang(watchdog)  # a mismatch in the job's last collectives, found as it ended
         return results
     except ChildFailedError as e:
         _raise_hang(watchdog)
@@ -154,7 +156,8 @@ def _raise_hang(watchdog: Watchdog | None) -> None:
     if hang is not None:
         rank = hang.culprits[0] if hang.culprits else None
         status = next((row["status"] for row in hang.ranks if row["rank"] == rank), "") if rank is not None else ""
-        raise WorkerFailure(rank, summary(hang), status or "", hang.details(), HINTS[hang.kind])
+        raise WorkerFailure(rank, summary(hang), status or "", hang.details(), HINTS[hang.kind],
+                            Status.ERROR if hang.hung else Status.FAIL)
 
 
 def _raise_no_restart(monitor: Monitor, reader: channels.ChannelReader, run_dir: str, nproc: int) -> None:

@@ -6,6 +6,7 @@ rules of later issues are added here, as more `Watcher`s."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Callable, Protocol
@@ -32,6 +33,7 @@ class Monitor:
         self._on_note: Callable[[dict], None] | None = None
         self.deadline_expired = False
         self.note: dict | None = None
+        self._broken: set = set()
 
     def stop_at(self, deadline_s: float, action: Callable[[], None]) -> None:
         """Run `action` once `deadline_s` seconds have passed since `start`."""
@@ -68,4 +70,9 @@ class Monitor:
 
     def _tick_watchers(self) -> None:
         for w in self.watchers:
-            w.tick(self.reader)
+            try:
+                w.tick(self.reader)
+            except Exception as e:  # noqa: BLE001 (one broken rule must not stop the deadline and the others)
+                if w not in self._broken:
+                    self._broken.add(w)
+                    print(f"distval: internal error in {type(w).__name__}: {type(e).__name__}: {e}", file=sys.stderr)

@@ -54,7 +54,7 @@ def _beat_before_destroy(heartbeat: Heartbeat) -> None:
     destroy = dist.destroy_process_group
 
     def destroy_process_group(*args: object, **kwargs: object) -> None:
-        heartbeat.beat()
+        heartbeat.last_beat()
         destroy(*args, **kwargs)
 
     dist.destroy_process_group = destroy_process_group

@@ -61,7 +61,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         ctx.signals.install(signal.SIGTERM)
         ctx.faults = faults = Faults.from_env(rank)
         if faults:  # the measured group only: bookkeeping is never faulted
-            ctx.comm.on_issue.append(lambda rec: faults.before_op(rec.op))
+            ctx.comm.on_issue.append(lambda rec: faults.before_op(rec, ctx.comm.group, ctx.device))
             ctx.comm.on_finish.append(lambda rec, outputs: faults.after_op(rec.op, outputs))
         if opts.hang is not None:  # the watchdog's facts (`--hang-after off`: neither)
             status = ctx  # what the rank last said it is doing
