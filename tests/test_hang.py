@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from distval.health.diagnose import fewer_collectives
-from distval.health.hang import HangPolicy, Watchdog, decide, where
+from distval.health.hang import Hang, HangPolicy, Watchdog, compiling, decide, where
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 
 def beat(enqueued: int, completed: int, pending: list | None = None, status: str = "train step 5", pg: str = "0",
@@ -77,6 +77,7 @@ def test_threshold_learns_from_gaps_and_allows_startup_and_busy_phases():
     assert policy.threshold([0.5, 1.0], busy=False) == 4.0  # sub-second steps: the floor (+ sampling slop)
     assert policy.threshold([4.0], busy=False) == 31.0  # 3 s real gaps: 10 x 3 + slop
     assert policy.threshold([0.5], busy=True) == 600.0  # a checkpoint save in progress
+    assert policy.threshold([], busy=False, running=True) == 4.0  # progress seen, no gap measured yet: the floor
     with pytest.raises(ValueError, match="--hang-after must be positive"):
         HangPolicy(floor_s=0)
 
@@ -111,6 +112,17 @@ def test_the_watchdog_fires_once_when_progress_stops(monkeypatch):
     dog.tick(reader)
     assert len(fired) == 1 and fired[0].culprits == [1] and fired[0].kind == "outside"
     assert "train step 7" in fired[0].verdict  # the status kind, fresher than the heartbeat's
+
+
+def test_a_rank_inside_torch_compile_is_compiling_not_hung():
+    stack = textwrap.dedent("""\
+        Thread 42 (active): "MainThread"
+            codegen (torch/_inductor/graph.py:2011)
+            compile_fx (torch/_inductor/compile_fx.py:1820)
+            train_step (train.py:40)
+        """)
+    hang = Hang([1], "outside", "", stacks={0: stack.replace("torch/_inductor", "mylib"), 1: stack})
+    assert compiling(hang) == [1]
 
 
 def test_where_is_the_innermost_frame_outside_torch_and_the_collective_layer():
@@ -192,6 +204,13 @@ def test_bad_hang_after_is_one_line_and_exit_2(cli):
     assert res.returncode == 2 and res.stderr.strip() == (
         "distval: error: --hang-after must be positive (got 0 s), e.g. 30s")
     assert cli("launch", "--nproc", "2", "no_such_script.py").returncode == 2
+    res = cli("launch", "--nnodes", "2", __file__)
+    assert res.returncode == 2 and "--nnodes 2 needs --rdzv-endpoint HOST:PORT" in res.stderr
+    for args, words in ((("--nnodes", "1:4"), "elastic MIN:MAX ranges are not supported"),
+                        (("--rdzv-backend", "etcd"), "c10d rendezvous only"),
+                        (("--nnodes", "2", "--rdzv-endpoint", "node1"), "--rdzv-endpoint must be HOST:PORT")):
+        res = cli("launch", *args, __file__)
+        assert res.returncode == 2 and words in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
 SCRIPT = """\
@@ -256,3 +275,27 @@ def test_launch_runs_a_plain_ddp_script_and_names_its_hangs(tmp_path):
     check = _error(out, "FAIL")
     assert code == 1 and check["where"]["rank"] == 1 and not check["details"]["hung"], check["summary"]
     assert "rank 1 issued all_reduce [[1, 4]] Float, while ranks 0, 2 issued all_reduce [[4]] Float" in check["summary"]
+
+
+def test_launch_across_two_nodes_names_the_culprit_on_every_node(tmp_path):
+    """Two `distval launch --nnodes 2` (one per node, here on one host) meet at the rendezvous
+    endpoint; the channel lives in its store, so each node's watchdog sees every rank."""
+    (tmp_path / "ddp_script.py").write_text(SCRIPT)
+
+    def node(case: str, n: int, port: int) -> tuple[int, Path, str]:
+        out = tmp_path / f"{case}_{n}.json"
+        res = run_cli("launch", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                      "--rdzv-id", case, "--hang-after", "3s", "--json", str(out), str(tmp_path / "ddp_script.py"),
+                      *(("40",) if case == "ok" else ("3000", case)), timeout=180)
+        return res.returncode, out, res.stdout + res.stderr
+
+    jobs = [(case, n, port) for case, port in (("ok", free_port()), ("stop", free_port())) for n in (0, 1)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        runs = dict(zip([(c, n) for c, n, _ in jobs], pool.map(lambda j: node(*j), jobs)))
+    for n in (0, 1):
+        code, out, text = runs[("ok", n)]
+        assert code == 0 and "2 ranks" in json.loads(out.read_text())["checks"][0]["summary"], text[-2000:]
+        code, out, text = runs[("stop", n)]
+        check = _error(out)
+        assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
+        assert check["details"]["diagnosed_s"] < 15, check["details"]

@@ -122,15 +122,26 @@ class RankChannel:
 
 
 class ChannelReader:
-    """The monitor's side: the latest payload of each rank and kind."""
+    """The monitor's side: the latest payload of each rank and kind. `store`: a store, or the
+    address of one that may not be up yet (a multi-node launch: the rendezvous endpoint's),
+    connected on first use and again, at most each second, until it answers."""
 
     def __init__(self, store: Any):
-        self._store = store
+        self._store, self._address, self._tried = (None, store, 0.0) if isinstance(store, str) else (store, None, 0.0)
+
+    def _connected(self) -> Any:
+        if self._store is None and time.monotonic() - self._tried >= 1.0:
+            self._tried = time.monotonic()
+            try:
+                self._store = connect(self._address, timeout_s=2.0)
+            except Exception:  # noqa: BLE001 (not up yet: nothing published yet)
+                return None
+        return self._store
 
     def latest(self, rank: int, kind: str) -> dict[str, Any] | None:
         key = _key(kind, rank)
         try:
-            if not self._store.check([key]):
+            if self._connected() is None or not self._store.check([key]):
                 return None
             return json.loads(self._store.get(key))
         except Exception:  # noqa: BLE001 (an unreachable store reads as "nothing published")

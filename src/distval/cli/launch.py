@@ -1,5 +1,6 @@
-"""`distval launch`: the user's own script on N local workers, as torchrun would start it, with
-the hang watchdog attached; a hang or a failure is named with the culprit and every rank's stack."""
+"""`distval launch`: the user's own script on N workers per node, as torchrun would start it, with
+the hang watchdog attached (one per node); a hang or a failure is named with the culprit and every
+rank's stack."""
 
 from __future__ import annotations
 
@@ -41,12 +42,22 @@ def launch_cmd(
             help="Restart every worker up to N times after a failure (as torchrun's); a hang ends the job.",
         ),
     ] = 0,
+    nnodes: Annotated[
+        str, option("--nnodes", help="Nodes of the job (as torchrun's): start one `distval launch` on each.")
+    ] = "1",
+    rdzv_endpoint: Annotated[
+        Optional[str], option("--rdzv-endpoint", help="HOST:PORT every node meets at (as torchrun's; --nnodes > 1).")
+    ] = None,
+    rdzv_id: Annotated[
+        Optional[str], option("--rdzv-id", help="The job's id, the same on every node (as torchrun's).")
+    ] = None,
+    rdzv_backend: Annotated[str, option("--rdzv-backend", help="Rendezvous backend: c10d (the only one).")] = "c10d",
     timeout: Timeout = "60s",
     hang_after: HangAfter = "8s",
     json: JsonOut = None,
 ) -> int:
     """Run your own torch.distributed script under distval's watchdog: hangs, dead and stopped ranks named
-    in seconds."""
+    in seconds. Across nodes: the same command on each, with --nnodes and --rdzv-endpoint."""
     from distval.launch import detect_mode
     from distval.runner import run_script
 
@@ -54,6 +65,13 @@ def launch_cmd(
         raise ValueError(f"{script}: no such script; give the path of the Python file torchrun would run")
     if detect_mode() != "local":
         raise ValueError("distval launch starts the workers itself: run it instead of torchrun, not under it")
-    opts = launch_options(nproc_per_node, "auto", None, timeout, None, hang_after, max_restarts=max_restarts)
+    if rdzv_backend != "c10d":
+        raise ValueError(f"--rdzv-backend {rdzv_backend}: distval launch meets by c10d rendezvous only; use c10d")
+    if not nnodes.isdigit():
+        raise ValueError(f"--nnodes must be a whole number of nodes (got {nnodes!r}); elastic MIN:MAX ranges are "
+                         f"not supported")
+    ids = {"run_id": rdzv_id or ("distval-launch" if int(nnodes) > 1 else None)}
+    opts = launch_options(nproc_per_node, "auto", None, timeout, None, hang_after, max_restarts=max_restarts,
+                          nnodes=int(nnodes), rdzv_endpoint=rdzv_endpoint, **{k: v for k, v in ids.items() if v})
     check_outputs({"--json": json})
     return finish(run_script(str(script), list(ctx.args), opts), json, make_console())

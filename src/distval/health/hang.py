@@ -8,7 +8,8 @@ between progress seen lately: one scheduling hiccup does not double the allowanc
 recurs raises it). Before the first progress the allowance is `startup_s` (rendezvous, data loading,
 the first step's compile); while a rank declares a long phase (a checkpoint save: `busy`) it is
 `busy_s`. A slow step that makes progress now and then only raises the learned gap; it is never
-a hang.
+a hang. A rank found inside torch.compile (its stack in Dynamo or Inductor) when the threshold
+passes is compiling, not hung: the stacks are looked at again 30 s later, up to `busy_s`.
 
 The decision, in this order (never "the first rank that disagrees"):
   stopped      a rank's process is stopped (SIGSTOP, a debugger): it cannot answer
@@ -42,6 +43,8 @@ from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.stats import percentile
 
 STACK_TIMEOUT_S = 10.0
+COMPILE_RECHECK_S = 30.0  # a rank in torch.compile at a would-be hang: the stacks are looked at again this much later
+_COMPILING = ("torch/_dynamo/", "torch/_inductor/")
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,13 @@ class HangPolicy:
         if not self.floor_s > 0:
             raise ValueError(f"--hang-after must be positive (got {self.floor_s:g} s), e.g. 30s")
 
-    def threshold(self, gaps: list[float], busy: bool, slop_s: float = 1.0) -> float:
+    def threshold(self, gaps: list[float], busy: bool, slop_s: float = 1.0, running: bool = False) -> float:
         """`gaps`: seconds between progress seen lately, each up to `slop_s` longer than the real
-        gap (progress is sampled: the heartbeat's and the watchdog's intervals)."""
+        gap (progress is sampled: the heartbeat's and the watchdog's intervals). `running`: progress
+        was seen with every rank's process group up, though no gap could be measured yet (the
+        watchdog came late): the floor, not the start-up allowance."""
         if not gaps:
-            limit = self.startup_s
+            limit = self.floor_s + slop_s if running else self.startup_s
         else:
             limit = max(self.floor_s, self.factor * max(0.0, percentile(gaps, 90) - slop_s)) + slop_s
         return max(limit, self.busy_s) if busy else limit
@@ -305,6 +310,12 @@ def _table(beats: dict[int, dict[str, Any] | None], culprits: list[int], states:
     return rows
 
 
+def compiling(hang: Hang) -> list[int]:
+    """The ranks whose main thread is inside torch.compile (Dynamo tracing, Inductor codegen):
+    a first step's compile is real work, not a hang."""
+    return [r for r, stack in hang.stacks.items() if any(c in f for f in main_frames(stack) for c in _COMPILING)]
+
+
 def summary(hang: Hang) -> str:
     """The verdict, the culprit's line of code, the others in one clause each."""
     if not hang.hung:
@@ -340,6 +351,8 @@ class Watchdog:
         self.gaps: collections.deque[float] = collections.deque(maxlen=20)
         self._progress: Any = None
         self._ready = False
+        self._running = False  # progress seen with every process group up: start-up is over
+        self._compiling_until = 0.0
         self._changed = time.monotonic()
         self._checked = 0.0
         self._compared: dict[int, Any] = {}
@@ -362,16 +375,21 @@ class Watchdog:
         if progress != self._progress:
             if ready and self._ready:
                 self.gaps.append(now - self._changed)
+            self._running = self._running or (ready and self._progress is not None)
             self._progress, self._changed, self._ready = progress, now, ready
             return
-        busy = any(b and b.get("busy") for b in beats.values())
+        busy = any(b and b.get("busy") for b in beats.values()) or now < self._compiling_until
         stalled = now - self._changed
-        if progress and stalled >= self.policy.threshold(list(self.gaps), busy):
+        if progress and stalled >= self.policy.threshold(list(self.gaps), busy, running=self._running):
             statuses = reader.all(self.world_size, "status")  # written at once: fresher than a heartbeat
             for r, b in beats.items():
                 if b and statuses.get(r):
                     b.update(status=statuses[r].get("status", b["status"]), step=statuses[r].get("step", b["step"]))
-            self.hang = diagnose_hang(beats, stalled)
+            hang = diagnose_hang(beats, stalled)
+            if hang.kind not in ("stopped", "dead") and compiling(hang) and stalled < self.policy.busy_s:
+                self._compiling_until = now + COMPILE_RECHECK_S  # real work: look again later
+                return
+            self.hang = hang
             self.on_hang(self.hang)
 
     def _mismatch(self, beats: dict[int, dict[str, Any] | None], reader: Any) -> bool:

@@ -24,6 +24,10 @@ class LaunchOptions:
     run_id: str = field(default_factory=lambda: f"distval-{uuid.uuid4().hex[:12]}")
     # local mode: the hang watchdog's rule (health/hang.py); None: no watchdog
     hang: HangPolicy | None = field(default_factory=HangPolicy)
+    # `distval launch` across nodes (torchrun's --nnodes, --rdzv-endpoint): one launcher per node,
+    # meeting at the endpoint by c10d rendezvous under `run_id` (the same on every node)
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if self.nproc is not None and self.nproc < 1:
@@ -36,6 +40,15 @@ class LaunchOptions:
             raise ValueError(f"--deadline must be positive (got {self.deadline_s:g})")
         if self.max_restarts < 0:
             raise ValueError(f"--max-restarts must be 0 or more (got {self.max_restarts})")
+        if self.nnodes < 1:
+            raise ValueError(f"--nnodes must be at least 1 (got {self.nnodes})")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT, the same on every node "
+                             f"(the first node's address and a free port)")
+        if self.rdzv_endpoint is not None:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"--rdzv-endpoint must be HOST:PORT (got {self.rdzv_endpoint!r}), e.g. node1:29400")
         self.backend = devices.check_backend(self.backend)
 
 

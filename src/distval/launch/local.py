@@ -65,7 +65,7 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, watchers: list
     terminal), with the heartbeat and the hang watchdog attached (launch/shim.py). Returns the
     number of ranks; a failure or hang raises WorkerFailure naming the culprit."""
     run_agent(sys.executable, ("-m", "distval.launch.shim", script, *args), opts, watchers, show_output=True)
-    return opts.nproc or devices.default_nproc()
+    return (opts.nproc or devices.default_nproc()) * opts.nnodes
 
 
 def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[Watcher] | tuple,
@@ -78,25 +78,30 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     nproc = opts.nproc or devices.default_nproc()
+    world = nproc * opts.nnodes
     _quiet_elastic_logs()
     run_dir = tempfile.mkdtemp(prefix="distval-run-")
-    store, address = channels.serve()
-    reader = channels.ChannelReader(store)
+    if opts.nnodes > 1:  # the channel lives in the rendezvous endpoint's store, which every node reaches
+        store, address = None, opts.rdzv_endpoint or ""
+        reader = channels.ChannelReader(address)
+    else:
+        store, address = channels.serve()
+        reader = channels.ChannelReader(store)
     logs = DefaultLogsSpecs(log_dir=os.path.join(run_dir, "logs"), redirects=Std.NONE if show_output else Std.ALL,
                             tee=Std.ALL if show_output else Std.NONE)
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=opts.run_id,
-        rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", rdzv_configs={"timeout": int(max(opts.timeout_s, 30))},
-        max_restarts=opts.max_restarts, monitor_interval=0.05, start_method="spawn", local_addr="127.0.0.1",
-        logs_specs=logs,
+        min_nodes=opts.nnodes, max_nodes=opts.nnodes, nproc_per_node=nproc, run_id=opts.run_id,
+        rdzv_backend="c10d", rdzv_endpoint=opts.rdzv_endpoint or "127.0.0.1:0",
+        rdzv_configs={"timeout": int(max(opts.timeout_s, 30))}, max_restarts=opts.max_restarts, monitor_interval=0.05,
+        start_method="spawn", local_addr=None if opts.nnodes > 1 else "127.0.0.1", logs_specs=logs,
     )
     # The monitor stops the job the way a user's Ctrl-C would: SIGTERM to this process, whose
     # handler (torch's agent's, or ours until the agent has installed its own) stops every worker.
     # torch's agent never restores the handlers it installs: they are put back afterwards.
     saved_handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
     stop = lambda *_: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
-    watchdog = Watchdog(nproc, opts.hang, lambda hang: _abort(hang, stop)) if opts.hang else None
-    monitor = Monitor(reader, nproc, [*watchers, *([watchdog] if watchdog else [])])
+    watchdog = Watchdog(world, opts.hang, lambda hang: _abort(hang, stop)) if opts.hang else None
+    monitor = Monitor(reader, world, [*watchers, *([watchdog] if watchdog else [])])
     if opts.deadline_s:
         monitor.stop_at(opts.deadline_s, stop)
     if opts.max_restarts:  # a worker that knows a restart cannot help (bad checkpoint, crash loop)
@@ -126,13 +131,13 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         return results
     except ChildFailedError as e:
         _raise_hang(watchdog)
-        _raise_no_restart(monitor, reader, run_dir, nproc)
-        raise _diagnose(reader, run_dir, nproc, {r: f.exitcode for r, f in e.failures.items()}) from None
+        _raise_no_restart(monitor, reader, run_dir, world)
+        raise _diagnose(reader, run_dir, world, {r: f.exitcode for r, f in e.failures.items()}) from None
     except (SignalException, _Stopped):
         _raise_hang(watchdog)
-        _raise_no_restart(monitor, reader, run_dir, nproc)
+        _raise_no_restart(monitor, reader, run_dir, world)
         if monitor.deadline_expired:
-            raise _diagnose(reader, run_dir, nproc, {}, deadline_s=opts.deadline_s) from None
+            raise _diagnose(reader, run_dir, world, {}, deadline_s=opts.deadline_s) from None
         raise KeyboardInterrupt from None
     finally:
         for key, value in saved_env.items():
@@ -171,10 +176,18 @@ def _raise_no_restart(monitor: Monitor, reader: channels.ChannelReader, run_dir:
     raise WorkerFailure(None, note["no_restart"], "", _diagnose(reader, run_dir, nproc, {}).details)
 
 
-def _diagnose(reader: channels.ChannelReader, run_dir: str, nproc: int, exitcodes: dict[int, int],
+def _diagnose(reader: channels.ChannelReader, run_dir: str, world: int, exitcodes: dict[int, int],
               deadline_s: float | None = None) -> WorkerFailure:
-    return diagnose(reader.all(nproc, "state"), reader.all(nproc, "status"), exitcodes,
-                    {r: _log_tail(run_dir, r) for r in range(nproc)}, deadline_s, reader.all(nproc, HEARTBEAT))
+    """`exitcodes`: of this node's workers, by global rank (the agent's). The log tails are kept
+    by local rank: read on one node only."""
+    tails = {r: _log_tail(run_dir, r) for r in range(world)} if world == len(_local_logs(run_dir)) else {}
+    return diagnose(reader.all(world, "state"), reader.all(world, "status"), exitcodes, tails, deadline_s,
+                    reader.all(world, HEARTBEAT))
+
+
+def _local_logs(run_dir: str) -> set[str]:
+    """The local ranks this node's agent kept logs of."""
+    return {p.parent.name for p in Path(run_dir, "logs").rglob("attempt_*/*/stderr.log")}
 
 
 def _log_tail(run_dir: str, rank: int, lines: int = 5) -> list[str]:
