@@ -3,9 +3,11 @@
 1. Cost: `train_rank` on the `small` preset with the heartbeat and the Flight Recorder on
    (distval's default) and off (`--hang-after off`), alternating runs in fresh workers; the
    median step time of each (first two steps excluded) and their ratio (goal: <= 1% slower).
-2. Time to verdict: `distval train --model tiny` with a stopped, a spinning and a skipping rank
-   (--hang-after at its default, 8 s); per fault the seconds from the last progress to the
-   verdict, stacks included (details.diagnosed_s), and the wall time of the whole job.
+2. Time to verdict: `distval train --model tiny` with a stopped, a spinning and a skipping rank,
+   a rank killed inside a collective and one all_reduce issued in another shape (--hang-after at
+   its default, 8 s); per fault the seconds from the last progress (a mismatch: from its
+   collective) to the verdict, stacks included (details.diagnosed_s; a killed rank is named by
+   the launcher that saw it die, without that figure), and the wall time of the whole job.
 
     python benchmarks/heartbeat_cost.py --nproc 2 --model small --steps 20 --repeats 3
 """
@@ -27,7 +29,9 @@ from distval.train.config import TrainConfig
 from distval.train.loop import train_rank
 
 FAULTS = {"stopped rank": "step=25,rank=1,action=stop", "spinning rank": "step=25,rank=1,action=spin",
-          "skipped collective": "op=all_reduce,rank=1,action=skip,nth=60"}
+          "skipped collective": "op=all_reduce,rank=1,action=skip,nth=600",
+          "killed in collective": "step=25,rank=1,action=kill_in_op",
+          "reshaped all_reduce": "step=25,rank=1,action=reshape"}
 
 
 def step_time(cfg: TrainConfig, nproc: int, watchdog: bool) -> float:
@@ -68,9 +72,11 @@ def verdicts(args: argparse.Namespace) -> None:
                             "--strategy", "simple_ddp", "--steps", "3000", "--json", out],
                            env={**env, "DISTVAL_FAULT": fault}, capture_output=True, timeout=300)
             wall = time.monotonic() - started
-            (check,) = [c for c in json.load(open(out))["checks"] if c["status"] == "ERROR"]
-            print(f"  {name:<20} rank {check['where'].get('rank')} named ({check['details'].get('hang')}), "
-                  f"{check['details'].get('diagnosed_s')} s from the last progress to the verdict; job {wall:.1f} s")
+            (check,) = [c for c in json.load(open(out))["checks"] if c["status"] in ("ERROR", "FAIL")]
+            how = check["details"].get("hang") or check["summary"].split("failed: ")[-1][:30]
+            print(f"  {name:<20} rank {check['where'].get('rank')} named ({how}), "
+                  f"{check['details'].get('diagnosed_s', '-')} s from the fault's last progress (a mismatch: its "
+                  f"collective) to the verdict; job {wall:.1f} s")
 
 
 def main() -> None:

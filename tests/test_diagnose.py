@@ -23,6 +23,9 @@ def test_a_rank_that_left_no_state_was_killed():
     assert "died without a word" in diagnose(states, {1: {"status": "train step 7"}}).message
     failure = diagnose(states, {}, exitcodes={1: -9})
     assert failure.rank == 1 and failure.message == "killed by SIGKILL"
+    # a script's ranks leave no state: the one the agent's teardown SIGTERMed is not the culprit
+    failure = diagnose({0: None, 1: None}, {}, exitcodes={0: -15, 1: -9})
+    assert failure.rank == 1 and failure.message == "killed by SIGKILL"
 
 
 def test_the_rank_behind_in_collectives_is_the_one_the_others_wait_for():

@@ -4,7 +4,8 @@ exited. In order:
   1. a rank with an error of its own (not a timeout, closed connection or PeerFailed: those are
      what the others get when a peer fails); the earliest;
   2. a rank that left no state at all while its peers saw their connections close or the agent
-     saw a signal (killed: SIGKILL, the OOM killer, a dead host);
+     saw a signal (killed: SIGKILL, the OOM killer, a dead host), before one that only got the
+     agent's SIGTERM as the job was torn down;
   3. the rank that issued fewer collectives than the others (it stopped while they waited for it
      in the next one);
   4. at a deadline, where every rank was.
@@ -63,7 +64,8 @@ def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[
     signalled = {r: -code for r, code in exitcodes.items() if code is not None and code < 0}
     vanished = [r for r in ranks if states[r] is None]
     if vanished and (signalled or any(any(c in e.lower() for c in _CLOSED) for e in errors.values())):
-        r = next((r for r in vanished if r in signalled), vanished[0])
+        # a rank killed by a signal of its own, before one the agent's teardown sent (SIGTERM)
+        r = min(vanished, key=lambda k: (k not in signalled, signalled.get(k) == signal.SIGTERM, k))
         if r in signalled:
             how = f"killed by {signal_name(signalled[r])}"
         elif exitcodes and r not in exitcodes:  # the launcher saw the others fail, and this one end well
