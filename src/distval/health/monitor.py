@@ -1,0 +1,262 @@
+"""The training health monitor: stragglers, numerics, replica consistency and memory, decided on
+rank 0 from what every rank measured in the step, gathered in one collective over the control
+group (the same one that already gave the step's slowest time and the mean loss).
+
+Per rank and step (`RankStep`): the step time, the time the training thread computed (the step
+minus the time it waited in collectives: `comm_blocked_s`), the wait itself, its local loss, its
+current and peak memory. Rank 0 feeds the gathered rows to the detectors; each returns at most one
+new `Finding` per step (a live line on the terminal) and keeps its findings for the report:
+
+  stragglers   per step each rank's compute time over the median of its peers'; a rank is a
+               straggler when the median of that ratio over the last `window` steps reaches
+               `slow_ratio` (a one-off hiccup moves a median by nothing). Reported: the rank, its
+               slowdown (×), since which step, the share of each step the others wait for it, and
+               the throughput lost (tokens/s now against the step with the straggler at the median)
+  numerics     the first non-finite local loss (the rank(s) named) or, with every loss finite, the
+               first non-finite gradient norm (the first parameter with a non-finite gradient
+               named): a FAIL; a gradient norm above `spike` × its running median: a WARN
+  replicas     every `every` steps, an exact checksum of each parameter on each rank, compared
+               where ranks must agree (every rank for the data-parallel family and ZeRO-1/2; a
+               fully sharded strategy has no replicas to compare): a FAIL naming the step, the
+               rank(s) outside the majority and the tensors
+  memory       a rank whose peak exceeds the ranks' median by `imbalance` (and 64 MiB): a WARN; a
+               rank whose current memory grows steadily (its median over the last third of the
+               window above that over the first third by over 1 MiB per step and 64 MiB in all):
+               a WARN with the growth per step
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+MIB = 1 << 20
+FIELDS = ("step_s", "compute_s", "blocked_s", "loss", "mem_current", "mem_peak")  # what each rank contributes
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    window: int = 20  # steps the straggler and leak statistics look at
+    slow_ratio: float = 1.10  # a rank's compute over its peers' median, as a window median: a straggler
+    spike: float = 5.0  # a gradient norm above this × its running median: a WARN
+    every: int = 50  # replica checksums compared every this many steps (0: never)
+    imbalance: float = 0.25  # a rank's peak memory above the ranks' median by this share: a WARN
+
+    def __post_init__(self) -> None:
+        if self.window < 4:
+            raise ValueError(f"the health window must be at least 4 steps (got {self.window})")
+        if self.slow_ratio <= 1.0:
+            raise ValueError(f"--straggler-ratio must be above 1 (got {self.slow_ratio:g}), e.g. 1.1")
+        if self.every < 0:
+            raise ValueError(f"--check-replicas-every must be 0 (off) or more (got {self.every})")
+
+
+@dataclass
+class Finding:
+    kind: str  # straggler | nonfinite | grad_spike | replicas | memory_imbalance | memory_growth
+    status: str  # WARN | FAIL
+    step: int  # the first step it was seen at
+    ranks: list[int]
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _ranks_text(ranks: Iterable[int]) -> str:
+    ranks = list(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+class Stragglers:
+    def __init__(self, cfg: HealthConfig):
+        self.cfg = cfg
+        self.rows: collections.deque[tuple[int, list[dict[str, float]]]] = collections.deque(maxlen=cfg.window)
+        self.current: dict[int, Finding] = {}  # rank -> its finding while it is a straggler
+        self.findings: list[Finding] = []
+
+    def update(self, step: int, ranks: list[dict[str, float]], tokens: float) -> Finding | None:
+        if len(ranks) < 2:
+            return None
+        self.rows.append((step, ranks))
+        if len(self.rows) < self.cfg.window // 2:
+            return None
+        new = None
+        for r in range(len(ranks)):
+            ratios = [_ratio(rows, r) for _, rows in self.rows]
+            slowdown = statistics.median(ratios)
+            if slowdown < self.cfg.slow_ratio:
+                if r in self.current:
+                    self.current.pop(r).details["until_step"] = step
+                continue
+            slow = [x >= self.cfg.slow_ratio for x in ratios]  # since: the first slow step after which 3 in 4 are
+            since = next(self.rows[i][0] for i in range(len(slow))
+                         if slow[i] and sum(slow[i:]) >= 0.75 * (len(slow) - i))
+            step_s = statistics.median(rows[0]["step_s"] for _, rows in self.rows)
+            excess = statistics.median(rows[r]["compute_s"] - statistics.median(
+                x["compute_s"] for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
+            waiting = statistics.median(statistics.mean(x["blocked_s"] / max(x["step_s"], 1e-9)
+                                                        for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
+            now, fixed = tokens / step_s, tokens / max(step_s - max(excess, 0.0), 1e-9)
+            details = {"slowdown": round(slowdown, 3), "since_step": since, "others_waiting_share": round(waiting, 3),
+                       "tokens_per_s": round(now, 1), "tokens_per_s_at_median": round(fixed, 1),
+                       "throughput_lost": round(1 - now / fixed, 3), "window": len(self.rows)}
+            text = (f"rank {r} is a straggler: {slowdown:.2f}x the compute time of its peers since step {since}; "
+                    f"the others wait {waiting:.0%} of each step for it; {now:,.0f} tokens/s instead of "
+                    f"{fixed:,.0f} ({1 - now / fixed:.0%} lost)")
+            if r in self.current:  # still one: the figures follow the window
+                found = self.current[r]
+                found.summary, found.details = text, {**found.details, **details}
+                continue
+            found = Finding("straggler", "WARN", since, [r], text, details)
+            self.current[r] = found
+            self.findings.append(found)
+            new = new or found
+        return new
+
+
+def _ratio(rows: list[dict[str, float]], r: int) -> float:
+    peers = statistics.median(x["compute_s"] for k, x in enumerate(rows) if k != r)
+    return rows[r]["compute_s"] / max(peers, 1e-9)
+
+
+class Numerics:
+    def __init__(self, cfg: HealthConfig):
+        self.cfg = cfg
+        self.norms: collections.deque[float] = collections.deque(maxlen=50)
+        self.findings: list[Finding] = []
+        self._nonfinite = False
+
+    def update(self, step: int, losses: list[float], grad_norm: float, bad_param: str | None) -> Finding | None:
+        if not self._nonfinite:
+            bad = [r for r, v in enumerate(losses) if not math.isfinite(v)]
+            if bad or not math.isfinite(grad_norm):
+                self._nonfinite = True
+                what = (f"the loss of {_ranks_text(bad)} is {losses[bad[0]]}" if bad
+                        else f"the gradient norm is {grad_norm} with every rank's loss finite")
+                where = f"; first parameter with a non-finite gradient: {bad_param}" if bad_param else ""
+                found = Finding("nonfinite", "FAIL", step, bad, f"first non-finite value at step {step}: {what}{where}",
+                                {"losses": losses, "grad_norm": grad_norm, "parameter": bad_param})
+                self.findings.append(found)
+                return found
+        if not math.isfinite(grad_norm):
+            return None
+        median = statistics.median(self.norms) if len(self.norms) >= 10 else None
+        self.norms.append(grad_norm)
+        if median and grad_norm > self.cfg.spike * median:
+            found = Finding("grad_spike", "WARN", step, [],
+                            f"gradient norm spike at step {step}: {grad_norm:.3g}, {grad_norm / median:.1f}x its "
+                            f"running median {median:.3g}", {"grad_norm": grad_norm, "median": median})
+            self.findings.append(found)
+            return found
+        return None
+
+
+class Memory:
+    def __init__(self, cfg: HealthConfig):
+        self.cfg = cfg
+        self.current: collections.deque[tuple[int, list[float]]] = collections.deque(maxlen=max(cfg.window, 30))
+        self.findings: list[Finding] = []
+        self._flagged: set[tuple[str, int]] = set()
+
+    def update(self, step: int, current: list[float], peak: list[float]) -> Finding | None:
+        new = None
+        median = statistics.median(peak)
+        for r, p in enumerate(peak):
+            if len(peak) > 1 and p > median * (1 + self.cfg.imbalance) and p - median > 64 * MIB \
+                    and ("imbalance", r) not in self._flagged:
+                self._flagged.add(("imbalance", r))
+                new = new or self._add(Finding(
+                    "memory_imbalance", "WARN", step, [r],
+                    f"rank {r} peaks at {p / MIB:,.0f} MiB, {p / median - 1:.0%} above the ranks' median "
+                    f"({median / MIB:,.0f} MiB)", {"peak_bytes": peak}))
+        self.current.append((step, current))
+        if len(self.current) < self.current.maxlen:
+            return new
+        third = len(self.current) // 3
+        first, last = list(self.current)[:third], list(self.current)[-third:]
+        steps = statistics.median(s for s, _ in last) - statistics.median(s for s, _ in first)
+        for r in range(len(current)):
+            growth = statistics.median(c[r] for _, c in last) - statistics.median(c[r] for _, c in first)
+            per_step = growth / max(steps, 1)
+            if per_step > MIB and growth > 64 * MIB and ("growth", r) not in self._flagged:
+                self._flagged.add(("growth", r))
+                new = new or self._add(Finding(
+                    "memory_growth", "WARN", step, [r],
+                    f"rank {r}'s memory grows {per_step / MIB:.1f} MiB per step ({growth / MIB:,.0f} MiB over the "
+                    f"last {len(self.current)} steps): a leak?", {"bytes_per_step": round(per_step)}))
+        return new
+
+    def _add(self, found: Finding) -> Finding:
+        self.findings.append(found)
+        return found
+
+
+def replica_checksums(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], torch.Tensor]:
+    """An exact checksum per tensor: its bits as integers, summed in int64 (equal bits, equal sum;
+    one flipped bit changes it)."""
+    names, sums = [], []
+    for name, p in named:
+        t = p.detach()
+        bits = t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
+        names.append(name)
+        sums.append(bits.to(torch.int64).sum().cpu())
+    return names, torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+
+
+def compare_replicas(step: int, names: list[str], sums: list[torch.Tensor]) -> Finding | None:
+    """`sums[r]`: rank r's checksums, in `names` order. The ranks outside each tensor's majority."""
+    odd: dict[int, list[str]] = collections.defaultdict(list)
+    for i, name in enumerate(names):
+        values = collections.Counter(int(s[i]) for s in sums)
+        if len(values) > 1:
+            top, n = values.most_common(1)[0]
+            tie = list(values.values()).count(n) > 1
+            for r, s in enumerate(sums):
+                if tie or int(s[i]) != top:
+                    odd[r].append(name)
+    if not odd:
+        return None
+    ranks = sorted(odd)
+    tensors = sorted({n for ns in odd.values() for n in ns}, key=names.index)
+    shown = ", ".join(tensors[:5]) + (f" and {len(tensors) - 5} more" if len(tensors) > 5 else "")
+    majority = "no majority: every side named" if len(ranks) == len(sums) else "the other ranks agree"
+    return Finding("replicas", "FAIL", step, ranks,
+                   f"replicas differ at step {step}: {_ranks_text(ranks)} hold other values of {shown} ({majority})",
+                   {"tensors": {r: ns for r, ns in odd.items()}})
+
+
+class HealthMonitor:
+    """Rank 0's detectors over the gathered per-rank rows of each step."""
+
+    def __init__(self, cfg: HealthConfig):
+        self.cfg = cfg
+        self.stragglers, self.numerics, self.memory = Stragglers(cfg), Numerics(cfg), Memory(cfg)
+        self.replicas: list[Finding] = []
+        self.replica_checks = 0
+
+    def update(self, step: int, ranks: list[dict[str, float]], grad_norm: float, bad_param: str | None,
+               tokens: float) -> list[Finding]:
+        found = [self.numerics.update(step, [r["loss"] for r in ranks], grad_norm, bad_param),
+                 self.stragglers.update(step, ranks, tokens),
+                 self.memory.update(step, [r["mem_current"] for r in ranks], [r["mem_peak"] for r in ranks])]
+        return [f for f in found if f is not None]
+
+    def replicas_checked(self, step: int, names: list[str], sums: list[torch.Tensor]) -> Finding | None:
+        self.replica_checks += 1
+        found = compare_replicas(step, names, sums)
+        if found and not self.replicas:  # the first step it was seen; later checks add nothing new
+            self.replicas.append(found)
+            return found
+        return None
+
+    def findings(self) -> list[Finding]:
+        out = [*self.numerics.findings, *self.replicas, *self.stragglers.findings, *self.memory.findings]
+        return sorted(out, key=lambda f: f.step)

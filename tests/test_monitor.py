@@ -1,0 +1,84 @@
+"""health/monitor.py: each detector fires with the right rank and step, and stays quiet on the
+noise of a clean run (seeded jitter)."""
+
+import math
+import random
+
+import torch
+
+from distval.health.monitor import HealthConfig, HealthMonitor, compare_replicas, replica_checksums
+
+
+def rows(compute: list[float], step_s: float | None = None, mem: list[float] | None = None, loss: float = 2.0):
+    step_s = step_s or max(compute) + 0.01
+    mem = mem or [1e9] * len(compute)
+    return [{"step_s": step_s, "compute_s": c, "blocked_s": step_s - c, "loss": loss, "mem_current": m,
+             "mem_peak": m} for c, m in zip(compute, mem)]
+
+
+def run(monitor: HealthMonitor, steps: int, slow: dict[int, float] | None = None, since: int = 0, world: int = 3,
+        seed: int = 0) -> list:
+    rng, found = random.Random(seed), []
+    for step in range(steps):
+        compute = [0.1 * (1 + rng.gauss(0, 0.05)) for _ in range(world)]
+        for r, factor in (slow or {}).items():
+            compute[r] *= factor if step >= since else 1.0
+        found += monitor.update(step, rows(compute), grad_norm=1.0 + rng.random() * 0.1, bad_param=None, tokens=1e4)
+    return found
+
+
+def test_a_persistently_slow_rank_is_a_straggler_from_the_step_it_slowed():
+    monitor = HealthMonitor(HealthConfig())
+    (found,) = run(monitor, 80, slow={2: 1.5}, since=30)
+    assert found.kind == "straggler" and found.ranks == [2] and 30 <= found.step <= 33
+    assert 1.4 < found.details["slowdown"] < 1.6 and 0.2 < found.details["throughput_lost"] < 0.4
+    assert "rank 2 is a straggler: 1." in found.summary and "lost" in found.summary
+
+
+def test_noise_and_a_one_off_hiccup_are_not_stragglers():
+    for seed in range(5):
+        monitor = HealthMonitor(HealthConfig())
+        assert run(monitor, 100, seed=seed, world=2) == []
+    monitor = HealthMonitor(HealthConfig())
+    found = run(monitor, 30)
+    found += monitor.update(30, rows([0.1, 0.5, 0.1]), 1.0, None, 1e4)  # one step 5x slower
+    found += run(monitor, 30, seed=1)
+    assert found == []
+
+
+def test_the_first_nonfinite_loss_names_the_rank_and_a_grad_spike_warns():
+    monitor = HealthMonitor(HealthConfig())
+    for step in range(20):
+        assert monitor.update(step, rows([0.1, 0.1]), 1.0, None, 1e4) == []
+    (spike,) = monitor.update(20, rows([0.1, 0.1]), 9.0, None, 1e4)
+    assert spike.kind == "grad_spike" and spike.status == "WARN" and "9x" in spike.summary.replace(".0x", "x")
+    bad = rows([0.1, 0.1])
+    bad[1]["loss"] = math.nan
+    (found,) = monitor.update(21, bad, math.nan, "blocks.0.attn.weight", 1e4)
+    assert found.kind == "nonfinite" and found.ranks == [1] and found.step == 21 and found.status == "FAIL"
+    assert "blocks.0.attn.weight" in found.summary
+    assert monitor.update(22, bad, math.nan, "x", 1e4) == []  # the first one only
+
+
+def test_memory_imbalance_and_growth_name_the_rank():
+    monitor = HealthMonitor(HealthConfig())
+    found = []
+    for step in range(40):
+        found += monitor.update(step, rows([0.1, 0.1], mem=[1e9, 1e9 + step * 4 * 2**20]), 1.0, None, 1e4)
+    kinds = {f.kind: f for f in found}
+    assert kinds["memory_growth"].ranks == [1] and 3.5 < kinds["memory_growth"].details["bytes_per_step"] / 2**20 < 4.5
+    monitor = HealthMonitor(HealthConfig())
+    (found,) = monitor.update(0, rows([0.1, 0.1, 0.1], mem=[1e9, 2e9, 1e9]), 1.0, None, 1e4)
+    assert found.kind == "memory_imbalance" and found.ranks == [1]
+
+
+def test_replica_checksums_are_exact_and_the_minority_is_named():
+    params = [("a", torch.randn(4, 4)), ("b", torch.randn(3))]
+    names, same = replica_checksums(params)
+    flipped = [(n, p.clone()) for n, p in params]
+    flipped[1][1].view(torch.int32)[0] ^= 1  # the lowest bit of one element
+    _, other = replica_checksums(flipped)
+    assert names == ["a", "b"] and not torch.equal(same, other)
+    assert compare_replicas(50, names, [same, same, same]) is None
+    found = compare_replicas(50, names, [same, other, same])
+    assert found.ranks == [1] and found.details["tensors"] == {1: ["b"]} and "at step 50" in found.summary
