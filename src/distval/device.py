@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -63,6 +65,17 @@ def nccl_version() -> str | None:
 def bf16_unsupported() -> bool:
     """True on a GPU without bf16 (pre-Ampere); False on CPU, which emulates it."""
     return cuda_usable() and not torch.cuda.is_bf16_supported()
+
+
+def current_memory_bytes(device: torch.device) -> int:
+    """What the CUDA allocator holds now on a GPU; the process's resident set on the host."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):  # not Linux: the peak is what there is
+        return peak_memory_bytes(device)
 
 
 def peak_memory_bytes(device: torch.device) -> int:

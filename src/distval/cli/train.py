@@ -49,12 +49,18 @@ def train_cmd(
     max_restarts: Annotated[int, option(
         "--max-restarts", help="Restart the workers up to N times after a failure, each time from the latest valid "
         "checkpoint (local; under torchrun give it to torchrun).")] = 0,
+    straggler_ratio: Annotated[float, option(
+        "--straggler-ratio", help="A rank whose compute time stays this many times its peers' median (over a "
+        "20-step window) is a straggler (docs/health.md).")] = 1.15,
+    check_replicas_every: Annotated[int, option(
+        "--check-replicas-every", help="Compare every rank's parameters bit for bit every N steps (0: never).")] = 50,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
     deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
 ) -> int:
     """Train the built-in decoder with one data-parallel strategy; per-step metrics; checkpoints, resume, restarts."""
     from distval.ckpt import command as ckpt_cmd
     from distval.ckpt.config import CheckpointConfig
+    from distval.health.monitor import HealthConfig
     from distval.launch import detect_mode, planned_world_size
     from distval.train.compare import run_train
     from distval.train.metrics import MetricsConfig
@@ -64,7 +70,8 @@ def train_cmd(
                        ckpt=CheckpointConfig(dir=str(ckpt_dir) if ckpt_dir else None, every=ckpt_every, keep=ckpt_keep,
                                              async_save=ckpt_async, resume=resume),
                        metrics=MetricsConfig(log_jsonl=str(log_jsonl) if log_jsonl else None,
-                                             tensorboard=str(tensorboard) if tensorboard else None))
+                                             tensorboard=str(tensorboard) if tensorboard else None),
+                       health=HealthConfig(slow_ratio=straggler_ratio, every=check_replicas_every))
     opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, max_restarts=max_restarts)
     check_training(cfg, opts)
     check_outputs({"--json": json, "--log-jsonl": log_jsonl})

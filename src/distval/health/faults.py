@@ -31,6 +31,12 @@ The catalogue (ACTIONS: where each applies):
   kill_in_op    step   the first all_reduce of step N is handed to the backend, then this
                        process is SIGKILLed while it is in flight (a rank that dies inside a
                        collective)
+  slow          step   from step N on, this rank's compute of every step takes `percent`% longer
+                       (a sleep inside the step: a straggler slowed by a known factor)
+  perturb       step   after step N's update, 1e-3 is added to this rank's first parameter (a
+                       replica that drifted: a desync)
+  nan           step   this rank's loss at step N is NaN (a bad batch, an overflow)
+  leak          step   from step N on, this rank keeps `mib` MiB more every step (a memory leak)
   reshape       both   op: the `nth` all_reduce, step: the first all_reduce of step N, is issued
                        as the same bytes in another shape, (1, n), on this rank (a shape mismatch
                        the backend lets through, silently)
@@ -59,9 +65,10 @@ ENV = "DISTVAL_FAULT"
 ACTIONS = {"corrupt": ("op",), "raise": ("op", "step"), "hang": ("op", "step"), "kill": ("op", "step"),
            "sigterm": ("step",), "sigterm_job": ("step",), "kill_in_save": ("step",), "stop": ("op", "step"),
            "spin": ("op", "step"), "skip": ("op", "step"), "slow_save": ("step",), "reshape": ("op", "step"),
-           "kill_in_op": ("step",)}
+           "kill_in_op": ("step",), "slow": ("step",), "perturb": ("step",), "nan": ("step",), "leak": ("step",)}
+_IN_STEP = ("slow", "perturb", "nan", "leak")  # faults the training step asks about, not fired at its start
 _AT_ISSUE = ("skip", "reshape", "kill_in_op")  # faults that act as the op is issued
-_INT_FIELDS = ("rank", "index", "nth", "step", "attempt", "seconds")
+_INT_FIELDS = ("rank", "index", "nth", "step", "attempt", "seconds", "percent", "mib")
 
 
 def attempt_number() -> int:
@@ -78,6 +85,8 @@ class Fault:
     nth: int = 0
     attempt: int = 0
     seconds: int = 10  # slow_save
+    percent: int = 50  # slow
+    mib: int = 4  # leak
 
     def __post_init__(self) -> None:
         if (self.op is None) == (self.step is None):
@@ -125,6 +134,7 @@ class Faults:
         self.on_steps = [f for f in faults if f.step is not None and f.armed(rank)]
         self._hits = [0] * len(self.on_ops)
         self._next: str | None = None  # a step's fault for its next collective (skip) or all_reduce
+        self._kept: list[torch.Tensor] = []  # a `leak` fault's
 
     @classmethod
     def from_env(cls, rank: int) -> Faults:
@@ -168,8 +178,30 @@ class Faults:
         for f in self.on_steps:
             if f.step == step and f.action in _AT_ISSUE:
                 self._next = f.action
-            elif f.step == step and f.action not in ("kill_in_save", "slow_save"):
+            elif f.step == step and f.action not in ("kill_in_save", "slow_save", *_IN_STEP):
                 _act(f, (), f"at step {step} on rank {self.rank}")
+
+    def _in_step(self, action: str, step: int, from_on: bool = False) -> Fault | None:
+        hit = (lambda f: step >= f.step) if from_on else (lambda f: step == f.step)
+        return next((f for f in self.on_steps if f.action == action and hit(f)), None)
+
+    def slowdown(self, step: int) -> float:
+        """The share by which this step's compute is to be stretched (a `slow` fault), else 0."""
+        f = self._in_step("slow", step, from_on=True)
+        return f.percent / 100 if f else 0.0
+
+    def poisoned(self, step: int) -> bool:
+        """This step's loss is to be NaN (a `nan` fault)."""
+        return self._in_step("nan", step) is not None
+
+    def after_update(self, step: int, module: torch.nn.Module) -> None:
+        """After the optimizer step: a `perturb` fault's drift, a `leak` fault's kept memory."""
+        if self._in_step("perturb", step):
+            with torch.no_grad():
+                next(module.parameters()).view(-1)[0] += 1e-3
+        f = self._in_step("leak", step, from_on=True)
+        if f:
+            self._kept.append(torch.ones(f.mib << 18))  # f.mib MiB of float32, touched
 
     def in_save(self, step: int) -> bool:
         """True when this save (the first one at or after the fault's step) must be killed mid-write.

@@ -9,7 +9,11 @@ new `Finding` per step (a live line on the terminal) and keeps its findings for 
 
   stragglers   per step each rank's compute time over the median of its peers'; a rank is a
                straggler when the median of that ratio over the last `window` steps reaches
-               `slow_ratio` (a one-off hiccup moves a median by nothing). Reported: the rank, its
+               `slow_ratio` (a one-off hiccup moves a median by nothing) and its excess compute
+               costs the job at least `min_loss` of the step time (a 20% slower compute that is
+               2% of a communication-bound step is noise, not a straggler), and has done so for
+               `window` steps in a row (on a shared host one rank can be descheduled for streaks
+               of ten steps; those are not stragglers). Reported: the rank, its
                slowdown (×), since which step, the share of each step the others wait for it, and
                the throughput lost (tokens/s now against the step with the straggler at the median)
   numerics     the first non-finite local loss (the rank(s) named) or, with every loss finite, the
@@ -43,7 +47,8 @@ FIELDS = ("step_s", "compute_s", "blocked_s", "loss", "mem_current", "mem_peak")
 @dataclass(frozen=True)
 class HealthConfig:
     window: int = 20  # steps the straggler and leak statistics look at
-    slow_ratio: float = 1.10  # a rank's compute over its peers' median, as a window median: a straggler
+    slow_ratio: float = 1.15  # a rank's compute over its peers' median, as a window median: a straggler ...
+    min_loss: float = 0.05  # ... that costs the job at least this share of its step time
     spike: float = 5.0  # a gradient norm above this × its running median: a WARN
     every: int = 50  # replica checksums compared every this many steps (0: never)
     imbalance: float = 0.25  # a rank's peak memory above the ranks' median by this share: a WARN
@@ -80,6 +85,8 @@ class Stragglers:
         self.cfg = cfg
         self.rows: collections.deque[tuple[int, list[dict[str, float]]]] = collections.deque(maxlen=cfg.window)
         self.current: dict[int, Finding] = {}  # rank -> its finding while it is a straggler
+        self.streak: dict[int, int] = {}  # rank -> consecutive steps its window has met the rule
+        self.onset: dict[int, int] = {}  # rank -> the step its slowness began, as seen when the streak began
         self.findings: list[Finding] = []
 
     def update(self, step: int, ranks: list[dict[str, float]], tokens: float) -> Finding | None:
@@ -92,16 +99,22 @@ class Stragglers:
         for r in range(len(ranks)):
             ratios = [_ratio(rows, r) for _, rows in self.rows]
             slowdown = statistics.median(ratios)
-            if slowdown < self.cfg.slow_ratio:
+            step_s = statistics.median(max(x["step_s"] for x in rows) for _, rows in self.rows)  # the slowest's
+            excess = statistics.median(rows[r]["compute_s"] - statistics.median(
+                x["compute_s"] for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
+            if slowdown < self.cfg.slow_ratio or excess < self.cfg.min_loss * step_s:
+                self.streak[r] = 0
                 if r in self.current:
                     self.current.pop(r).details["until_step"] = step
                 continue
-            slow = [x >= self.cfg.slow_ratio for x in ratios]  # since: the first slow step after which 3 in 4 are
-            since = next(self.rows[i][0] for i in range(len(slow))
-                         if slow[i] and sum(slow[i:]) >= 0.75 * (len(slow) - i))
-            step_s = statistics.median(rows[0]["step_s"] for _, rows in self.rows)
-            excess = statistics.median(rows[r]["compute_s"] - statistics.median(
-                x["compute_s"] for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
+            self.streak[r] = self.streak.get(r, 0) + 1
+            if self.streak[r] == 1:  # since: the first slow step after which 3 in 4 are, in the window that tipped
+                slow = [x >= self.cfg.slow_ratio for x in ratios]
+                self.onset[r] = next((self.rows[i][0] for i in range(len(slow))
+                                      if slow[i] and sum(slow[i:]) >= 0.75 * (len(slow) - i)), self.rows[0][0])
+            if self.streak[r] < self.cfg.window and r not in self.current:
+                continue  # not yet persistent: a streak of a busy host's scheduling is not a straggler
+            since = self.onset[r]
             waiting = statistics.median(statistics.mean(x["blocked_s"] / max(x["step_s"], 1e-9)
                                                         for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
             now, fixed = tokens / step_s, tokens / max(step_s - max(excess, 0.0), 1e-9)
@@ -111,9 +124,10 @@ class Stragglers:
             text = (f"rank {r} is a straggler: {slowdown:.2f}x the compute time of its peers since step {since}; "
                     f"the others wait {waiting:.0%} of each step for it; {now:,.0f} tokens/s instead of "
                     f"{fixed:,.0f} ({1 - now / fixed:.0%} lost)")
-            if r in self.current:  # still one: the figures follow the window
+            if r in self.current:  # still one: the figures follow the window, since stays
                 found = self.current[r]
-                found.summary, found.details = text, {**found.details, **details}
+                found.summary = text.replace(f"since step {since}", f"since step {found.step}")
+                found.details = {**found.details, **details, "since_step": found.step}
                 continue
             found = Finding("straggler", "WARN", since, [r], text, details)
             self.current[r] = found
@@ -229,7 +243,8 @@ def compare_replicas(step: int, names: list[str], sums: list[torch.Tensor]) -> F
     shown = ", ".join(tensors[:5]) + (f" and {len(tensors) - 5} more" if len(tensors) > 5 else "")
     majority = "no majority: every side named" if len(ranks) == len(sums) else "the other ranks agree"
     return Finding("replicas", "FAIL", step, ranks,
-                   f"replicas differ at step {step}: {_ranks_text(ranks)} hold other values of {shown} ({majority})",
+                   f"replicas differ at step {step}: {_ranks_text(ranks)} {'holds' if len(ranks) == 1 else 'hold'} other "
+                   f"values of {shown} ({majority})",
                    {"tensors": {r: ns for r, ns in odd.items()}})
 
 

@@ -83,6 +83,7 @@ class Strategy:
     overlaps_backward: ClassVar[bool] = False  # communication runs during backward (the planner's --overlap)
     call_per_tensor: ClassVar[bool] = False  # one all-reduce per parameter tensor, not per bucket
     layout_options: ClassVar[tuple[str, ...]] = ()  # StrategyConfig fields that shape the sharded form
+    params_sharded: ClassVar[bool] = False  # each rank holds a shard of the parameters, no replica
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         self.model, self.comm, self.cfg = model, comm, cfg

@@ -27,6 +27,7 @@ from distval.strategies.base import Strategy, StrategyConfig, host_flat, initial
 
 class FSDP2(Strategy):
     name = "fsdp2"
+    params_sharded = True
     counts_all_comm = False
     plan_model = "fsdp"
     overlaps_backward = True

@@ -39,6 +39,7 @@ from distval.strategies.flat import ShardedStrategy, flat_groups
 
 class Zero3(ShardedStrategy):
     name = "zero3"
+    params_sharded = True
     plan_model = "zero3"
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):

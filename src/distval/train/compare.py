@@ -30,7 +30,8 @@ from distval.train.config import TrainConfig
 from distval.train.loop import train_rank
 
 STEP_COLUMNS = ["step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "comm_calls", "comm_bytes",
-                "comm_time_s", "comm_blocked_s", "mfu", "peak_mem_bytes"]
+                "comm_time_s", "comm_blocked_s", "mfu", "peak_mem_bytes", "slowest_rank", "compute_skew"]
+HEALTH_COLUMNS = ["kind", "status", "step", "ranks", "summary"]
 COMPARE_COLUMNS = [
     "strategy",
     "max_rel_param_diff",
@@ -78,9 +79,54 @@ def run_train(cfg: TrainConfig, opts: LaunchOptions, watchers: list[Watcher] | t
                          "every rank holds the same parameters" if len(checksums) == 1
                          else f"ranks disagree on the parameters: {len(checksums)} different checksums",
                          hint="" if len(checksums) == 1 else "the strategy does not keep replicas in sync"))
+        add_health(report, r0, cfg)
         return report
 
     return execute("train", train_rank, cfg, opts, build, watchers)
+
+
+_HEALTH_CHECKS = {  # check: (finding kinds, what OK says, hint)
+    "stragglers": (("straggler",), "no straggler: no rank's compute stayed {ratio:g}x its peers' over {window} steps",
+                   "the straggler's host: thermal throttling, a noisy neighbour, a slower device or link, its data "
+                   "loader; its compute time per step is in details"),
+    "numerics": (("nonfinite", "grad_spike"), "every loss and gradient norm finite; no gradient-norm spike",
+                 "lower the learning rate, check the named rank's batch and the named parameter; bf16 overflow"),
+    "memory": (("memory_imbalance", "memory_growth"), "memory balanced across ranks, no steady growth",
+               "tensors kept across steps (a list of losses with their graphs, a cache) on the named rank"),
+}
+
+
+def add_health(report: Report, result: dict[str, Any], cfg: TrainConfig) -> None:
+    """The health monitor's findings (health/monitor.py): a table and one check per detector."""
+    findings = result.get("health", [])
+    table = Table("health", HEALTH_COLUMNS, title="training health: stragglers, numerics, replicas, memory")
+    for f in findings:
+        table.add(**{c: f[c] for c in HEALTH_COLUMNS})
+    report.tables.append(table)
+    for name, (kinds, ok, hint) in _HEALTH_CHECKS.items():
+        mine = [f for f in findings if f["kind"] in kinds]
+        for f in mine:
+            report.add(Check(f"health {name}", Status(f["status"]), f["summary"], details=f["details"], hint=hint,
+                             where={"rank": f["ranks"][0] if len(f["ranks"]) == 1 else f["ranks"], "step": f["step"]}))
+        if not mine:
+            report.add(Check(f"health {name}", Status.OK, ok.format(ratio=cfg.health.slow_ratio,
+                                                                      window=cfg.health.window)))
+    checks = result.get("health_checks", {})
+    bad = [f for f in findings if f["kind"] == "replicas"]
+    if bad:
+        report.add(Check("health replicas", Status.FAIL, bad[0]["summary"], details=bad[0]["details"],
+                         where={"rank": bad[0]["ranks"], "step": bad[0]["step"]},
+                         hint="a rank-dependent update (an unsynchronised gradient, a rank-local RNG, a bit flip); "
+                              "the named tensors diverged first"))
+    elif not checks.get("replicas_applicable", True):
+        report.add(Check("health replicas", Status.SKIP, f"{cfg.strategy} shards the parameters: no replicas to "
+                         "compare"))
+    elif not checks.get("replicas"):
+        report.add(Check("health replicas", Status.SKIP, f"no check ran: {cfg.steps} steps, a check every "
+                         f"{cfg.health.every} (--check-replicas-every)"))
+    else:
+        report.add(Check("health replicas", Status.OK, f"every rank's parameters bitwise equal at {checks['replicas']} "
+                         f"check(s), every {cfg.health.every} steps"))
 
 
 def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict[str, Any], peak_flops: float,

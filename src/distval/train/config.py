@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from distval import strategies
 from distval.ckpt.config import CheckpointConfig
+from distval.health.monitor import HealthConfig
 from distval.plan import presets
 from distval.strategies.base import StrategyConfig
 from distval.train import data as data_mod
@@ -60,6 +61,7 @@ class TrainConfig:
     strategy_cfg: StrategyConfig = field(default_factory=StrategyConfig)
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
     return_params: bool = False  # gather the final parameters (parity checks)
     peak_flops: float | None = None  # per device; None: measured matmul rate on CPU
 

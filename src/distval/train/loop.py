@@ -12,6 +12,8 @@ Metrics bookkeeping goes over the control group, never counted as the strategy's
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from typing import Any
 
@@ -23,6 +25,7 @@ from distval import strategies
 from distval.ckpt.checkpointer import Checkpointer
 from distval.ckpt.state import fingerprint_fields
 from distval.comm.ops import busbw_factor
+from distval.health.monitor import FIELDS, HealthMonitor, replica_checksums
 from distval.plan import presets
 from distval.rank import RankContext
 from distval.train import data as data_mod
@@ -59,6 +62,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     start, steps = ckpt.resume() if ckpt else (0, [])
     ctx.comm.reset_totals()
     logger = MetricsLogger(cfg.metrics if ctx.rank == 0 else None)
+    health = HealthMonitor(cfg.health) if ctx.rank == 0 else None
     finished = False
     try:
         for step in range(start, cfg.steps):
@@ -67,7 +71,9 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
                 ckpt.before_step(step)  # the journal, this step's test/drill fault, a stop asked by SIGTERM
             else:
                 ctx.faults.at_step(step)
-            steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak))
+            steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak, health))
+            if cfg.health.every and (step + 1) % cfg.health.every == 0 and not strategy.params_sharded:
+                check_replicas(ctx, strategy, step, health)
             logger.log(steps[-1], step)
             if ctx.rank == 0:  # the live progress view (train/progress.py)
                 ctx.channel.publish("step", {"step": step, "loss": steps[-1]["loss"],
@@ -91,6 +97,9 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
         "peak_flops": peak,
         "counts_all_comm": strategy.counts_all_comm,
         "num_tensors": sum(1 for p in model.parameters() if p.requires_grad),
+        "health": [f.to_dict() for f in health.findings()] if health else [],
+        "health_checks": {"replicas": health.replica_checks if health else 0,
+                          "replicas_applicable": not strategy.params_sharded},
     }
     if cfg.return_params and ctx.rank == 0:
         result["params"] = full
@@ -99,31 +108,46 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
 
 
 def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer,
-               loader: Any, step: int, flops_per_token: float, peak: float) -> dict[str, Any]:
+               loader: Any, step: int, flops_per_token: float, peak: float,
+               health: HealthMonitor | None = None) -> dict[str, Any]:
+    """One optimizer step. Every rank's own figures (step time, compute, waiting, loss, memory,
+    model state) are gathered in one collective over the control group; rank 0 gives them to
+    the health monitor (`health`)."""
     for group in optimizer.param_groups:
         group["lr"] = cfg.optim.lr_at(step, cfg.steps)
     ctx.control_comm.barrier()  # start together, so step time measures this step only
     start = time.perf_counter()
-    loss = forward_backward(cfg, strategy, loader, ctx.device)
+    faults = ctx.faults
+    loss = forward_backward(cfg, strategy, loader, ctx.device, poison=bool(faults and faults.poisoned(step)))
+    if faults and faults.slowdown(step):  # test/drill: a straggler, slowed by a known factor
+        time.sleep(faults.slowdown(step) * (time.perf_counter() - start))
     strategy.sync_gradients()
     grad_norm = strategy.clip_grad_norm(cfg.optim.clip)  # a tensor on the device, read below
+    bad_param = None if math.isfinite(float(grad_norm)) else first_nonfinite_grad(strategy)
     optimizer.step()
+    if faults:
+        faults.after_update(step, strategy.module)
     held = held_bytes(strategy.model_state_tensors(optimizer))  # everything of the model state exists now
     optimizer.zero_grad(set_to_none=True)
     strategy.after_step()
     elapsed = time.perf_counter() - start
     comm = {op: t for op, t in ctx.comm.totals.items()}
     ctx.comm.reset_totals()
-    loss_sum = torch.tensor([loss], dtype=torch.float64)
-    ctx.control_comm.all_reduce(loss_sum, "sum")
-    # the step ends when the slowest rank ends; model state: the rank holding the most
-    maxima = torch.tensor([elapsed, held], dtype=torch.float64)
-    ctx.control_comm.all_reduce(maxima, "max")
+    blocked = sum(t.blocked_s for t in comm.values())
+    mine = [elapsed, elapsed - blocked, blocked, loss, devices.current_memory_bytes(ctx.device),
+            devices.peak_memory_bytes(ctx.device), held]
+    everyone = torch.zeros(ctx.world_size * len(mine), dtype=torch.float64)
+    ctx.control_comm.all_gather(everyone, torch.tensor(mine, dtype=torch.float64))
+    ranks = [dict(zip((*FIELDS, "held"), row)) for row in everyone.view(ctx.world_size, -1).tolist()]
     tokens = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1)
-    step_s = float(maxima[0])
+    step_s = max(r["step_s"] for r in ranks)  # the step ends when the slowest rank ends
+    compute = [r["compute_s"] for r in ranks]
+    if health is not None:
+        for found in health.update(step, ranks, float(grad_norm), bad_param, tokens):
+            ctx.channel.publish("health", {"status": found.status, "summary": found.summary}, flush=True)
     return {
         "step": step,
-        "loss": float(loss_sum) / ctx.world_size,
+        "loss": math.fsum(r["loss"] for r in ranks) / ctx.world_size,
         "grad_norm": float(grad_norm),
         "lr": cfg.optim.lr_at(step, cfg.steps),
         "step_time_s": step_s,
@@ -135,12 +159,36 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
         "comm_time_s": sum(t.time_s for t in comm.values()),
         "comm_blocked_s": sum(t.blocked_s for t in comm.values()),
         "peak_mem_bytes": devices.peak_memory_bytes(ctx.device),
-        "model_state_bytes": int(maxima[1]),
+        "model_state_bytes": int(max(r["held"] for r in ranks)),  # the rank holding the most
+        "slowest_rank": compute.index(max(compute)),
+        "compute_skew": max(compute) / max(statistics.median(compute), 1e-9),  # the slowest over the median
     }
 
 
-def forward_backward(cfg: TrainConfig, strategy: strategies.Strategy, loader: Any, device: torch.device) -> float:
-    """K micro-batches; returns this rank's mean loss over them."""
+def first_nonfinite_grad(strategy: strategies.Strategy) -> str | None:
+    """The first parameter (in the model's order) whose gradient holds a non-finite value."""
+    for name, p in strategy.module.named_parameters():
+        if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+            return name
+    return None
+
+
+def check_replicas(ctx: RankContext, strategy: strategies.Strategy, step: int, health: HealthMonitor | None) -> None:
+    """Every rank's exact per-parameter checksums, gathered on the control group and compared on
+    rank 0 (health/monitor.py)."""
+    names, sums = replica_checksums(strategy.module.named_parameters())
+    everyone = torch.zeros(ctx.world_size * len(sums), dtype=torch.int64)
+    ctx.control_comm.all_gather(everyone, sums)
+    if health is not None:
+        found = health.replicas_checked(step, names, list(everyone.view(ctx.world_size, -1)))
+        if found:
+            ctx.channel.publish("health", {"status": found.status, "summary": found.summary}, flush=True)
+
+
+def forward_backward(cfg: TrainConfig, strategy: strategies.Strategy, loader: Any, device: torch.device,
+                     poison: bool = False) -> float:
+    """K micro-batches; returns this rank's mean loss over them. `poison` (a test/drill fault):
+    the loss is NaN."""
     total = 0.0
     for k in range(cfg.grad_accum):
         batch = {key: t.to(device) for key, t in next(loader).items()}
@@ -148,6 +196,8 @@ def forward_backward(cfg: TrainConfig, strategy: strategies.Strategy, loader: An
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
                 logits = strategy.module(batch["tokens"])
             loss = loss_of(logits, batch) / cfg.grad_accum
+            if poison:
+                loss = loss * float("nan")
             loss.backward()
         total += float(loss.detach())
     return total

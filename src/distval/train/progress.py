@@ -1,6 +1,7 @@
 """Live progress of a training run on the console, from whichever process reports.
 
-Rank 0 publishes the metrics of every finished step on the rank channel (kind `step`); the
+Rank 0 publishes the metrics of every finished step on the rank channel (kind `step`), and each
+new finding of the health monitor (kind `health`: printed as one line at once); the
 monitor loop of the reporting process — distval's launcher in local mode, rank 0 itself under
 torchrun — feeds them to a `ProgressView`. On a terminal: a transient rich progress bar on stderr
 (step, loss, time per step, time left). Into a pipe or file: one line on stderr at most every
@@ -24,8 +25,13 @@ class ProgressView:
         self.every_s = float(os.environ.get("DISTVAL_PROGRESS_EVERY", "10")) if every_s is None else every_s
         self._view: _Bar | _Lines | None = None
         self._seen: float | None = None
+        self._health_seen: float | None = None
 
     def tick(self, reader: Any) -> None:
+        found = reader.latest(0, "health")  # a finding of the health monitor: one line, at once
+        if found is not None and found.get("time") != self._health_seen:
+            self._health_seen = found.get("time")
+            print(f"distval: health {found.get('status')}: {found.get('summary')}", file=sys.stderr, flush=True)
         row = reader.latest(0, "step")
         if row is None or row.get("time") == self._seen:
             return
