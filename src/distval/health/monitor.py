@@ -242,9 +242,9 @@ def compare_replicas(step: int, names: list[str], sums: list[torch.Tensor]) -> F
     tensors = sorted({n for ns in odd.values() for n in ns}, key=names.index)
     shown = ", ".join(tensors[:5]) + (f" and {len(tensors) - 5} more" if len(tensors) > 5 else "")
     majority = "no majority: every side named" if len(ranks) == len(sums) else "the other ranks agree"
+    verb = "holds" if len(ranks) == 1 else "hold"
     return Finding("replicas", "FAIL", step, ranks,
-                   f"replicas differ at step {step}: {_ranks_text(ranks)} {'holds' if len(ranks) == 1 else 'hold'} other "
-                   f"values of {shown} ({majority})",
+                   f"replicas differ at step {step}: {_ranks_text(ranks)} {verb} other values of {shown} ({majority})",
                    {"tensors": {r: ns for r, ns in odd.items()}})
 
 
