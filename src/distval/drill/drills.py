@@ -22,6 +22,12 @@ own process group, real workers, real files) with checkpoints every E steps:
   dead_rank_in_collective   rank 1 SIGKILLed inside the first collective of step k: rank 1 must
                     be named dead (by the watchdog, or by the launcher that saw it die); the
                     rerun continues likewise
+  slow_rank         rank 1's compute takes twice as long from step 20 of an 80-step run: the health
+                    monitor must name rank 1 a straggler, since step 20 (within 5 steps)
+  desync            rank 1's first parameter drifts by 1e-3 after step k's update, on 3 ranks
+                    (two replicas cannot say which one is wrong): the replica check (every 4
+                    steps) must name rank 1 at its first check after step k (a FAIL)
+  nan_rank          rank 1's loss is NaN at step k: the monitor must name rank 1 and step k (a FAIL)
   mismatch_shape    rank 1 issues the first all_reduce of step k in another shape, same bytes (a
                     mismatch Gloo lets through, silently): the fingerprint check must name rank 1
                     (a FAIL, exit 1). Detection only: checkpoints written between the mismatch
@@ -54,7 +60,7 @@ from distval.results import Check, Report, Status, Table
 DRILL_COLUMNS = ["drill", "status", "detected", "diagnosis_s", "recovery_s", "steps_lost", "resumed_from_step",
                  "loss_identical"]
 DRILLS = ("kill9_rank", "exception_rank", "sigterm_job", "kill_during_save", "corrupt_file", "disk_full", "hang_rank",
-          "skip_collective", "dead_rank_in_collective", "mismatch_shape")
+          "skip_collective", "dead_rank_in_collective", "mismatch_shape", "slow_rank", "desync", "nan_rank")
 HANG_AFTER = "3s"  # the hang drills' --hang-after: a sub-second-step job, diagnosed in seconds
 
 
@@ -121,11 +127,12 @@ class Driller:
         self.baseline: list[float] = []
 
     def train(self, name: str, ckpt_dir: Path, *extra: str, fault: str | None = None,
-              new_session: bool = True) -> Run:
+              new_session: bool = True, nproc: int | None = None, steps: int | None = None) -> Run:
         out = self.work / f"{name}.json"
         out.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "distval", "train", "--nproc", str(self.cfg.nproc), "--model", self.cfg.model,
-               "--strategy", self.cfg.strategy, "--steps", str(self.cfg.steps), "--ckpt-dir", str(ckpt_dir),
+        cmd = [sys.executable, "-m", "distval", "train", "--nproc", str(nproc or self.cfg.nproc), "--model",
+               self.cfg.model, "--strategy", self.cfg.strategy, "--steps", str(steps or self.cfg.steps),
+               "--ckpt-dir", str(ckpt_dir),
                "--ckpt-every", str(self.cfg.ckpt_every), "--timeout", "30s", "--json", str(out), *extra]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTVAL_FAULT", "TORCHELASTIC"))}
         if fault:
@@ -233,6 +240,37 @@ class Driller:
     def dead_rank_in_collective(self) -> Outcome:
         return self.hung("dead_rank_in_collective", f"step={self.cfg.fault_step},rank=1,action=kill_in_op", "dead",
                          or_crash=True)
+
+    def health(self, name: str, fault: str, kind: str, step: int, code: int, *extra: str, slack: int = 0,
+               **train: Any) -> Outcome:
+        """A job whose health monitor must name rank 1 with this kind of finding at `step` (up to
+        `slack` steps earlier or later) and end with `code`. Detection only: nothing to resume."""
+        run = self.train(name, self.fresh_dir(name), *extra, fault=fault, **train)
+        rows = [r for r in ((run.report or {}).get("tables", {}).get("health") or {}).get("rows", [])
+                if r["kind"] == kind]
+        out = Outcome(detect_only=True)
+        out.detected = run.code == code and bool(rows) and rows[0]["ranks"] == [1] \
+            and abs(rows[0]["step"] - step) <= slack
+        if out.detected:
+            out.how = f"rank 1 named ({kind}) at step {rows[0]['step']}: {rows[0]['summary']}"
+        else:
+            out.notes.append(f"expected rank 1 named ({kind}) at step {step}, exit {code}: exit {run.code}, "
+                             f"{rows[0] if rows else run.stderr[-300:]}")
+        return out
+
+    def slow_rank(self) -> Outcome:
+        return self.health("slow_rank", "step=20,rank=1,action=slow,percent=100", "straggler", 20, 0, slack=5,
+                           steps=80)
+
+    def desync(self) -> Outcome:
+        every = 4
+        first_check = (self.cfg.fault_step // every + 1) * every - 1
+        return self.health("desync", f"step={self.cfg.fault_step},rank=1,action=perturb", "replicas", first_check,
+                           1, "--check-replicas-every", str(every), nproc=max(3, self.cfg.nproc))
+
+    def nan_rank(self) -> Outcome:
+        return self.health("nan_rank", f"step={self.cfg.fault_step},rank=1,action=nan", "nonfinite",
+                           self.cfg.fault_step, 1)
 
     def mismatch_shape(self) -> Outcome:
         run = self.train("mismatch_shape", self.fresh_dir("mismatch_shape"), "--hang-after", HANG_AFTER,

@@ -108,10 +108,10 @@ class Stragglers:
                     self.current.pop(r).details["until_step"] = step
                 continue
             self.streak[r] = self.streak.get(r, 0) + 1
-            if self.streak[r] == 1:  # since: the first slow step after which 3 in 4 are, in the window that tipped
+            if self.streak[r] == 1:  # since: the change point of the window that tipped (fewest misfits)
                 slow = [x >= self.cfg.slow_ratio for x in ratios]
-                self.onset[r] = next((self.rows[i][0] for i in range(len(slow))
-                                      if slow[i] and sum(slow[i:]) >= 0.75 * (len(slow) - i)), self.rows[0][0])
+                misfits = [sum(slow[:i]) + slow[i:].count(False) for i in range(len(slow))]
+                self.onset[r] = self.rows[min(range(len(slow)), key=lambda i: (misfits[i], i))][0]
             if self.streak[r] < self.cfg.window and r not in self.current:
                 continue  # not yet persistent: a streak of a busy host's scheduling is not a straggler
             since = self.onset[r]

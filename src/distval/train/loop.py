@@ -142,10 +142,11 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     tokens = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1)
     step_s = max(r["step_s"] for r in ranks)  # the step ends when the slowest rank ends
     compute = [r["compute_s"] for r in ranks]
-    if health is not None:
-        for found in health.update(step, ranks, float(grad_norm), bad_param, tokens):
-            ctx.channel.publish("health", {"status": found.status, "summary": found.summary}, flush=True)
+    found = health.update(step, ranks, float(grad_norm), bad_param, tokens) if health is not None else []
+    for f in found:
+        ctx.channel.publish("health", {"status": f.status, "summary": f.summary}, flush=True)
     return {
+        **({"health": [f"{f.status}: {f.summary}" for f in found]} if found else {}),  # into the JSONL sink too
         "step": step,
         "loss": math.fsum(r["loss"] for r in ranks) / ctx.world_size,
         "grad_norm": float(grad_norm),
