@@ -29,7 +29,7 @@ def run(monitor: HealthMonitor, steps: int, slow: dict[int, float] | None = None
 
 def test_a_persistently_slow_rank_is_a_straggler_from_the_step_it_slowed():
     monitor = HealthMonitor(HealthConfig())
-    (found,) = run(monitor, 80, slow={2: 1.5}, since=30)
+    (found,) = run(monitor, 140, slow={2: 1.5}, since=30)
     assert found.kind == "straggler" and found.ranks == [2] and 30 <= found.step <= 33
     assert 1.4 < found.details["slowdown"] < 1.6 and 0.2 < found.details["throughput_lost"] < 0.4
     assert "rank 2 is a straggler: 1." in found.summary and "lost" in found.summary
@@ -40,9 +40,9 @@ def test_noise_and_a_one_off_hiccup_are_not_stragglers():
         monitor = HealthMonitor(HealthConfig())
         assert run(monitor, 100, seed=seed, world=2) == []
     monitor = HealthMonitor(HealthConfig())
-    found = run(monitor, 30)
-    found += monitor.update(30, rows([0.1, 0.5, 0.1]), 1.0, None, 1e4)  # one step 5x slower
-    found += run(monitor, 30, seed=1)
+    found = run(monitor, 60)
+    found += monitor.update(60, rows([0.1, 0.5, 0.1]), 1.0, None, 1e4)  # one step 5x slower
+    found += run(monitor, 60, seed=1)
     assert found == []
 
 
@@ -63,7 +63,7 @@ def test_the_first_nonfinite_loss_names_the_rank_and_a_grad_spike_warns():
 def test_memory_imbalance_and_growth_name_the_rank():
     monitor = HealthMonitor(HealthConfig())
     found = []
-    for step in range(40):
+    for step in range(60):
         found += monitor.update(step, rows([0.1, 0.1], mem=[1e9, 1e9 + step * 4 * 2**20]), 1.0, None, 1e4)
     kinds = {f.kind: f for f in found}
     assert kinds["memory_growth"].ranks == [1] and 3.5 < kinds["memory_growth"].details["bytes_per_step"] / 2**20 < 4.5

@@ -51,7 +51,7 @@ def train_cmd(
         "checkpoint (local; under torchrun give it to torchrun).")] = 0,
     straggler_ratio: Annotated[float, option(
         "--straggler-ratio", help="A rank whose compute time stays this many times its peers' median (over a "
-        "20-step window) is a straggler (docs/health.md).")] = 1.15,
+        "50-step window) is a straggler (docs/health.md).")] = 1.15,
     check_replicas_every: Annotated[int, option(
         "--check-replicas-every", help="Compare every rank's parameters bit for bit every N steps (0: never).")] = 50,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",

@@ -22,7 +22,7 @@ own process group, real workers, real files) with checkpoints every E steps:
   dead_rank_in_collective   rank 1 SIGKILLed inside the first collective of step k: rank 1 must
                     be named dead (by the watchdog, or by the launcher that saw it die); the
                     rerun continues likewise
-  slow_rank         rank 1's compute takes twice as long from step 20 of an 80-step run: the health
+  slow_rank         rank 1's compute takes twice as long from step 20 of a 140-step run: the health
                     monitor must name rank 1 a straggler, since step 20 (within 5 steps)
   desync            rank 1's first parameter drifts by 1e-3 after step k's update, on 3 ranks
                     (two replicas cannot say which one is wrong): the replica check (every 4
@@ -260,7 +260,7 @@ class Driller:
 
     def slow_rank(self) -> Outcome:
         return self.health("slow_rank", "step=20,rank=1,action=slow,percent=100", "straggler", 20, 0, slack=5,
-                           steps=80)
+                           steps=140)
 
     def desync(self) -> Outcome:
         every = 4

@@ -46,9 +46,9 @@ FIELDS = ("step_s", "compute_s", "blocked_s", "loss", "mem_current", "mem_peak")
 
 @dataclass(frozen=True)
 class HealthConfig:
-    window: int = 20  # steps the straggler and leak statistics look at
+    window: int = 50  # steps the straggler and leak statistics look at (and a straggler must persist)
     slow_ratio: float = 1.15  # a rank's compute over its peers' median, as a window median: a straggler ...
-    min_loss: float = 0.05  # ... that costs the job at least this share of its step time
+    min_loss: float = 0.05  # ... that costs the job at least this share of its step time, for `window` steps
     spike: float = 5.0  # a gradient norm above this × its running median: a WARN
     every: int = 50  # replica checksums compared every this many steps (0: never)
     imbalance: float = 0.25  # a rank's peak memory above the ranks' median by this share: a WARN
@@ -129,7 +129,7 @@ class Stragglers:
                 found.summary = text.replace(f"since step {since}", f"since step {found.step}")
                 found.details = {**found.details, **details, "since_step": found.step}
                 continue
-            found = Finding("straggler", "WARN", since, [r], text, details)
+            found = Finding("straggler", "WARN", since, [r], text, {**details, "detected_step": step})
             self.current[r] = found
             self.findings.append(found)
             new = new or found
@@ -221,7 +221,7 @@ def replica_checksums(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[s
         t = p.detach()
         bits = t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
         names.append(name)
-        sums.append(bits.to(torch.int64).sum().cpu())
+        sums.append(torch.sum(bits, dtype=torch.int64).cpu())  # accumulated in int64, no int64 copy
     return names, torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
 
 

@@ -73,7 +73,9 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
                 ctx.faults.at_step(step)
             steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak, health))
             if cfg.health.every and (step + 1) % cfg.health.every == 0 and not strategy.params_sharded:
+                began = time.perf_counter()
                 check_replicas(ctx, strategy, step, health)
+                steps[-1]["health_s"] += time.perf_counter() - began
             logger.log(steps[-1], step)
             if ctx.rank == 0:  # the live progress view (train/progress.py)
                 ctx.channel.publish("step", {"step": step, "loss": steps[-1]["loss"],
@@ -142,6 +144,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     tokens = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1)
     step_s = max(r["step_s"] for r in ranks)  # the step ends when the slowest rank ends
     compute = [r["compute_s"] for r in ranks]
+    began = time.perf_counter()
     found = health.update(step, ranks, float(grad_norm), bad_param, tokens) if health is not None else []
     for f in found:
         ctx.channel.publish("health", {"status": f.status, "summary": f.summary}, flush=True)
@@ -163,6 +166,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
         "model_state_bytes": int(max(r["held"] for r in ranks)),  # the rank holding the most
         "slowest_rank": compute.index(max(compute)),
         "compute_skew": max(compute) / max(statistics.median(compute), 1e-9),  # the slowest over the median
+        "health_s": time.perf_counter() - began,  # the monitor's own time on this rank (rank 0 decides)
     }
 
 
