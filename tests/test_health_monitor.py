@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+from distval.ckpt.store import step_name
+
 from conftest import run_cli
 
 CASES = {  # name: (fault, ranks, steps)
@@ -15,6 +17,7 @@ CASES = {  # name: (fault, ranks, steps)
     "desync": ("step=20,rank=2,action=perturb", "3", "40"),
     "nan": ("step=15,rank=1,action=nan", "2", "20"),
     "leak": ("step=10,rank=0,action=leak,mib=8", "2", "80"),
+    "nan_stop": ("step=7,rank=1,action=nan", "2", "20"),  # with --on-nan stop and a checkpoint every 5 steps
 }
 
 
@@ -22,14 +25,17 @@ def test_each_health_finding_names_the_rank_and_the_step_and_a_clean_run_is_quie
     def train(name: str) -> tuple[int, dict, str]:
         fault, nproc, steps = CASES[name]
         out, log = tmp_path / f"{name}.json", tmp_path / f"{name}.jsonl"
+        stop = ("--on-nan", "stop", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "5") \
+            if name == "nan_stop" else ()
         res = run_cli("train", "--nproc", nproc, "--model", "tiny", "--strategy", "simple_ddp", "--steps", steps,
-                      "--check-replicas-every", "10", "--log-jsonl", str(log), "--json", str(out),
+                      "--check-replicas-every", "10", "--log-jsonl", str(log), "--json", str(out), *stop,
                       env={"DISTVAL_FAULT": fault} if fault else {}, timeout=300)
         return res.returncode, json.loads(out.read_text()), res.stderr
 
     with ThreadPoolExecutor(len(CASES)) as pool:
         runs = dict(zip(CASES, pool.map(train, CASES)))
-    findings = {name: {f["kind"]: f for f in doc["tables"]["health"]["rows"]} for name, (_, doc, _) in runs.items()}
+    findings = {name: {f["kind"]: f for f in doc["tables"].get("health", {}).get("rows", [])}
+                for name, (_, doc, _) in runs.items()}
 
     code, doc, _ = runs["clean"]
     assert code == 0 and findings["clean"] == {}, findings["clean"]
@@ -53,3 +59,9 @@ def test_each_health_finding_names_the_rank_and_the_step_and_a_clean_run_is_quie
     assert findings["leak"]["memory_growth"]["ranks"] == [0]
     (check,) = [c for c in runs["leak"][1]["checks"] if "bytes_per_step" in c["details"]]
     assert check["where"]["rank"] == 0 and 6 < check["details"]["bytes_per_step"] / 2**20 < 10, check["summary"]
+
+    code, doc, _ = runs["nan_stop"]  # stopped before the update, rank 1 named; the last checkpoint is step 5's
+    (check,) = [c for c in doc["checks"] if c["status"] == "FAIL"]
+    assert code == 1 and check["where"]["rank"] == 1 and "step 7: the loss of rank 1 is nan" in check["summary"]
+    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step"))
+    assert saved == [step_name(5)], saved

@@ -11,7 +11,7 @@ Kinds (the payload is a JSON object, with "time" added):
   step     rank 0's metrics of the step it just finished (the live progress view)
   state    what a rank was doing when it failed or was stopped: error, status, collectives issued
            and pending, traceback (read by health/diagnose.py)
-  note     a request to distval's agent: {"no_restart": message, "exit_code": 2|3}
+  note     a request to distval's agent: {"no_restart": message, "exit_code": 1|2|3, "rank": the culprit}
 
 The store: in local mode the launching process serves a TCPStore and hands its address to the
 workers (`DISTVAL_CHANNEL=host:port`); under torchrun, Slurm or mpirun the job's own store at

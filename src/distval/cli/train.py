@@ -54,6 +54,9 @@ def train_cmd(
         "50-step window) is a straggler (docs/health.md).")] = 1.15,
     check_replicas_every: Annotated[int, option(
         "--check-replicas-every", help="Compare every rank's parameters bit for bit every N steps (0: never).")] = 50,
+    on_nan: Annotated[str, option(
+        "--on-nan", help="warn: a non-finite loss or gradient is a FAIL in the report; stop: stop every rank before "
+        "the update, naming the rank (nothing non-finite is saved).")] = "warn",
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
     deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
 ) -> int:
@@ -71,7 +74,7 @@ def train_cmd(
                                              async_save=ckpt_async, resume=resume),
                        metrics=MetricsConfig(log_jsonl=str(log_jsonl) if log_jsonl else None,
                                              tensorboard=str(tensorboard) if tensorboard else None),
-                       health=HealthConfig(slow_ratio=straggler_ratio, every=check_replicas_every))
+                       health=HealthConfig(slow_ratio=straggler_ratio, every=check_replicas_every, on_nan=on_nan))
     opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, max_restarts=max_restarts)
     check_training(cfg, opts)
     check_outputs({"--json": json, "--log-jsonl": log_jsonl})

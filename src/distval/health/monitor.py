@@ -52,6 +52,7 @@ class HealthConfig:
     spike: float = 5.0  # a gradient norm above this × its running median: a WARN
     every: int = 50  # replica checksums compared every this many steps (0: never)
     imbalance: float = 0.25  # a rank's peak memory above the ranks' median by this share: a WARN
+    on_nan: str = "warn"  # warn: a FAIL in the report, training goes on | stop: stop before the update
 
     def __post_init__(self) -> None:
         if self.window < 4:
@@ -60,6 +61,8 @@ class HealthConfig:
             raise ValueError(f"--straggler-ratio must be above 1 (got {self.slow_ratio:g}), e.g. 1.1")
         if self.every < 0:
             raise ValueError(f"--check-replicas-every must be 0 (off) or more (got {self.every})")
+        if self.on_nan not in ("warn", "stop"):
+            raise ValueError(f"--on-nan must be warn or stop (got {self.on_nan!r})")
 
 
 @dataclass
@@ -141,6 +144,20 @@ def _ratio(rows: list[dict[str, float]], r: int) -> float:
     return rows[r]["compute_s"] / max(peers, 1e-9)
 
 
+class NonFiniteStop(RuntimeError):
+    """`--on-nan stop`: every rank stops before the update that would have made the model
+    non-finite; the message names the rank(s) and the parameter."""
+
+
+def nonfinite_text(step: int, losses: list[float], grad_norm: float, bad_param: str | None) -> tuple[list[int], str]:
+    """(the ranks whose loss is non-finite, the finding's one line)."""
+    bad = [r for r, v in enumerate(losses) if not math.isfinite(v)]
+    what = (f"the loss of {_ranks_text(bad)} is {losses[bad[0]]}" if bad
+            else f"the gradient norm is {grad_norm} with every rank's loss finite")
+    where = f"; first parameter with a non-finite gradient: {bad_param}" if bad_param else ""
+    return bad, f"first non-finite value at step {step}: {what}{where}"
+
+
 class Numerics:
     def __init__(self, cfg: HealthConfig):
         self.cfg = cfg
@@ -150,13 +167,10 @@ class Numerics:
 
     def update(self, step: int, losses: list[float], grad_norm: float, bad_param: str | None) -> Finding | None:
         if not self._nonfinite:
-            bad = [r for r, v in enumerate(losses) if not math.isfinite(v)]
+            bad, text = nonfinite_text(step, losses, grad_norm, bad_param)
             if bad or not math.isfinite(grad_norm):
                 self._nonfinite = True
-                what = (f"the loss of {_ranks_text(bad)} is {losses[bad[0]]}" if bad
-                        else f"the gradient norm is {grad_norm} with every rank's loss finite")
-                where = f"; first parameter with a non-finite gradient: {bad_param}" if bad_param else ""
-                found = Finding("nonfinite", "FAIL", step, bad, f"first non-finite value at step {step}: {what}{where}",
+                found = Finding("nonfinite", "FAIL", step, bad, text,
                                 {"losses": losses, "grad_norm": grad_norm, "parameter": bad_param})
                 self.findings.append(found)
                 return found

@@ -166,14 +166,15 @@ def _raise_hang(watchdog: Watchdog | None) -> None:
 
 
 def _raise_no_restart(monitor: Monitor, reader: channels.ChannelReader, run_dir: str, nproc: int) -> None:
-    """A worker's note that restarting cannot help: a usage error (exit 2, one line) or a failure
-    naming the cause (exit 3)."""
+    """A worker's note that restarting cannot help: a usage error (exit 2, one line), a finding
+    about the training itself (exit 1: `--on-nan stop`) or a failure naming the cause (exit 3)."""
     note = monitor.note or reader.no_restart_note(nproc)
     if note is None:
         return
     if note.get("exit_code") == 2:
         raise ValueError(note["no_restart"])
-    raise WorkerFailure(None, note["no_restart"], "", _diagnose(reader, run_dir, nproc, {}).details)
+    raise WorkerFailure(note.get("rank"), note["no_restart"], "", _diagnose(reader, run_dir, nproc, {}).details,
+                        status=Status.FAIL if note.get("exit_code") == 1 else Status.ERROR)
 
 
 def _diagnose(reader: channels.ChannelReader, run_dir: str, world: int, exitcodes: dict[int, int],

@@ -25,7 +25,7 @@ from distval import strategies
 from distval.ckpt.checkpointer import Checkpointer
 from distval.ckpt.state import fingerprint_fields
 from distval.comm.ops import busbw_factor
-from distval.health.monitor import FIELDS, HealthMonitor, replica_checksums
+from distval.health.monitor import FIELDS, HealthMonitor, NonFiniteStop, nonfinite_text, replica_checksums
 from distval.plan import presets
 from distval.rank import RankContext
 from distval.train import data as data_mod
@@ -126,6 +126,9 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     strategy.sync_gradients()
     grad_norm = strategy.clip_grad_norm(cfg.optim.clip)  # a tensor on the device, read below
     bad_param = None if math.isfinite(float(grad_norm)) else first_nonfinite_grad(strategy)
+    if bad_param is not None or not math.isfinite(float(grad_norm)):
+        if cfg.health.on_nan == "stop":  # every rank sees the same global norm: all stop here, together
+            stop_on_nonfinite(ctx, step, loss, float(grad_norm), bad_param)
     optimizer.step()
     if faults:
         faults.after_update(step, strategy.module)
@@ -168,6 +171,20 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
         "compute_skew": max(compute) / max(statistics.median(compute), 1e-9),  # the slowest over the median
         "health_s": time.perf_counter() - began,  # the monitor's own time on this rank (rank 0 decides)
     }
+
+
+def stop_on_nonfinite(ctx: RankContext, step: int, loss: float, grad_norm: float, bad_param: str | None) -> None:
+    """`--on-nan stop`: name the rank(s) from every rank's loss, ask distval's agent not to restart
+    into it, and stop every rank before the update (nothing non-finite reaches the parameters or
+    a checkpoint)."""
+    losses = torch.zeros(ctx.world_size, dtype=torch.float64)
+    ctx.control_comm.all_gather(losses, torch.tensor([loss], dtype=torch.float64))
+    bad, text = nonfinite_text(step, losses.tolist(), grad_norm, bad_param)
+    message = f"{text} (--on-nan stop: stopped before the update; nothing non-finite was saved)"
+    if ctx.rank == 0:
+        ctx.channel.publish("note", {"no_restart": message, "exit_code": 1, "rank": bad[0] if len(bad) == 1 else None},
+                            flush=True)
+    raise NonFiniteStop(message)
 
 
 def first_nonfinite_grad(strategy: strategies.Strategy) -> str | None:
