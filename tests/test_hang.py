@@ -48,6 +48,15 @@ def test_a_rank_that_went_on_to_another_group_skipped_a_collective():
     assert "went on to all_reduce #14 of group 1" in verdict and "it skipped a collective" in verdict
 
 
+def test_a_rank_behind_on_a_group_that_waits_elsewhere_skipped_even_if_it_still_shows_there():
+    """Rank 1 skipped all_reduce #600 of group 0 and waits in the control group; its last group-0
+    collective still shows as pending: it is named, not rank 0, which waits in #620."""
+    beats = {0: beat(620, 619, pending(620)),
+             1: beat(619, 618, pending(619) + pending(14, pg="1"), **{"1": [14, 13]})}
+    culprits, kind, verdict = decide(beats, {})
+    assert (culprits, kind) == ([1], "outside") and "it issued 619 collectives on group 0, rank 0 620" in verdict
+
+
 def test_a_mismatch_is_decided_by_majority_and_both_sides_are_named():
     beats = {0: beat(48, 47, pending(48)), 1: beat(48, 47, pending(48, sizes=((5,),))), 2: beat(48, 47, pending(48))}
     culprits, kind, verdict = decide(beats, {})
@@ -204,6 +213,8 @@ def test_bad_hang_after_is_one_line_and_exit_2(cli):
     assert res.returncode == 2 and res.stderr.strip() == (
         "distval: error: --hang-after must be positive (got 0 s), e.g. 30s")
     assert cli("launch", "--nproc", "2", "no_such_script.py").returncode == 2
+    res = cli("launch", "-m", "no_such_module_here")
+    assert res.returncode == 2 and "-m no_such_module_here: no such module" in res.stderr
     res = cli("launch", "--nnodes", "2", __file__)
     assert res.returncode == 2 and "--nnodes 2 needs --rdzv-endpoint HOST:PORT" in res.stderr
     for args, words in ((("--nnodes", "1:4"), "elastic MIN:MAX ranges are not supported"),
@@ -228,6 +239,9 @@ for step in range(int(sys.argv[1])):
             os.kill(os.getpid(), signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
         elif fault == "skip":
             continue
+        elif fault == "spin":
+            while True:
+                pass
     model(torch.randn(8, 16)).sum().backward()
     opt.step()
     opt.zero_grad()
@@ -241,9 +255,13 @@ dist.destroy_process_group()
 
 
 def _launch(tmp_path: Path, name: str, nproc: str, *script_args: str) -> tuple[int, Path, str]:
-    script = tmp_path / "ddp_script.py"
     out = tmp_path / f"{name}.json"
-    res = run_cli("launch", "--nproc", nproc, "--hang-after", "3s", "--json", str(out), str(script), *script_args,
+    if name == "module":  # distval's own job as the launched program: `distval launch -m distval train ...`
+        target = ["-m", "distval", "train", "--model", "tiny", "--strategy", "simple_ddp", "--steps", "3000"]
+        env = {"DISTVAL_FAULT": "step=25,rank=1,action=stop"}
+    else:
+        target, env = [str(tmp_path / "ddp_script.py"), *script_args], {}
+    res = run_cli("launch", "--nproc", nproc, "--hang-after", "3s", "--json", str(out), *target, env=env,
                   timeout=180)
     return res.returncode, out, res.stdout + res.stderr
 
@@ -251,7 +269,8 @@ def _launch(tmp_path: Path, name: str, nproc: str, *script_args: str) -> tuple[i
 def test_launch_runs_a_plain_ddp_script_and_names_its_hangs(tmp_path):
     (tmp_path / "ddp_script.py").write_text(SCRIPT)
     cases = {"ok": ("2", "40"), "stop": ("2", "3000", "stop"), "mismatch": ("3", "3000", "mismatch"),
-             "skip": ("2", "3000", "skip"), "kill": ("2", "3000", "kill"), "reshape": ("3", "3000", "reshape")}
+             "skip": ("2", "3000", "skip"), "kill": ("2", "3000", "kill"), "reshape": ("3", "3000", "reshape"),
+             "spin": ("2", "3000", "spin"), "module": ("2",)}
     with ThreadPoolExecutor(len(cases)) as pool:
         runs = dict(zip(cases, pool.map(lambda n: _launch(tmp_path, n, *cases[n]), cases)))
     code, out, text = runs["ok"]
@@ -299,3 +318,11 @@ def test_launch_across_two_nodes_names_the_culprit_on_every_node(tmp_path):
         check = _error(out)
         assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
         assert check["details"]["diagnosed_s"] < 15, check["details"]
+    code, out, text = runs["spin"]  # a rank looping in Python, outside any collective, named with its line
+    check = _error(out)
+    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "outside", check["summary"]
+    assert check["details"]["diagnosed_s"] < 15 and "ddp_script.py:" in check["summary"], check["summary"]
+    code, out, text = runs["module"]  # distval train under distval launch: its own status, the same verdict
+    check = _error(out)
+    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
+    assert "train simple_ddp step 25" in check["summary"]

@@ -48,15 +48,16 @@ def failure_check(command: str, e: CannotRun) -> Check:
                  where={"rank": e.rank, "status": e.last_status} if failure else {})
 
 
-def run_script(script: str, args: list[str], opts: LaunchOptions) -> Report:
+def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool = False) -> Report:
     """`distval launch`: a user's script on local workers under the watchdog (launch/local.py)."""
     from distval.launch.local import run_script as run_local_script
 
     started = time.monotonic()
-    info = {"script": script, "args": args, "launch": "local", "world_size": _planned_world_size(opts)}
+    info = {"script": script, "module": module, "args": args, "launch": "local",
+            "world_size": _planned_world_size(opts)}
     report = Report("launch", meta=meta.collect(None, None, **info))
     try:
-        ranks = run_local_script(script, args, opts)
+        ranks = run_local_script(script, args, opts, module=module)
     except CannotRun as e:
         report.add(failure_check("launch", e))
         return report

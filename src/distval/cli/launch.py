@@ -27,8 +27,12 @@ from distval.cli.app import (
 def launch_cmd(
     ctx: typer.Context,
     script: Annotated[
-        Path, typer.Argument(help="The training script; everything after it is its own arguments.", show_default=False)
+        Path, typer.Argument(help="The training script (with -m: a module); everything after it is its own "
+                             "arguments.", show_default=False)
     ],
+    module: Annotated[bool, option("--module", "-m", help="Run SCRIPT as a module, as python -m does (e.g. "
+                                                          "-m distval train: a distval job under this watchdog).")
+                      ] = False,
     nproc_per_node: Annotated[
         Optional[int],
         option(
@@ -61,7 +65,16 @@ def launch_cmd(
     from distval.launch import detect_mode
     from distval.runner import run_script
 
-    if not script.is_file():
+    if module:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(str(script))
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise ValueError(f"-m {script}: no such module here; give a module python -m could run")
+    elif not script.is_file():
         raise ValueError(f"{script}: no such script; give the path of the Python file torchrun would run")
     if detect_mode() != "local":
         raise ValueError("distval launch starts the workers itself: run it instead of torchrun, not under it")
@@ -74,4 +87,4 @@ def launch_cmd(
     opts = launch_options(nproc_per_node, "auto", None, timeout, None, hang_after, max_restarts=max_restarts,
                           nnodes=int(nnodes), rdzv_endpoint=rdzv_endpoint, **{k: v for k, v in ids.items() if v})
     check_outputs({"--json": json})
-    return finish(run_script(str(script), list(ctx.args), opts), json, make_console())
+    return finish(run_script(str(script), list(ctx.args), opts, module=module), json, make_console())

@@ -208,6 +208,22 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
     silent = [r for r in ranks if not beats.get(r)]
     if silent:
         return silent, "outside", f"{_ranks_text(silent)} never reported (stuck before its process group came up)"
+    # a group on which some ranks issued fewer collectives and went on to wait in another group,
+    # while the ranks ahead wait on it: those behind skipped one (whatever else they wait in)
+    for pg in _groups_waited(live):
+        issued = {r: live[r]["groups"].get(pg, [0, 0])[0] for r in ranks}
+        top = max(issued.values())
+        ahead = [r for r in ranks if issued[r] == top and pg in _waiting(live[r])]
+        behind = [r for r in ranks if issued[r] < top and any(g != pg for g in _waiting(live[r]))]
+        if ahead and behind and len(ahead) + len(behind) == len(ranks):
+            what = _describe(_fingerprint(live[ahead[0]], pg), pg)
+            parts = []
+            for r in behind:
+                g = next(g for g in _waiting(live[r]) if g != pg)
+                parts.append(f"rank {r} went on to {_describe(_fingerprint(live[r], g), g)} without issuing {what} "
+                             f"(it issued {issued[r]} collectives on group {pg}, {_ranks_text(ahead)} {top}): "
+                             f"it skipped a collective")
+            return behind, "outside", "; ".join(parts)
     # a group some ranks wait in and others have not reached: the others are the cause (the
     # summary adds where the waiting ranks are)
     for pg in _groups_waited(live):

@@ -74,6 +74,15 @@ def pending_collectives(groups: dict[str, list[int]], entries: list[dict[str, An
     return out
 
 
+_RUNNING: Heartbeat | None = None  # this process's heartbeat, once started
+
+
+def running() -> Heartbeat | None:
+    """The heartbeat already beating in this process (`distval launch -m distval ...`: the
+    shim's), which a distval worker takes over instead of starting a second one."""
+    return _RUNNING
+
+
 class Heartbeat:
     """`status()` returns (text, fields) of what the rank is doing: RankContext's last status,
     or "running <script>" for a user's script."""
@@ -94,7 +103,9 @@ class Heartbeat:
         self.errors = 0
 
     def start(self) -> Heartbeat:
+        global _RUNNING
         self._thread.start()
+        _RUNNING = self
         return self
 
     def close(self) -> None:

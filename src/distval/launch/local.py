@@ -60,11 +60,13 @@ def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Wat
     return results[0]
 
 
-def run_script(script: str, args: list[str], opts: LaunchOptions, watchers: list[Watcher] | tuple = ()) -> int:
+def run_script(script: str, args: list[str], opts: LaunchOptions, watchers: list[Watcher] | tuple = (),
+               module: bool = False) -> int:
     """A user's own script on `opts.nproc` local workers, as torchrun runs it (its output on this
     terminal), with the heartbeat and the hang watchdog attached (launch/shim.py). Returns the
     number of ranks; a failure or hang raises WorkerFailure naming the culprit."""
-    run_agent(sys.executable, ("-m", "distval.launch.shim", script, *args), opts, watchers, show_output=True)
+    target = ("-m", script) if module else (script,)
+    run_agent(sys.executable, ("-m", "distval.launch.shim", *target, *args), opts, watchers, show_output=True)
     return (opts.nproc or devices.default_nproc()) * opts.nnodes
 
 

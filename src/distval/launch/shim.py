@@ -1,6 +1,7 @@
 """What each worker of `distval launch` runs: the user's script, unchanged, with distval around it.
 
     python -m distval.launch.shim script.py ARGS...
+    python -m distval.launch.shim -m module ARGS...
 
 Before the script starts: the Flight Recorder is switched on (so every collective the script's
 process groups issue — its own dist.* calls, DDP's and FSDP's from C++ — is recorded) and the
@@ -23,18 +24,24 @@ from distval.rank import state_payload
 
 
 def main(argv: list[str]) -> None:
-    script, *args = argv
+    """`script.py ARGS...`, or `-m module ARGS...` (as python runs it)."""
+    module = argv[0] == "-m"
+    script, *args = argv[1:] if module else argv
     rank = int(os.environ.get("RANK", "0"))
     enable_flight_recorder()
     channel = channels.for_worker(rank)
-    status = f"running {os.path.basename(script)}"
+    status = f"running {script if module else os.path.basename(script)}"
     channel.publish("status", {"status": status}, flush=True)
     heartbeat = Heartbeat(channel, lambda: (status, {})).start()
     _beat_before_destroy(heartbeat)
     sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    if not module:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module:  # distval's own commands too: a distval worker takes this heartbeat over (launch/worker.py)
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit:
         raise
     except BaseException as e:

@@ -25,7 +25,7 @@ from distval import device as devices
 from distval.comm.layer import Comm
 from distval.health.diagnose import WorkerFailure, diagnose
 from distval.health.faults import Faults
-from distval.health.heartbeat import Heartbeat, enable_flight_recorder
+from distval.health.heartbeat import Heartbeat, enable_flight_recorder, running
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
 from distval.rank import RankContext, state_payload
@@ -51,7 +51,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         if opts.hang is not None:
             enable_flight_recorder()  # the heartbeat's collective facts, before the first process group
         _init_process_group(opts.backend, timeout)
-        if mode != "local":
+        if mode != "local" and not os.environ.get(channels.ENV):  # under `distval launch`: its store already
             channel.attach(channels.job_store(min(opts.timeout_s, CHANNEL_TIMEOUT_S)))
         # Bookkeeping (agreeing, gathering results, timing barriers) always goes over its own
         # Gloo group, so it can never pair with, or be counted as, the traffic being measured.
@@ -65,7 +65,11 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
             ctx.comm.on_finish.append(lambda rec, outputs: faults.after_op(rec.op, outputs))
         if opts.hang is not None:  # the watchdog's facts (`--hang-after off`: neither)
             status = ctx  # what the rank last said it is doing
-            heartbeat = Heartbeat(channel, lambda: (status.last_status, status.status_fields)).start()
+            beats = lambda: (status.last_status, status.status_fields)  # noqa: E731
+            if running() is not None:  # under `distval launch -m distval ...`: the shim's heartbeat, our status
+                running().status = beats  # type: ignore[union-attr]
+            else:
+                heartbeat = Heartbeat(channel, beats).start()
         if mode != "local" and rank == 0 and watchers:
             monitor = Monitor(channel.reader(), ctx.world_size, watchers).start()
         ctx.status("running")
