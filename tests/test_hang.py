@@ -294,6 +294,14 @@ def test_launch_runs_a_plain_ddp_script_and_names_its_hangs(tmp_path):
     check = _error(out, "FAIL")
     assert code == 1 and check["where"]["rank"] == 1 and not check["details"]["hung"], check["summary"]
     assert "rank 1 issued all_reduce [[1, 4]] Float, while ranks 0, 2 issued all_reduce [[4]] Float" in check["summary"]
+    code, out, text = runs["spin"]  # a rank looping in Python, outside any collective, named with its line
+    check = _error(out)
+    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "outside", check["summary"]
+    assert check["details"]["diagnosed_s"] < 15 and "ddp_script.py:" in check["summary"], check["summary"]
+    code, out, text = runs["module"]  # distval train under distval launch: its own status, the same verdict
+    check = _error(out)
+    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
+    assert "train simple_ddp step 25" in check["summary"]
 
 
 def test_launch_across_two_nodes_names_the_culprit_on_every_node(tmp_path):
@@ -318,11 +326,3 @@ def test_launch_across_two_nodes_names_the_culprit_on_every_node(tmp_path):
         check = _error(out)
         assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
         assert check["details"]["diagnosed_s"] < 15, check["details"]
-    code, out, text = runs["spin"]  # a rank looping in Python, outside any collective, named with its line
-    check = _error(out)
-    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "outside", check["summary"]
-    assert check["details"]["diagnosed_s"] < 15 and "ddp_script.py:" in check["summary"], check["summary"]
-    code, out, text = runs["module"]  # distval train under distval launch: its own status, the same verdict
-    check = _error(out)
-    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
-    assert "train simple_ddp step 25" in check["summary"]

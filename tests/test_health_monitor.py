@@ -12,8 +12,8 @@ from distval.ckpt.store import step_name
 from conftest import run_cli
 
 CASES = {  # name: (fault, ranks, steps)
-    "clean": ("", "2", "160"),
-    "slow": ("step=30,rank=1,action=slow,percent=100", "2", "160"),  # onset: within 15 steps (5 jobs share 2 cores)
+    "clean": ("", "2", "140"),
+    "slow": ("step=30,rank=1,action=slow,percent=100", "2", "140"),  # onset: within 15 steps (5 jobs share 2 cores)
     "desync": ("step=20,rank=2,action=perturb", "3", "40"),
     "nan": ("step=15,rank=1,action=nan", "2", "20"),
     "leak": ("step=10,rank=0,action=leak,mib=8", "2", "80"),
