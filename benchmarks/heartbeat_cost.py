@@ -72,7 +72,7 @@ def verdicts(args: argparse.Namespace) -> None:
                             "--strategy", "simple_ddp", "--steps", "3000", "--json", out],
                            env={**env, "DISTVAL_FAULT": fault}, capture_output=True, timeout=300)
             wall = time.monotonic() - started
-            (check,) = [c for c in json.load(open(out))["checks"] if c["status"] in ("ERROR", "FAIL")]
+            check = next(c for c in json.load(open(out))["checks"] if c["status"] in ("ERROR", "FAIL"))
             how = check["details"].get("hang") or check["summary"].split("failed: ")[-1][:30]
             print(f"  {name:<20} rank {check['where'].get('rank')} named ({how}), "
                   f"{check['details'].get('diagnosed_s', '-')} s from the fault's last progress (a mismatch: its "

@@ -110,11 +110,12 @@ def _name(pg: str, w: int, every: int, sides: list[list[int]], prints: dict[int,
     found = [(prints.get(rs[0], {}).get(pg) or {}).get(str(w)) or {} for rs in sides]
     lists = [f.get("prints") for f in found]
     tie = len(sides[1]) == len(sides[0])
-    if not all(lists):  # the fingerprints of that window were replaced by newer ones: the digests only
+    at = min((next((i for i, (a, b) in enumerate(zip(lists[0], fps)) if a != b), None) for fps in lists[1:]
+              if lists[0] and fps), key=lambda i: len(lists[0]) if i is None else i, default=None)
+    if not all(lists) or at is None:  # the window's fingerprints replaced by newer ones, or a part-window: digests
         culprits = sorted(r for rs in (sides if tie else sides[1:]) for r in rs)
         return culprits, (f"collectives #{first}-#{last} of group {pg} differ between "
                           + " and ".join(_ranks_text(rs) for rs in sides) + " (fingerprint digests)"), None
-    at = min(next((i for i, (a, b) in enumerate(zip(lists[0], fps)) if a != b), len(fps)) for fps in lists[1:])
     seq, odd = first + at, list(range(1, len(sides)))
     if tie:
         seen = collections.Counter(fp for doc in prints.values() for g, ws in doc.items()
