@@ -66,3 +66,9 @@ def test_two_ranks_that_differ_and_nothing_decides_are_both_named():
     culprits, verdict, issued_at = compare({0: {"1": {"3": "x"}}, 1: {"1": {"3": "y"}}}, 1, lambda: {0: {}, 1: None})
     assert culprits == [0, 1] and issued_at is None
     assert "collectives #3-#3 of group 1 differ between rank 0 and rank 1" in verdict
+
+
+def test_a_window_that_is_a_prefix_of_the_others_is_a_rank_that_ended_early_not_a_mismatch():
+    full, part = ["all_reduce [[4]] Float"] * 3, ["all_reduce [[4]] Float"] * 2  # the job's last part-window
+    prints = {0: {"0": {"9": {"prints": full, "times": [1, 2, 3]}}}, 1: {"0": {"9": {"prints": part, "times": [1, 2]}}}}
+    assert compare({0: {"0": {"9": digest(full)}}, 1: {"0": {"9": digest(part)}}}, 3, lambda: published(prints)) is None

@@ -99,12 +99,14 @@ def compare(digests: dict[int, dict[str, dict[str, str]]], every: int,
                 sides[digests[r][pg][w]].append(r)
             if len(sides) > 1:
                 published = {r: (doc or {}).get("windows") or {} for r, doc in fingerprints_of().items()}
-                return _name(pg, int(w), every, list(sides.values()), published)
+                found = _name(pg, int(w), every, list(sides.values()), published)
+                if found is not None:
+                    return found
     return None
 
 
 def _name(pg: str, w: int, every: int, sides: list[list[int]], prints: dict[int, dict[str, Any]]
-          ) -> tuple[list[int], str, float | None]:
+          ) -> tuple[list[int], str, float | None] | None:
     sides.sort(key=len, reverse=True)
     first, last = (w - 1) * every + 1, w * every
     found = [(prints.get(rs[0], {}).get(pg) or {}).get(str(w)) or {} for rs in sides]
@@ -112,7 +114,9 @@ def _name(pg: str, w: int, every: int, sides: list[list[int]], prints: dict[int,
     tie = len(sides[1]) == len(sides[0])
     at = min((next((i for i, (a, b) in enumerate(zip(lists[0], fps)) if a != b), None) for fps in lists[1:]
               if lists[0] and fps), key=lambda i: len(lists[0]) if i is None else i, default=None)
-    if not all(lists) or at is None:  # the window's fingerprints replaced by newer ones, or a part-window: digests
+    if all(lists) and at is None:  # one is a prefix of the other: a rank that ended early, not a mismatch
+        return None
+    if not all(lists):  # the window's fingerprints were replaced by newer ones: the digests only
         culprits = sorted(r for rs in (sides if tie else sides[1:]) for r in rs)
         return culprits, (f"collectives #{first}-#{last} of group {pg} differ between "
                           + " and ".join(_ranks_text(rs) for rs in sides) + " (fingerprint digests)"), None
