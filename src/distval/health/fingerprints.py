@@ -32,6 +32,8 @@ import collections
 import hashlib
 from typing import Any, Callable
 
+from distval.health import ranks_text
+
 EVERY = 64  # K: collectives per window
 KEEP = 4  # windows per group each rank keeps published
 KIND = "fingerprints"
@@ -73,9 +75,6 @@ def windows(entries: list[dict[str, Any]], completed: dict[str, int], every: int
 def digest(prints: list[str]) -> str:
     return hashlib.blake2b("\n".join(prints).encode(), digest_size=8).hexdigest()
 
-
-def _ranks_text(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def compare(digests: dict[int, dict[str, dict[str, str]]], every: int,
@@ -119,7 +118,7 @@ def _name(pg: str, w: int, every: int, sides: list[list[int]], prints: dict[int,
     if not all(lists):  # the window's fingerprints were replaced by newer ones: the digests only
         culprits = sorted(r for rs in (sides if tie else sides[1:]) for r in rs)
         return culprits, (f"collectives #{first}-#{last} of group {pg} differ between "
-                          + " and ".join(_ranks_text(rs) for rs in sides) + " (fingerprint digests)"), None
+                          + " and ".join(ranks_text(rs) for rs in sides) + " (fingerprint digests)"), None
     seq, odd = first + at, list(range(1, len(sides)))
     if tie:
         seen = collections.Counter(fp for doc in prints.values() for g, ws in doc.items()
@@ -129,12 +128,12 @@ def _name(pg: str, w: int, every: int, sides: list[list[int]], prints: dict[int,
         odd = new if len(new) == 1 else list(range(len(sides)))
     culprits = sorted(r for i in odd for r in sides[i])
     text = f"collective #{seq} of group {pg} differs: " + "; ".join(
-        f"{_ranks_text(sides[i])} issued {lists[i][at]}" for i in odd)
+        f"{ranks_text(sides[i])} issued {lists[i][at]}" for i in odd)
     rest = [i for i in range(len(sides)) if i not in odd]
     if rest:
-        text += ", while " + "; ".join(f"{_ranks_text(sides[i])} issued {lists[i][at]}" for i in rest)
+        text += ", while " + "; ".join(f"{ranks_text(sides[i])} issued {lists[i][at]}" for i in rest)
     if tie and len(odd) == 1:
-        text += f" (no majority: {_ranks_text(sides[odd[0]])}'s is the one no rank issued anywhere else)"
+        text += f" (no majority: {ranks_text(sides[odd[0]])}'s is the one no rank issued anywhere else)"
     elif tie:
         text += " (no majority decides)"
     return culprits, text, min(f["times"][at] for f in found)

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from distval.health import fingerprints
+from distval.health import fingerprints, ranks_text
 from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.stats import percentile
 
@@ -189,9 +189,6 @@ def _describe(fp: tuple | None, pg: str) -> str:
     return f"{op} #{seq} of group {pg} (sizes {sizes}, {dtypes})"
 
 
-def _ranks_text(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
 
 def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> tuple[list[int], str, str]:
     """(culprits, kind, verdict) from every rank's last heartbeat (its "status": the latest the
@@ -199,15 +196,15 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
     ranks = sorted(beats)
     stopped = [r for r in ranks if states.get(r) in ("T", "t")]
     if stopped:
-        return stopped, "stopped", (f"{_ranks_text(stopped)} stopped (SIGSTOP or a debugger) at "
+        return stopped, "stopped", (f"{ranks_text(stopped)} stopped (SIGSTOP or a debugger) at "
                                     f"{_statuses(beats, stopped)}; the others wait for it")
     dead = [r for r in ranks if states.get(r) in ("gone", "Z")]
     if dead:
-        return dead, "dead", f"{_ranks_text(dead)} gone (the process exited or was killed) at {_statuses(beats, dead)}"
+        return dead, "dead", f"{ranks_text(dead)} gone (the process exited or was killed) at {_statuses(beats, dead)}"
     live = {r: b for r, b in beats.items() if b}
     silent = [r for r in ranks if not beats.get(r)]
     if silent:
-        return silent, "outside", f"{_ranks_text(silent)} never reported (stuck before its process group came up)"
+        return silent, "outside", f"{ranks_text(silent)} never reported (stuck before its process group came up)"
     # a group on which some ranks issued fewer collectives and went on to wait in another group,
     # while the ranks ahead wait on it: those behind skipped one (whatever else they wait in)
     for pg in _groups_waited(live):
@@ -220,9 +217,7 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
             parts = []
             for r in behind:
                 g = next(g for g in _waiting(live[r]) if g != pg)
-                parts.append(f"rank {r} went on to {_describe(_fingerprint(live[r], g), g)} without issuing {what} "
-                             f"(it issued {issued[r]} collectives on group {pg}, {_ranks_text(ahead)} {top}): "
-                             f"it skipped a collective")
+                parts.append(_skipped(r, live[r], g, what, pg, issued[r], ahead, top))
             return behind, "outside", "; ".join(parts)
     # a group some ranks wait in and others have not reached: the others are the cause (the
     # summary adds where the waiting ranks are)
@@ -237,10 +232,7 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
                 issued = live[r]["groups"].get(pg, [0, 0])[0]
                 elsewhere = {g: v for g, v in _waiting(live[r]).items() if g != pg}
                 if elsewhere:  # it went on: the collective it did not issue was skipped on this rank
-                    g = next(iter(elsewhere))
-                    parts.append(f"rank {r} went on to {_describe(_fingerprint(live[r], g), g)} without issuing {what} "
-                                 f"(it issued {issued} collectives on group {pg}, {_ranks_text(waiting)} {target}): "
-                                 f"it skipped a collective")
+                    parts.append(_skipped(r, live[r], next(iter(elsewhere)), what, pg, issued, waiting, target))
                 else:
                     parts.append(f"rank {r} has not issued {what} and waits in no collective: it is at "
                                  f"{_statuses(beats, [r])}")
@@ -252,15 +244,22 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
         if len(counts) > 1:
             (top, n), *rest = counts.most_common()
             if rest and rest[0][1] == n:  # no majority: name every side
-                sides = "; ".join(f"{_ranks_text([r for r in ranks if prints[r] == fp])} in {_describe(fp, pg)}"
+                sides = "; ".join(f"{ranks_text([r for r in ranks if prints[r] == fp])} in {_describe(fp, pg)}"
                                   for fp in counts)
                 return ranks, "mismatch", f"the ranks wait in different collectives and no majority decides: {sides}"
             odd = [r for r in ranks if prints[r] != top]
-            sides = "; ".join(f"{_ranks_text([r])} in {_describe(prints[r], pg)}" for r in odd)
-            return odd, "mismatch", (f"{sides}, while {_ranks_text([r for r in ranks if r not in odd])} wait in "
+            sides = "; ".join(f"{ranks_text([r])} in {_describe(prints[r], pg)}" for r in odd)
+            return odd, "mismatch", (f"{sides}, while {ranks_text([r for r in ranks if r not in odd])} wait in "
                                      f"{_describe(top, pg)}")
     return [], "network", ("every rank waits in the same collective and none is behind: the transport (network, "
                            "NCCL/Gloo) is stuck; see `distval doctor`")
+
+
+def _skipped(r: int, beat: dict[str, Any], g: str, what: str, pg: str, issued: int, others: list[int],
+             top: int) -> str:
+    """Rank r waits in group g's collective, having issued fewer on group pg than `others`."""
+    return (f"rank {r} went on to {_describe(_fingerprint(beat, g), g)} without issuing {what} (it issued {issued} "
+            f"collectives on group {pg}, {ranks_text(others)} {top}): it skipped a collective")
 
 
 def _groups_waited(live: dict[int, dict[str, Any]]) -> list[str]:
@@ -346,7 +345,7 @@ def summary(hang: Hang) -> str:
             others[(row["waiting_in"], row["where"])].append(row["rank"])
     for (what, at), rs in others.items():
         text += (
-            f"; {_ranks_text(rs)}: "
+            f"; {ranks_text(rs)}: "
             + (f"waiting in {what}" if what else "in no collective")
             + (f" at {at}" if at else "")
         )

@@ -40,6 +40,8 @@ from typing import Any, Iterable
 
 import torch
 
+from distval.health import ranks_text
+
 MIB = 1 << 20
 FIELDS = ("step_s", "compute_s", "blocked_s", "loss", "mem_current", "mem_peak")  # what each rank contributes
 
@@ -77,10 +79,6 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-
-def _ranks_text(ranks: Iterable[int]) -> str:
-    ranks = list(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 class Stragglers:
@@ -152,7 +150,7 @@ class NonFiniteStop(RuntimeError):
 def nonfinite_text(step: int, losses: list[float], grad_norm: float, bad_param: str | None) -> tuple[list[int], str]:
     """(the ranks whose loss is non-finite, the finding's one line)."""
     bad = [r for r, v in enumerate(losses) if not math.isfinite(v)]
-    what = (f"the loss of {_ranks_text(bad)} is {losses[bad[0]]}" if bad
+    what = (f"the loss of {ranks_text(bad)} is {losses[bad[0]]}" if bad
             else f"the gradient norm is {grad_norm} with every rank's loss finite")
     where = f"; first parameter with a non-finite gradient: {bad_param}" if bad_param else ""
     return bad, f"first non-finite value at step {step}: {what}{where}"
@@ -258,7 +256,7 @@ def compare_replicas(step: int, names: list[str], sums: list[torch.Tensor]) -> F
     majority = "no majority: every side named" if len(ranks) == len(sums) else "the other ranks agree"
     verb = "holds" if len(ranks) == 1 else "hold"
     return Finding("replicas", "FAIL", step, ranks,
-                   f"replicas differ at step {step}: {_ranks_text(ranks)} {verb} other values of {shown} ({majority})",
+                   f"replicas differ at step {step}: {ranks_text(ranks)} {verb} other values of {shown} ({majority})",
                    {"tensors": {r: ns for r, ns in odd.items()}})
 
 

@@ -121,14 +121,15 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     start = time.perf_counter()
     faults = ctx.faults
     loss = forward_backward(cfg, strategy, loader, ctx.device, poison=bool(faults and faults.poisoned(step)))
-    if faults and faults.slowdown(step):  # test/drill: a straggler, slowed by a known factor
-        time.sleep(faults.slowdown(step) * (time.perf_counter() - start))
+    stretch = faults.slowdown(step) if faults else 0.0
+    if stretch:  # test/drill: a straggler, slowed by a known factor
+        time.sleep(stretch * (time.perf_counter() - start))
     strategy.sync_gradients()
     grad_norm = strategy.clip_grad_norm(cfg.optim.clip)  # a tensor on the device, read below
-    bad_param = None if math.isfinite(float(grad_norm)) else first_nonfinite_grad(strategy)
-    if bad_param is not None or not math.isfinite(float(grad_norm)):
-        if cfg.health.on_nan == "stop":  # every rank sees the same global norm: all stop here, together
-            stop_on_nonfinite(ctx, step, loss, float(grad_norm), bad_param)
+    norm = float(grad_norm)  # read once (on a GPU, a host sync)
+    bad_param = None if math.isfinite(norm) else first_nonfinite_grad(strategy)
+    if not math.isfinite(norm) and cfg.health.on_nan == "stop":  # every rank sees the same global norm: all stop
+        stop_on_nonfinite(ctx, step, loss, norm, bad_param)
     optimizer.step()
     if faults:
         faults.after_update(step, strategy.module)
@@ -139,8 +140,8 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     comm = {op: t for op, t in ctx.comm.totals.items()}
     ctx.comm.reset_totals()
     blocked = sum(t.blocked_s for t in comm.values())
-    mine = [elapsed, elapsed - blocked, blocked, loss, devices.current_memory_bytes(ctx.device),
-            devices.peak_memory_bytes(ctx.device), held]
+    peak_mem = devices.peak_memory_bytes(ctx.device)
+    mine = [elapsed, elapsed - blocked, blocked, loss, devices.current_memory_bytes(ctx.device), peak_mem, held]
     everyone = torch.zeros(ctx.world_size * len(mine), dtype=torch.float64)
     ctx.control_comm.all_gather(everyone, torch.tensor(mine, dtype=torch.float64))
     ranks = [dict(zip((*FIELDS, "held"), row)) for row in everyone.view(ctx.world_size, -1).tolist()]
@@ -148,14 +149,14 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
     step_s = max(r["step_s"] for r in ranks)  # the step ends when the slowest rank ends
     compute = [r["compute_s"] for r in ranks]
     began = time.perf_counter()
-    found = health.update(step, ranks, float(grad_norm), bad_param, tokens) if health is not None else []
+    found = health.update(step, ranks, norm, bad_param, tokens) if health is not None else []
     for f in found:
         ctx.channel.publish("health", {"status": f.status, "summary": f.summary}, flush=True)
     return {
         **({"health": [f"{f.status}: {f.summary}" for f in found]} if found else {}),  # into the JSONL sink too
         "step": step,
         "loss": math.fsum(r["loss"] for r in ranks) / ctx.world_size,
-        "grad_norm": float(grad_norm),
+        "grad_norm": norm,
         "lr": cfg.optim.lr_at(step, cfg.steps),
         "step_time_s": step_s,
         "tokens_per_s": tokens / step_s,
@@ -165,7 +166,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
         "comm_wire_bytes": round(sum(t.bytes * busbw_factor(op, ctx.world_size) for op, t in comm.items())),
         "comm_time_s": sum(t.time_s for t in comm.values()),
         "comm_blocked_s": sum(t.blocked_s for t in comm.values()),
-        "peak_mem_bytes": devices.peak_memory_bytes(ctx.device),
+        "peak_mem_bytes": peak_mem,
         "model_state_bytes": int(max(r["held"] for r in ranks)),  # the rank holding the most
         "slowest_rank": compute.index(max(compute)),
         "compute_skew": max(compute) / max(statistics.median(compute), 1e-9),  # the slowest over the median
