@@ -17,9 +17,9 @@ def rows(compute: list[float], step_s: float | None = None, mem: list[float] | N
 
 
 def run(monitor: HealthMonitor, steps: int, slow: dict[int, float] | None = None, since: int = 0, world: int = 3,
-        seed: int = 0) -> list:
+        seed: int = 0, first: int = 0) -> list:
     rng, found = random.Random(seed), []
-    for step in range(steps):
+    for step in range(first, first + steps):
         compute = [0.1 * (1 + rng.gauss(0, 0.05)) for _ in range(world)]
         for r, factor in (slow or {}).items():
             compute[r] *= factor if step >= since else 1.0
@@ -33,6 +33,15 @@ def test_a_persistently_slow_rank_is_a_straggler_from_the_step_it_slowed():
     assert found.kind == "straggler" and found.ranks == [2] and 30 <= found.step <= 33
     assert 1.4 < found.details["slowdown"] < 1.6 and 0.2 < found.details["throughput_lost"] < 0.4
     assert "rank 2 is a straggler: 1." in found.summary and "lost" in found.summary
+
+
+def test_a_busy_stretch_before_the_slowdown_does_not_move_its_onset():
+    monitor = HealthMonitor(HealthConfig())
+    found = run(monitor, 7, world=2)
+    found += run(monitor, 23, slow={1: 1.25}, world=2, seed=1, first=7)  # a busy host: over the ratio, not slow
+    assert found == []
+    (found,) = run(monitor, 100, slow={1: 2.0}, world=2, seed=2, first=30)  # the rank slows at step 30
+    assert found.ranks == [1] and found.step == 30, found.summary
 
 
 def test_noise_and_a_one_off_hiccup_are_not_stragglers():

@@ -85,15 +85,16 @@ class Stragglers:
     def __init__(self, cfg: HealthConfig):
         self.cfg = cfg
         self.rows: collections.deque[tuple[int, list[dict[str, float]]]] = collections.deque(maxlen=cfg.window)
+        self.history: collections.deque[tuple[int, list[dict[str, float]]]] = collections.deque(maxlen=3 * cfg.window)
         self.current: dict[int, Finding] = {}  # rank -> its finding while it is a straggler
         self.streak: dict[int, int] = {}  # rank -> consecutive steps its window has met the rule
-        self.onset: dict[int, int] = {}  # rank -> the step its slowness began, as seen when the streak began
         self.findings: list[Finding] = []
 
     def update(self, step: int, ranks: list[dict[str, float]], tokens: float) -> Finding | None:
         if len(ranks) < 2:
             return None
         self.rows.append((step, ranks))
+        self.history.append((step, ranks))
         if len(self.rows) < self.cfg.window // 2:
             return None
         new = None
@@ -109,13 +110,9 @@ class Stragglers:
                     self.current.pop(r).details["until_step"] = step
                 continue
             self.streak[r] = self.streak.get(r, 0) + 1
-            if self.streak[r] == 1:  # since: the change point of the window that tipped (fewest misfits)
-                slow = [x >= self.cfg.slow_ratio for x in ratios]
-                misfits = [sum(slow[:i]) + slow[i:].count(False) for i in range(len(slow))]
-                self.onset[r] = self.rows[min(range(len(slow)), key=lambda i: (misfits[i], i))][0]
             if self.streak[r] < self.cfg.window and r not in self.current:
                 continue  # not yet persistent: a streak of a busy host's scheduling is not a straggler
-            since = self.onset[r]
+            since = self.current[r].step if r in self.current else self._onset(r)
             waiting = statistics.median(statistics.mean(x["blocked_s"] / max(x["step_s"], 1e-9)
                                                         for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
             now, fixed = tokens / step_s, tokens / max(step_s - max(excess, 0.0), 1e-9)
@@ -135,6 +132,21 @@ class Stragglers:
             self.findings.append(found)
             new = new or found
         return new
+
+
+    def _onset(self, r: int) -> int:
+        """The step rank r's slowness began: the change point of its compute ratio over the history
+        (three windows, so it reaches back past the streak's start), the split whose two sides sit
+        closest to their own medians. Unlike counting steps over the threshold, a stretch of a busy
+        host's scheduling (ratios a little over it) sides with the healthy level, not the slow one."""
+        ratios = [_ratio(rows, r) for _, rows in self.history]
+
+        def spread(xs: list[float]) -> float:
+            mid = statistics.median(xs)
+            return sum(abs(x - mid) for x in xs)
+
+        split = min(range(1, len(ratios)), key=lambda i: (spread(ratios[:i]) + spread(ratios[i:]), i))
+        return self.history[split][0]
 
 
 def _ratio(rows: list[dict[str, float]], r: int) -> float:
