@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from distval.cli import comm, doctor, drill, emulate, launch, plan, run, slurm, train  # noqa: F401 (each adds its commands)
+from distval.cli import comm, doctor, drill, emulate, launch, plan, run, slurm, trace, train  # noqa: F401 (each adds its commands)
 from distval.cli.app import app
 from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun
 

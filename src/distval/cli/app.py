@@ -18,11 +18,11 @@ from rich.console import Console
 
 from distval import __version__
 from distval.report import terminal
-from distval.results import Report, check_writable
+from distval.results import Report, check_writable, output_dir
 from distval.units import parse_duration
 
 # `distval --help` lists the commands in the order a user needs them.
-ORDER = ("doctor", "comm", "plan", "train", "compare", "launch", "drill", "run", "emulate", "slurm")
+ORDER = ("doctor", "comm", "plan", "train", "compare", "trace", "launch", "drill", "run", "emulate", "slurm")
 
 
 class _InOrder(typer.core.TyperGroup):
@@ -41,6 +41,8 @@ app = typer.Typer(
 )
 comm_app = typer.Typer(no_args_is_help=True, help="Collective correctness and bandwidth.")
 app.add_typer(comm_app, name="comm")
+trace_app = typer.Typer(no_args_is_help=True, help="Per-rank profiler traces: where each step's time goes.")
+app.add_typer(trace_app, name="trace")
 
 
 @app.callback(invoke_without_command=True)
@@ -193,6 +195,26 @@ def train_config(workload: dict[str, Any], strategy: str, **parts: Any):
         **{k: w.pop(k) for k in ("bucket_mb", "comm_hook", "powersgd_rank", "mixed_precision")}
     )
     return TrainConfig(strategy=strategy, optim=optim, strategy_cfg=strategy_cfg, **w, **parts)
+
+
+TraceSteps = Annotated[Optional[str], option(
+    "--trace", help="Record steps with torch.profiler: SKIP:N skips SKIP steps then records N (e.g. 5:3); one "
+    "Kineto trace per rank, analysed at the end (docs/trace.md).")]
+TraceDir = Annotated[Path, option("--trace-dir", help="Where --trace writes: <dir>/<strategy>/rank_<r>.json.gz.")]
+
+
+def trace_config(text: str | None, steps: int, trace_dir: Path, run: str):
+    """`--trace SKIP:N` as a TraceConfig for the run's folder (created if missing; rank files
+    of an earlier run in it are removed, so an analysis never mixes two runs)."""
+    from distval.trace.config import TraceConfig
+
+    if text is None:
+        return TraceConfig()
+    skip, active = TraceConfig.parse(text, steps)
+    folder = output_dir(trace_dir / run, "--trace-dir")
+    for old in folder.glob("rank_*.json*"):
+        old.unlink()
+    return TraceConfig(skip, active, str(folder))
 
 
 def check_training(cfg, opts) -> None:

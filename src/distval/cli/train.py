@@ -16,6 +16,8 @@ from distval.cli.app import (
     JsonOut,
     Nproc,
     Timeout,
+    TraceDir,
+    TraceSteps,
     app,
     check_outputs,
     check_training,
@@ -24,6 +26,7 @@ from distval.cli.app import (
     make_console,
     option,
     split_list,
+    trace_config,
     train_config,
     workload_options,
 )
@@ -57,6 +60,7 @@ def train_cmd(
     on_nan: Annotated[str, option(
         "--on-nan", help="warn: a non-finite loss or gradient is a FAIL in the report; stop: stop every rank before "
         "the update, naming the rank (nothing non-finite is saved).")] = "warn",
+    trace: TraceSteps = None, trace_dir: TraceDir = Path("distval-report/traces"),
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
     deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
 ) -> int:
@@ -78,6 +82,7 @@ def train_cmd(
     opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, max_restarts=max_restarts)
     check_training(cfg, opts)
     check_outputs({"--json": json, "--log-jsonl": log_jsonl})
+    cfg = dataclasses.replace(cfg, trace=trace_config(trace, cfg.steps, trace_dir, cfg.strategy))
     cfg = dataclasses.replace(cfg, ckpt=ckpt_cmd.prepare(cfg, planned_world_size(opts)), metrics=cfg.metrics.resolved())
     report = run_train(cfg, opts, watchers=[ProgressView(cfg.steps, f"train {cfg.strategy}")])  # live, on stderr
     ckpt_cmd.annotate(report, cfg.ckpt, ckpt_cmd.job_run_id(detect_mode(), opts.run_id))
@@ -98,6 +103,8 @@ def compare_cmd(
     html: Annotated[
         Optional[Path], option("--html", help="Also write a self-contained HTML report (step-time plot).")
     ] = None,
+    trace: TraceSteps = None,
+    trace_dir: TraceDir = Path("distval-report/traces"),
     nproc: Nproc = None,
     backend: Backend = "auto",
     timeout: Timeout = "60s",
@@ -114,11 +121,12 @@ def compare_cmd(
     opts = launch_options(nproc, backend, None, timeout, None)
     check_training(cfg, opts)
     check_outputs({"--json": json, "--html": html})
+    traces = {name: trace_config(trace, cfg.steps, trace_dir, name) for name in names}
     if calibration is not None:
         from distval.plan.calibration import load
 
         load(str(calibration))  # a file that is not a distval bench JSON: one line, exit 2, before training
-    report = run_compare(cfg, names, opts, str(calibration) if calibration else None)
+    report = run_compare(cfg, names, opts, str(calibration) if calibration else None, traces)
     console = make_console()
     code = finish(report, json, console)
     if html:

@@ -11,6 +11,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from distval.results import Table
+from distval.trace.views import VIEWS as TRACE_VIEWS
 
 MAX_STEP_ROWS = 30  # a longer training run shows its steps in the JSON report, not the terminal
 
@@ -93,4 +94,5 @@ VIEWS: dict[str, Callable[[Table, dict[str, Any]], Any]] = {
     "bench": nccl_text,
     "strategies": strategies_view,
     "steps": steps_view,
+    **TRACE_VIEWS,
 }

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from distval.launch import JobResult, LaunchOptions, Watcher
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute
 from distval.stats import percentile
+from distval.trace.config import TraceConfig
 from distval.train.config import TrainConfig
 from distval.train.loop import train_rank
 
@@ -80,6 +82,8 @@ def run_train(cfg: TrainConfig, opts: LaunchOptions, watchers: list[Watcher] | t
                          else f"ranks disagree on the parameters: {len(checksums)} different checksums",
                          hint="" if len(checksums) == 1 else "the strategy does not keep replicas in sync"))
         add_health(report, r0, cfg)
+        if cfg.trace.enabled:
+            add_trace(report, cfg, r0["steps"])
         return report
 
     return execute("train", train_rank, cfg, opts, build, watchers)
@@ -166,10 +170,12 @@ def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float
 
 
 def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions,
-                calibration: str | None = None) -> Report:
+                calibration: str | None = None, traces: dict[str, TraceConfig] | None = None) -> Report:
+    """Every strategy against a one-process reference; `traces`: each strategy's --trace."""
     world = opts.nproc or 2
+    traces = traces or {}
     ref_cfg = dataclasses.replace(
-        cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world, return_params=True
+        cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world, return_params=True, trace=TraceConfig()
     )
     reference = _one(ref_cfg, dataclasses.replace(opts, nproc=1))
     report = Report("compare", meta=meta.collect(None, cfg, world_size=world, backend=opts.backend,
@@ -190,7 +196,8 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
     if isinstance(reference, Report):
         return reference
     for name in strategy_names:
-        result = _one(dataclasses.replace(cfg, strategy=name, return_params=True), opts)
+        run_cfg = dataclasses.replace(cfg, strategy=name, return_params=True, trace=traces.get(name, TraceConfig()))
+        result = _one(run_cfg, opts)
         if isinstance(result, Report):  # the run failed: its ERROR check says why
             report.checks += result.checks
             continue
@@ -202,7 +209,26 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
         table.add(**row)
         report.add(parity_check(name, row))
         report.add(memory_check(name, row))
+        if run_cfg.trace.enabled:
+            add_trace(report, run_cfg, result["steps"], label=f" {name}")
     return report
+
+
+def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]], label: str = "") -> None:
+    """The analysis of the run's traces (trace/report.py): its breakdown table, and a check that
+    its step times are the harness's (the traces mark the same region)."""
+    from distval.trace.report import analyze, harness_check
+
+    traced = analyze([Path(cfg.trace.dir)])
+    report.add(harness_check(traced, {s["step"]: s["step_time_s"] for s in steps}, f"trace{label}", cfg.trace.dir))
+    report.checks += [c for c in traced.checks if c.status is not Status.OK and c.name != "trace matching"]
+    breakdown = traced.table("trace_breakdown")
+    if label and report.table("trace_breakdown"):  # compare: one table, a row per strategy and rank
+        report.table("trace_breakdown").rows += [{"run": label.strip(), **r} for r in breakdown.rows]
+    else:
+        breakdown.columns = ["run", *breakdown.columns]
+        breakdown.rows = [{"run": label.strip() or cfg.strategy, **r} for r in breakdown.rows]
+        report.tables.append(breakdown)
 
 
 def _one(cfg: TrainConfig, opts: LaunchOptions) -> dict[str, Any] | Report:

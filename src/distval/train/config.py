@@ -14,6 +14,7 @@ from distval.ckpt.config import CheckpointConfig
 from distval.health.monitor import HealthConfig
 from distval.plan import presets
 from distval.strategies.base import StrategyConfig
+from distval.trace.config import TraceConfig
 from distval.train import data as data_mod
 from distval.train.metrics import MetricsConfig
 
@@ -62,6 +63,7 @@ class TrainConfig:
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)  # --trace SKIP:N: record N steps after SKIP
     return_params: bool = False  # gather the final parameters (parity checks)
     peak_flops: float | None = None  # per device; None: measured matmul rate on CPU
 

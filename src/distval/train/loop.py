@@ -12,6 +12,7 @@ Metrics bookkeeping goes over the control group, never counted as the strategy's
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -28,6 +29,7 @@ from distval.comm.ops import busbw_factor
 from distval.health.monitor import FIELDS, HealthMonitor, NonFiniteStop, nonfinite_text, replica_checksums
 from distval.plan import presets
 from distval.rank import RankContext
+from distval.trace.capture import Tracer, phase
 from distval.train import data as data_mod
 from distval.train.config import TrainConfig
 from distval.train.metrics import MetricsLogger
@@ -63,6 +65,10 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     ctx.comm.reset_totals()
     logger = MetricsLogger(cfg.metrics if ctx.rank == 0 else None)
     health = HealthMonitor(cfg.health) if ctx.rank == 0 else None
+    tokens_per_rank = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1) / ctx.world_size
+    tracer = Tracer(cfg.trace, ctx.rank, ctx.device, {
+        "strategy": cfg.strategy, "model": cfg.model, "world_size": ctx.world_size, "first_step": start,
+        "flops_per_step": tokens_per_rank * flops_per_token, "peak_flops": peak}) if cfg.trace.enabled else None
     finished = False
     try:
         for step in range(start, cfg.steps):
@@ -71,7 +77,8 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
                 ckpt.before_step(step)  # the journal, this step's test/drill fault, a stop asked by SIGTERM
             else:
                 ctx.faults.at_step(step)
-            steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak, health))
+            steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak, health,
+                                    tracer))
             if cfg.health.every and (step + 1) % cfg.health.every == 0 and not strategy.params_sharded:
                 began = time.perf_counter()
                 check_replicas(ctx, strategy, step, health)
@@ -81,9 +88,14 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
                 ctx.channel.publish("step", {"step": step, "loss": steps[-1]["loss"],
                                              "step_time_s": steps[-1]["step_time_s"]})
             if ckpt:
-                ckpt.after_step(step + 1)
+                with phase("checkpoint"):
+                    ckpt.after_step(step + 1)
+            if tracer:
+                tracer.step()
         finished = True
     finally:
+        if tracer:
+            tracer.close()
         logger.close()
         if ckpt:
             ckpt.close(ok=finished)
@@ -111,32 +123,35 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
 
 def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer,
                loader: Any, step: int, flops_per_token: float, peak: float,
-               health: HealthMonitor | None = None) -> dict[str, Any]:
+               health: HealthMonitor | None = None, tracer: Tracer | None = None) -> dict[str, Any]:
     """One optimizer step. Every rank's own figures (step time, compute, waiting, loss, memory,
     model state) are gathered in one collective over the control group; rank 0 gives them to
-    the health monitor (`health`)."""
+    the health monitor (`health`). Under `--trace`, the timed region is marked distval:step."""
     for group in optimizer.param_groups:
         group["lr"] = cfg.optim.lr_at(step, cfg.steps)
     ctx.control_comm.barrier()  # start together, so step time measures this step only
-    start = time.perf_counter()
-    faults = ctx.faults
-    loss = forward_backward(cfg, strategy, loader, ctx.device, poison=bool(faults and faults.poisoned(step)))
-    stretch = faults.slowdown(step) if faults else 0.0
-    if stretch:  # test/drill: a straggler, slowed by a known factor
-        time.sleep(stretch * (time.perf_counter() - start))
-    strategy.sync_gradients()
-    grad_norm = strategy.clip_grad_norm(cfg.optim.clip)  # a tensor on the device, read below
-    norm = float(grad_norm)  # read once (on a GPU, a host sync)
-    bad_param = None if math.isfinite(norm) else first_nonfinite_grad(strategy)
-    if not math.isfinite(norm) and cfg.health.on_nan == "stop":  # every rank sees the same global norm: all stop
-        stop_on_nonfinite(ctx, step, loss, norm, bad_param)
-    optimizer.step()
-    if faults:
-        faults.after_update(step, strategy.module)
-    held = held_bytes(strategy.model_state_tensors(optimizer))  # everything of the model state exists now
-    optimizer.zero_grad(set_to_none=True)
-    strategy.after_step()
-    elapsed = time.perf_counter() - start
+    with tracer.timed() if tracer else contextlib.nullcontext():
+        start = time.perf_counter()
+        faults = ctx.faults
+        loss = forward_backward(cfg, strategy, loader, ctx.device, poison=bool(faults and faults.poisoned(step)))
+        stretch = faults.slowdown(step) if faults else 0.0
+        if stretch:  # test/drill: a straggler, slowed by a known factor
+            time.sleep(stretch * (time.perf_counter() - start))
+        with phase("grad_sync"):
+            strategy.sync_gradients()
+        with phase("optimizer"):
+            grad_norm = strategy.clip_grad_norm(cfg.optim.clip)  # a tensor on the device, read below
+            norm = float(grad_norm)  # read once (on a GPU, a host sync)
+            bad_param = None if math.isfinite(norm) else first_nonfinite_grad(strategy)
+            if not math.isfinite(norm) and cfg.health.on_nan == "stop":  # every rank sees the same norm: all stop
+                stop_on_nonfinite(ctx, step, loss, norm, bad_param)
+            optimizer.step()
+            if faults:
+                faults.after_update(step, strategy.module)
+            held = held_bytes(strategy.model_state_tensors(optimizer))  # everything of the model state exists now
+            optimizer.zero_grad(set_to_none=True)
+        strategy.after_step()
+        elapsed = time.perf_counter() - start
     comm = {op: t for op, t in ctx.comm.totals.items()}
     ctx.comm.reset_totals()
     blocked = sum(t.blocked_s for t in comm.values())
@@ -214,14 +229,17 @@ def forward_backward(cfg: TrainConfig, strategy: strategies.Strategy, loader: An
     the loss is NaN."""
     total = 0.0
     for k in range(cfg.grad_accum):
-        batch = {key: t.to(device) for key, t in next(loader).items()}
+        with phase("data"):
+            batch = {key: t.to(device) for key, t in next(loader).items()}
         with strategy.micro_batch(is_last=k == cfg.grad_accum - 1):
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-                logits = strategy.module(batch["tokens"])
-            loss = loss_of(logits, batch) / cfg.grad_accum
+            with phase("forward"):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+                    logits = strategy.module(batch["tokens"])
+                loss = loss_of(logits, batch) / cfg.grad_accum
             if poison:
                 loss = loss * float("nan")
-            loss.backward()
+            with phase("backward"):
+                loss.backward()
         total += float(loss.detach())
     return total
 

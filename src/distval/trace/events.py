@@ -1,0 +1,204 @@
+"""One pass over a rank's Kineto trace keeps what the analysis needs, compactly (tuples of
+floats, no DataFrame): profiler steps, GPU kernels (compute, communication, memory), the CPU
+ops of every thread, the communication spans Gloo and NCCL record, the phases marked with
+record_function, the memory counters and distval's own metadata.
+
+GPU communication kernels are told from compute by their name (nccl/rccl/hccl) or by the
+collective arguments Kineto copies onto them; on CPU the communication is the `gloo:*` (or
+`nccl:*`) work a process group records on its worker threads, with the message size from the
+recorded input shapes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from distval.trace.kineto import TraceError, open_trace
+
+KERNEL_CATS = {"kernel": "kernel", "gpu_memcpy": "memory", "gpu_memset": "memory", "memcpy": "memory",
+               "memset": "memory"}
+_COMM_KERNEL = re.compile(r"nccl|rccl|^hccl", re.IGNORECASE)
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+# phases: distval's record_function names, and the annotations torch writes by itself
+PHASES = {"distval:forward": "forward", "distval:backward": "backward", "distval:optimizer": "optimizer",
+          "distval:data": "data", "distval:checkpoint": "checkpoint", "distval:grad_sync": "grad_sync"}
+_AUTO_PHASES = (("Optimizer.step#", "optimizer"), ("Optimizer.zero_grad#", "optimizer"),
+                ("enumerate(DataLoader)#", "data"))
+DTYPE_BYTES = {"float": 4, "float32": 4, "c10::half": 2, "half": 2, "float16": 2, "c10::bfloat16": 2, "bfloat16": 2,
+               "double": 8, "float64": 8, "long int": 8, "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2,
+               "int16": 2, "unsigned char": 1, "uint8": 1, "byte": 1, "signed char": 1, "char": 1, "int8": 1,
+               "bool": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1}
+_OPS = (("all_reduce", ("allreduce", "all_reduce")), ("reduce_scatter", ("reducescatter", "reduce_scatter")),
+        ("all_gather", ("allgather", "all_gather")), ("all_to_all", ("alltoall", "all_to_all")),
+        ("broadcast", ("broadcast",)), ("sendrecv", ("sendrecv", "send", "recv")), ("reduce", ("reduce",)),
+        ("barrier", ("barrier",)), ("gather", ("gather",)), ("scatter", ("scatter",)))
+
+
+def op_name(text: str) -> str:
+    """A collective's name in nccl-tests' vocabulary, from a kernel name, a Gloo/NCCL work
+    title or a `Collective name` argument (`_allgather_base`, `ncclDevKernel_AllReduce_Sum_f32`)."""
+    low = text.lower().split("(")[0]
+    for op, keys in _OPS:
+        if any(k in low for k in keys):
+            return op
+    return "other"
+
+
+@dataclass
+class Collective:
+    """One collective as this rank ran it: on GPU its kernel, on CPU its worker-thread span."""
+
+    op: str
+    bytes: int
+    ts: float
+    dur: float
+    group: str = ""
+    wait: float = 0.0  # the part spent before the last rank arrived (set by cross-rank matching)
+
+
+@dataclass
+class RankTrace:
+    path: str
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str = ""
+    devices: list[str] = field(default_factory=list)
+    steps: list[tuple[int, float, float]] = field(default_factory=list)  # (number, start, end), main thread
+    profiler_steps: list[tuple[int, float, float]] = field(default_factory=list)  # the ProfilerStep#N ranges
+    timed: bool = False  # the steps are distval:step ranges (the harness's timed region), not ProfilerStep#
+    kernels: list[tuple[float, float, int, str, str]] = field(default_factory=list)  # start, end, stream, cls, name
+    kernel_corr: list[int] = field(default_factory=list)  # the launch's correlation id, per kernel
+    launch_ts: array = field(default_factory=lambda: array("d"))  # CPU time of each runtime call (a launch)
+    launch_corr: array = field(default_factory=lambda: array("q"))  # ... and its correlation id
+    cpu_ops: dict[Any, array] = field(default_factory=dict)  # thread -> op spans, flat: start, end, start, ...
+    collectives: list[Collective] = field(default_factory=list)
+    phases: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    main_thread: Any = None
+    memory_peak: dict[str, int] = field(default_factory=dict)  # "cuda"/"cpu" -> peak Total Allocated
+    meta: dict[str, Any] = field(default_factory=dict)  # distval's own (model FLOPs, tokens per step)
+    events: int = 0
+    first: float = float("inf")  # the earliest start and latest end of any timed event
+    last: float = float("-inf")
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self.kernels)
+
+
+def _bytes_from_shapes(args: dict[str, Any]) -> int:
+    """A CPU collective's message size from its recorded input shapes (record_shapes): the
+    largest argument's element count times the element size, as nccl-tests sizes it."""
+    types = [str(t).lower() for t in args.get("Input type", []) if t]
+    elt = next((DTYPE_BYTES[t] for t in types if t in DTYPE_BYTES), 4)
+
+    def count(dims: Any) -> int:
+        if isinstance(dims, list) and dims and all(isinstance(d, int) for d in dims):
+            return math.prod(dims)
+        return sum(count(d) for d in dims) if isinstance(dims, list) else 0
+
+    return max((count(d) for d in args.get("Input Dims", [])), default=0) * elt
+
+
+def _kernel_collective(name: str, args: dict[str, Any], ts: float, dur: float) -> Collective:
+    nelems = max(int(args.get("In msg nelems", 0) or 0), int(args.get("Out msg nelems", 0) or 0))
+    elt = DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 0)
+    op = op_name(str(args.get("Collective name") or name))
+    group = str(args.get("Process Group Name", args.get("stream", "")))
+    return Collective(op, nelems * elt, ts, dur, group)
+
+
+def read_rank(path: str | Path) -> RankTrace:
+    """Read one rank's trace file. Raises TraceError for a file that is not a readable trace."""
+    header, events = open_trace(path)
+    rt = RankTrace(str(path))
+    step_threads: dict[Any, int] = {}
+    annotations: list[tuple[Any, str, float, float, dict | None]] = []
+    for ev in events:
+        rt.events += 1
+        ph = ev.get("ph")
+        if ph == "i" and ev.get("name") == "[memory]":
+            a = ev.get("args", {})
+            dev = "cuda" if a.get("Device Type") == 1 else "cpu"
+            rt.memory_peak[dev] = max(rt.memory_peak.get(dev, 0), int(a.get("Total Allocated", 0) or 0))
+            continue
+        if ph != "X":
+            continue
+        try:
+            ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            continue
+        cat, name = str(ev.get("cat", "")).lower(), str(ev.get("name", ""))
+        tid = ev.get("tid")
+        if cat not in ("trace", "python_function"):  # the profiler's own span covers its warm-up too
+            rt.first, rt.last = min(rt.first, ts), max(rt.last, ts + dur)
+        if cat in KERNEL_CATS:
+            args = ev.get("args", {})
+            comm = cat == "kernel" and (bool(_COMM_KERNEL.search(name)) or "Collective name" in args)
+            cls = "comm" if comm else ("compute" if cat == "kernel" else "memory")
+            rt.kernels.append((ts, ts + dur, int(args.get("stream", -1)), cls, name))
+            rt.kernel_corr.append(int(args.get("correlation", -1)))
+            if comm:
+                rt.collectives.append(_kernel_collective(name, args, ts, dur))
+        elif cat == "cpu_op":
+            rt.cpu_ops.setdefault(tid, array("d")).extend((ts, ts + dur))
+        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in ev.get("args", {}):
+            rt.launch_ts.append(ts)
+            rt.launch_corr.append(int(ev["args"]["correlation"]))
+        elif cat == "user_annotation":
+            m = _STEP.match(name)
+            if m:
+                rt.steps.append((int(m.group(1)), ts, ts + dur))
+                step_threads[tid] = step_threads.get(tid, 0) + 1
+            elif name.startswith(("gloo:", "nccl:")):
+                annotations.append((tid, name, ts, dur, ev.get("args", {})))
+            else:
+                annotations.append((tid, name, ts, dur, None))
+    _header(rt, header, Path(path))
+    rt.main_thread = max(step_threads, key=step_threads.get) if step_threads else \
+        max(rt.cpu_ops, key=lambda t: len(rt.cpu_ops[t]), default=None)
+    if rt.on_gpu:  # the breakdown reads kernels; the CPU ops of the main thread only on CPU
+        rt.cpu_ops.clear()
+    for tid, name, ts, dur, args in annotations:
+        if args is not None:  # a process group's work: on CPU the communication itself
+            if not rt.on_gpu and tid != rt.main_thread:
+                rt.collectives.append(Collective(op_name(name.split(":", 1)[1]), _bytes_from_shapes(args), ts, dur,
+                                                 name.split(":", 1)[0]))
+            continue
+        phase = PHASES.get(name) or next((p for prefix, p in _AUTO_PHASES if name.startswith(prefix)), None)
+        if phase:
+            rt.phases.setdefault(phase, []).append((ts, ts + dur))
+    rt.steps.sort(key=lambda s: s[1])
+    rt.profiler_steps = list(rt.steps)
+    timed = sorted(w for tid, name, *w, _ in annotations if name == "distval:step")
+    if timed:  # distval's own trace: the step is the region the harness times, numbered as the harness does
+        first = int(rt.meta.get("first_step", 0))
+        starts = [start for _, start, _ in rt.steps]
+        numbered = [rt.steps[bisect.bisect_right(starts, ts) - 1][0] if starts and ts >= starts[0] else i
+                    for i, (ts, _) in enumerate(timed)]
+        rt.steps = [(first + n, ts, ts + dur) for n, (ts, dur) in zip(numbered, timed)]
+        rt.timed = True
+    rt.collectives.sort(key=lambda c: c.ts)
+    if not rt.events:
+        raise TraceError(path, "no trace events")
+    return rt
+
+
+def _header(rt: RankTrace, header: dict[str, Any], path: Path) -> None:
+    info = header.get("distributedInfo") or {}
+    rank = info.get("rank") if isinstance(info, dict) else None
+    if rank is None:  # HTA's advice is to add distributedInfo; we read the file name too
+        m = _RANK_IN_NAME.search(path.name)
+        rank = int(m.group(1)) if m else None
+    rt.rank = int(rank) if rank is not None else None
+    rt.world_size = info.get("world_size") if isinstance(info, dict) else None
+    rt.backend = str(info.get("backend", "")) if isinstance(info, dict) else ""
+    rt.devices = [str(d.get("name", "")) for d in header.get("deviceProperties") or [] if isinstance(d, dict)]
+    meta = header.get("distval")
+    rt.meta = meta if isinstance(meta, dict) else {}

@@ -1,0 +1,64 @@
+"""`trace analyze`'s tables in 80-odd columns of fixed-width text (the JSON and CSV keep every
+column at full precision)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distval.results import Table
+
+MAX_STEP_ROWS = 12
+
+
+def _size(n: int) -> str:
+    for unit, mult in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= mult:
+            return f"{n / mult:.1f} {unit}"
+    return f"{n} B"
+_SHORT = {"compute": "compute", "optimizer": "optim", "comm_overlapped": "overlap", "comm_exposed": "exposed",
+          "waiting_for_peers": "waiting", "memcpy": "memcpy", "data": "data", "idle": "idle"}
+
+
+def breakdown_text(table: Table, meta: dict[str, Any]) -> str:
+    head = f"{'rank':>4} {'steps':>5} {'step ms':>9} " + " ".join(f"{v:>7}" for v in _SHORT.values()) + f" {'mfu':>6}"
+    lines = [table.title, head]
+    for r in table.rows:
+        mfu = f"{r['mfu']:>6.1%}" if r.get("mfu") is not None else f"{'-':>6}"
+        lines.append(f"{r['rank']:>4} {r['steps']:>5} {r['step_ms']:>9.2f} " +
+                     " ".join(f"{r[c]:>6.1f}%" for c in _SHORT) + f" {mfu}")
+    return "\n".join(lines)
+
+
+def steps_text(table: Table, meta: dict[str, Any]) -> str:
+    head = f"{'rank':>4} {'step':>6} {'step ms':>9} " + " ".join(f"{v:>7}" for v in _SHORT.values())
+    lines = [table.title, head]
+    for r in table.rows[:MAX_STEP_ROWS]:
+        lines.append(f"{r['rank']:>4} {r['step']:>6} {r['step_ms']:>9.2f} " +
+                     " ".join(f"{r[c]:>7.2f}" for c in _SHORT))
+    if len(table.rows) > MAX_STEP_ROWS:
+        lines.append(f"... {len(table.rows) - MAX_STEP_ROWS} more rows in the JSON/CSV")
+    return "\n".join(lines)
+
+
+def collectives_text(table: Table, meta: dict[str, Any]) -> str:
+    lines = [table.title, f"{'op':<15} {'size':>10} {'calls':>7} {'time us':>10} {'transfer us':>12} {'wait':>6} "
+                          f"{'algbw GB/s':>10} {'busbw GB/s':>10}"]
+    for r in table.rows[:MAX_STEP_ROWS]:
+        bw = [f"{r[c]:>10.3f}" if r[c] is not None else f"{'-':>10}" for c in ("algbw_GBps", "busbw_GBps")]
+        lines.append(f"{r['op']:<15} {_size(r['bytes']):>10} {r['calls']:>7g} {r['time_us']:>10.1f} "
+                     f"{r['transfer_us']:>12.1f} {r['wait_share']:>6.0%} {bw[0]} {bw[1]}")
+    if len(table.rows) > MAX_STEP_ROWS:
+        lines.append(f"... {len(table.rows) - MAX_STEP_ROWS} more rows in the JSON/CSV")
+    return "\n".join(lines)
+
+
+def hta_text(table: Table, meta: dict[str, Any]) -> str:
+    lines = [table.title, f"{'rank':>4} {'idle %':>8} {'compute %':>10} {'non-compute %':>14} {'kernel time us':>15}"]
+    for r in table.rows:
+        lines.append(f"{r['rank']:>4} {r['idle_time_pctg']:>8.2f} {r['compute_time_pctg']:>10.2f} "
+                     f"{r['non_compute_time_pctg']:>14.2f} {r['kernel_time(us)']:>15,.0f}")
+    return "\n".join(lines)
+
+
+VIEWS = {"trace_breakdown": breakdown_text, "trace_steps": steps_text, "trace_collectives": collectives_text,
+         "hta_temporal": hta_text}

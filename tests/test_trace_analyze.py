@@ -1,0 +1,203 @@
+"""trace/: the streaming reader, interval arithmetic and the per-step breakdown, on traces written
+here with known answers, and on HTA's real test traces (../shared/traces/hta): the breakdown
+sums to the step time, HTA's own figures are reproduced, a CPU-only trace gets a full
+breakdown, and bad files are named in one line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from distval.trace import intervals as iv
+from distval.trace import kineto
+from distval.trace.analyze import CATEGORIES
+from distval.trace.events import read_rank
+from distval.trace.kineto import TraceError, open_trace
+from distval.trace.report import analyze
+
+from conftest import run_cli
+
+HTA = Path(__file__).resolve().parents[2] / "shared" / "traces" / "hta"
+needs_hta = pytest.mark.skipif(not HTA.is_dir(), reason=f"HTA's test traces are not at {HTA}")
+
+
+def x(name, ts, dur, tid=1, cat="cpu_op", **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def write(path: Path, events: list[dict], rank: int | None, world: int = 2, gz: bool = True, **top) -> Path:
+    doc = {"schemaVersion": 1, **({"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world}}
+                                  if rank is not None else {}), "traceEvents": events, **top}
+    text = json.dumps(doc, indent=1)
+    if gz:
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+def cpu_rank(rank: int, late: float) -> list[dict]:
+    """One 1000 us step: compute 0-400 (+late on this rank), an all_reduce on the Gloo thread
+    that starts when this rank arrives and ends at 700 on both ranks, the optimizer 800-900."""
+    arrive = 400 + late
+    return [
+        x("ProfilerStep#3", 0, 1000, cat="user_annotation"),
+        x("aten::mm", 0, arrive), x("aten::add", 100, 50),  # nested: counted once
+        x("c10d::allreduce_", arrive, 10),
+        x("gloo:all_reduce", arrive, 700 - arrive, tid=7, cat="user_annotation", **{
+            "Input Dims": [[1024]], "Input type": ["float"]}),
+        x("Optimizer.step#AdamW.step", 800, 100, cat="user_annotation"), x("aten::add_", 800, 100),
+    ]
+
+
+def test_a_late_rank_makes_its_peer_wait_and_every_category_is_exact(tmp_path):
+    write(tmp_path / "a.json.gz", cpu_rank(0, 0), rank=0)
+    write(tmp_path / "b.json", cpu_rank(1, 200), rank=1, gz=False)
+    report = analyze([tmp_path])
+    steps = {r["rank"]: r for r in report.table("trace_steps").rows}
+    # rank 1 arrives at 600: the transfer is 600-700 (100 us, its own duration); rank 0 waits 400-600,
+    # the first 10 us of it busy issuing the collective (c10d::allreduce_: overlapped)
+    assert steps[0] == {"rank": 0, "step": 3, "step_ms": 1.0, "compute": 0.4, "optimizer": 0.1,
+                        "comm_overlapped": 0.01, "comm_exposed": 0.1, "waiting_for_peers": 0.19, "memcpy": 0.0,
+                        "data": 0.0, "idle": 0.2}
+    assert (steps[1]["compute"], steps[1]["comm_overlapped"], steps[1]["comm_exposed"],
+            steps[1]["waiting_for_peers"], steps[1]["idle"]) == (0.6, 0.01, 0.09, 0.0, 0.2)
+    (coll,) = report.table("trace_collectives").rows
+    assert coll["op"] == "all_reduce" and coll["bytes"] == 4096 and coll["transfer_us"] == 100.0
+    assert coll["wait_share"] == round(200 / 400, 3)  # rank 0's 300 us (200 waiting), rank 1's 100 us
+    late = {r["rank"]: r for r in report.table("trace_late_arrivals").rows}
+    assert late[1]["arrived_last"] == 1 and late[1]["others_waited_ms"] == 0.2 and late[0]["arrived_last"] == 0
+    checks = {c.name: c for c in report.checks}
+    assert checks["trace late arrivals"].status.value == "WARN" and checks["trace late arrivals"].where == {"rank": 1}
+
+
+def test_gpu_kernels_overlap_and_the_hta_figures(tmp_path):
+    """Compute kernels 0-500 and 600-900, an NCCL kernel 400-700 on another stream: 100 us
+    overlapped, 100 exposed; launches before the last ProfilerStep only (HTA's filter)."""
+    events = [x("ProfilerStep#1", 0, 1000, cat="user_annotation"), x("ProfilerStep#2", 1000, 1000,
+                                                                     cat="user_annotation")]
+    for corr, (name, ts, dur, stream) in enumerate([("gemm", 0, 500, 7), ("gemm", 600, 300, 7),
+                                                     ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 400, 300, 20),
+                                                     ("gemm", 1100, 100, 7)]):
+        events.append(x("cudaLaunchKernel", ts - 5 if ts < 1000 else 1050, 2, cat="cuda_runtime", correlation=corr))
+        events.append(x(name, ts, dur, tid=stream, cat="kernel", stream=stream, correlation=corr,
+                        **({"Collective name": "allreduce", "In msg nelems": 1 << 20, "Out msg nelems": 1 << 20,
+                            "dtype": "Float"} if "nccl" in name else {})))
+    write(tmp_path / "rank0.json.gz", events, rank=0, world=1)
+    report = analyze([tmp_path / "rank0.json.gz"])
+    first = report.table("trace_steps").rows[0]
+    assert (first["compute"], first["comm_overlapped"], first["comm_exposed"], first["idle"]) == (0.6, 0.2, 0.1, 0.1)
+    (temporal,) = report.table("hta_temporal").rows  # the kernel launched in the last step is left out
+    assert temporal["kernel_time(us)"] == 900 and temporal["idle_time(us)"] == 0 and temporal["compute_time(us)"] == 800
+    assert report.table("hta_overlap").rows == [{"rank": 0, "comp_comm_overlap_pctg": round(100 * 200 / 300, 2)}]
+    (coll,) = report.table("trace_collectives").rows
+    assert coll["bytes"] == 4 << 20 and coll["algbw_GBps"] == round((4 << 20) / 300e-6 / 1e9, 3)
+
+
+def test_interval_arithmetic_against_a_brute_force_count():
+    rng = random.Random(0)
+    for _ in range(200):
+        a = [(s, s + rng.randint(0, 9)) for s in (rng.randint(0, 60) for _ in range(rng.randint(0, 6)))]
+        b = [(s, s + rng.randint(0, 9)) for s in (rng.randint(0, 60) for _ in range(rng.randint(0, 6)))]
+        ua, ub = iv.union(a), iv.union(b)
+        cover_a = {t for s, e in a for t in range(s, e)}
+        cover_b = {t for s, e in b for t in range(s, e)}
+        assert iv.length(ua) == len(cover_a)
+        assert iv.length(iv.intersect(ua, ub)) == len(cover_a & cover_b)
+        assert iv.length(iv.subtract(ua, ub)) == len(cover_a - cover_b)
+
+
+@needs_hta
+def test_the_reader_streams_every_hta_trace_exactly(monkeypatch):
+    """Read with a 4 KiB buffer, so values and events straddle every kind of boundary: the same
+    events and header as json.load of the whole file."""
+    monkeypatch.setattr(kineto, "CHUNK", 4096)
+    for path in [HTA / "trace_filter" / "sampled_rank-1.json.gz", *(HTA / "cpu_only").glob("*.gz"),
+                 *(HTA / "amd_trace").glob("*.gz")]:
+        whole = json.loads(gzip.decompress(path.read_bytes()))
+        header, events = open_trace(path)
+        assert list(events) == [e for e in whole["traceEvents"] if isinstance(e, dict)]
+        assert header == {k: v for k, v in whole.items() if k != "traceEvents"}
+
+
+def test_bad_files_are_one_line_errors_naming_the_file(tmp_path):
+    good = write(tmp_path / "rank_0.json.gz", cpu_rank(0, 0), rank=0)
+    text = gzip.decompress(good.read_bytes())
+    cases = {
+        "empty.json": b"",
+        "cut.json.gz": good.read_bytes()[: len(good.read_bytes()) // 2],
+        "cut.json": text[: len(text) // 2],
+        "garbage.json": b"{\"traceEvents\": [{\"ph\": \"X\", oops}]}",
+        "other.json": b"{\"a\": 1}",
+        "array.json": b"[1, 2]",
+        "binary.json": bytes(range(256)),
+    }
+    reasons = {}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(TraceError) as e:
+            read_rank(tmp_path / name)
+        assert str(e.value).startswith(str(tmp_path / name)) and "\n" not in str(e.value)
+        reasons[name] = e.value.reason
+    assert reasons["empty.json"] == "empty file"
+    assert "cut short" in reasons["cut.json.gz"] and "cut short" in reasons["cut.json"]
+    assert "not valid JSON" in reasons["garbage.json"] and "no traceEvents" in reasons["other.json"]
+    assert "not a JSON object" in reasons["array.json"]
+
+    res = run_cli("trace", "analyze", str(tmp_path / "cut.json"))  # the command: exit 2, the file named
+    assert res.returncode == 2 and res.stderr.strip() == f"distval: error: {tmp_path / 'cut.json'}: " \
+                                                         f"{reasons['cut.json']}", res.stderr
+    (tmp_path / "only").mkdir()
+    res = run_cli("trace", "analyze", str(tmp_path / "only"))
+    assert res.returncode == 2 and "no trace files" in res.stderr
+    res = run_cli("trace", "analyze", str(tmp_path), "--json", str(tmp_path / "out.json"))  # one good among bad
+    doc = json.loads((tmp_path / "out.json").read_text())
+    warned = sorted(c["name"] for c in doc["checks"] if c["status"] == "WARN")
+    assert res.returncode == 0 and warned == sorted(f"trace file {n}" for n in cases), warned
+    assert [r["rank"] for r in doc["tables"]["trace_breakdown"]["rows"]] == [0]
+
+
+@needs_hta
+def test_hta_traces_break_down_to_their_step_time_and_match_htas_figures():
+    """HTA 0.5.0's own figures on these files (benchmarks/trace_vs_hta.py runs HTA and prints them)."""
+    for folder in sorted(p for p in HTA.iterdir() if p.is_dir()):
+        report = analyze([folder])
+        for row in report.table("trace_steps").rows:
+            assert abs(sum(row[c] for c in CATEGORIES) - row["step_ms"]) <= 0.01 * row["step_ms"] + 0.002, row
+        for rank_row in report.table("trace_breakdown").rows:
+            assert abs(sum(rank_row[c] for c in CATEGORIES) - 100) < 0.1, (folder.name, rank_row)
+        got = {r["rank"]: r for r in (report.table("hta_temporal").rows if report.table("hta_temporal") else [])}
+        overlap = {r["rank"]: r["comp_comm_overlap_pctg"]
+                   for r in (report.table("hta_overlap").rows if report.table("hta_overlap") else [])}
+        for rank, (idle, compute, non_compute, ov) in HTA_FIGURES.get(folder.name, {}).items():
+            row = got[rank]
+            assert abs(row["idle_time_pctg"] - idle) <= 1 and abs(row["compute_time_pctg"] - compute) <= 1, row
+            assert abs(row["non_compute_time_pctg"] - non_compute) <= 1, (folder.name, row)
+            assert (ov is None and overlap[rank] is None) or abs(overlap[rank] - ov) <= 2, (folder.name, overlap)
+
+
+@needs_hta
+def test_a_cpu_only_trace_gets_the_full_breakdown_hta_cannot_give():
+    report = analyze([HTA / "cpu_only"])
+    (row,) = report.table("trace_breakdown").rows
+    assert row["rank"] == 34 and row["steps"] == 1 and report.table("hta_temporal") is None
+    assert row["comm_overlapped"] + row["comm_exposed"] + row["waiting_for_peers"] > 50  # Gloo all-reduces
+    colls = report.table("trace_collectives").rows  # two buckets, 5 all-reduces each, sizes from the shapes
+    assert sorted((c["op"], c["bytes"], c["calls"]) for c in colls) == [("all_reduce", 321271 * 4, 5),
+                                                                       ("all_reduce", 2082411 * 4, 5)]
+
+
+@needs_hta
+def test_traces_of_two_jobs_are_not_matched_and_a_file_without_rank_gets_one():
+    report = analyze([HTA / "trace_diff"])
+    (check,) = [c for c in report.checks if c.name == "trace matching"]
+    assert check.status.value == "WARN" and "not one job" in check.summary
+    report = analyze([HTA / "amd_trace"])
+    assert [r["rank"] for r in report.table("trace_breakdown").rows] == [0]
+
+
+HTA_FIGURES: dict[str, dict[int, tuple[float, float, float, float | None]]] = {}  # filled from HTA's run
