@@ -15,7 +15,7 @@ from distval.trace.events import RankTrace, read_rank
 from distval.trace.kineto import TraceError
 
 SUFFIXES = (".json", ".json.gz")
-WAIT_WARN = 0.10  # the others wait this share of the step time for one rank: a WARN
+WAIT_WARN = 0.20  # the others wait this share of the step time for one rank: a WARN
 
 
 def find_files(paths: list[Path]) -> list[Path]:
@@ -120,14 +120,18 @@ def analyze(paths: list[Path]) -> Report:
 
 
 def _add_waiting_check(report: Report, late: list[dict[str, Any]]) -> None:
+    """A WARN when one rank makes the others wait a fifth of the step or more, and at least twice
+    as long as any other rank does (ranks that take turns arriving last are noise, not a straggler)."""
     if not late:
         return
     worst = max(late, key=lambda r: r["others_waited_ms"])
     share = worst["of_step_time"] or 0.0
-    status = Status.WARN if share >= WAIT_WARN else Status.OK
+    runner_up = max((r["others_waited_ms"] for r in late if r is not worst), default=0.0)
+    status = Status.WARN if share >= WAIT_WARN and worst["others_waited_ms"] >= 2 * runner_up else Status.OK
     report.add(Check("trace late arrivals", status,
                      f"rank {worst['rank']} arrives last at {worst['share']:.0%} of the collectives; the others "
-                     f"wait {share:.0%} of the step time for it",
+                     f"wait {share:.0%} of the step time for it" + ("" if status is Status.WARN else
+                                                                   f" (the next rank: {runner_up:.2f} ms)"),
                      hint="a straggler: compare its compute with its peers' (distval train reports it live)"
                      if status is Status.WARN else "", where={"rank": worst["rank"]}, details=worst))
 

@@ -20,11 +20,13 @@ _SHORT = {"compute": "compute", "optimizer": "optim", "comm_overlapped": "overla
 
 
 def breakdown_text(table: Table, meta: dict[str, Any]) -> str:
-    head = f"{'rank':>4} {'steps':>5} {'step ms':>9} " + " ".join(f"{v:>7}" for v in _SHORT.values()) + f" {'mfu':>6}"
+    run = max((len(str(r.get("run", ""))) for r in table.rows), default=0)  # compare: the strategy first
+    head = (f"{'run':<{run}} " if run else "") + f"{'rank':>4} {'steps':>5} {'step ms':>9} " + \
+        " ".join(f"{v:>7}" for v in _SHORT.values()) + f" {'mfu':>6}"
     lines = [table.title, head]
     for r in table.rows:
         mfu = f"{r['mfu']:>6.1%}" if r.get("mfu") is not None else f"{'-':>6}"
-        lines.append(f"{r['rank']:>4} {r['steps']:>5} {r['step_ms']:>9.2f} " +
+        lines.append((f"{r['run']:<{run}} " if run else "") + f"{r['rank']:>4} {r['steps']:>5} {r['step_ms']:>9.2f} " +
                      " ".join(f"{r[c]:>6.1f}%" for c in _SHORT) + f" {mfu}")
     return "\n".join(lines)
 

@@ -221,7 +221,10 @@ def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]], lab
 
     traced = analyze([Path(cfg.trace.dir)])
     report.add(harness_check(traced, {s["step"]: s["step_time_s"] for s in steps}, f"trace{label}", cfg.trace.dir))
-    report.checks += [c for c in traced.checks if c.status is not Status.OK and c.name != "trace matching"]
+    for c in traced.checks:
+        if c.status is not Status.OK and c.name != "trace matching":
+            c.name = f"trace{label} {c.name.removeprefix('trace ')}"
+            report.add(c)
     breakdown = traced.table("trace_breakdown")
     if label and report.table("trace_breakdown"):  # compare: one table, a row per strategy and rank
         report.table("trace_breakdown").rows += [{"run": label.strip(), **r} for r in breakdown.rows]
