@@ -175,9 +175,10 @@ def test_hta_traces_break_down_to_their_step_time_and_match_htas_figures():
                    for r in (report.table("hta_overlap").rows if report.table("hta_overlap") else [])}
         for rank, (idle, compute, non_compute, ov) in HTA_FIGURES.get(folder.name, {}).items():
             row = got[rank]
-            assert abs(row["idle_time_pctg"] - idle) <= 1 and abs(row["compute_time_pctg"] - compute) <= 1, row
-            assert abs(row["non_compute_time_pctg"] - non_compute) <= 1, (folder.name, row)
-            assert (ov is None and overlap[rank] is None) or abs(overlap[rank] - ov) <= 2, (folder.name, overlap)
+            # the issue asks for 1 point (2 for the overlap): the same definitions give the same figures
+            assert abs(row["idle_time_pctg"] - idle) <= 0.01 and abs(row["compute_time_pctg"] - compute) <= 0.01
+            assert abs(row["non_compute_time_pctg"] - non_compute) <= 0.01, (folder.name, row)
+            assert (ov is None and overlap[rank] is None) or abs(overlap[rank] - ov) <= 0.01, (folder.name, overlap)
 
 
 @needs_hta
@@ -200,4 +201,15 @@ def test_traces_of_two_jobs_are_not_matched_and_a_file_without_rank_gets_one():
     assert [r["rank"] for r in report.table("trace_breakdown").rows] == [0]
 
 
-HTA_FIGURES: dict[str, dict[int, tuple[float, float, float, float | None]]] = {}  # filled from HTA's run
+# HTA 0.5.0 (pandas 2) on these folders, TraceAnalysis(trace_dir).get_temporal_breakdown() and
+# get_comm_comp_overlap(): rank -> (idle, compute, non-compute, overlap %); `python
+# benchmarks/trace_vs_hta.py` installs HTA in a separate venv and prints them again.
+HTA_FIGURES: dict[str, dict[int, tuple[float, float, float, float | None]]] = {
+    "amd_trace": {0: (98.53, 1.08, 0.39, None)},
+    "df_index_resolver": {1: (46.08, 35.55, 18.37, 0.0)},
+    "nccl_parser_config": {0: (77.78, 17.26, 4.97, 14.31)},
+    "negative_queue_length_values_check": {0: (69.44, 14.15, 16.41, 1.37)},
+    "ns_resolution_trace": {0: (2.63, 96.75, 0.62, None)},
+    "trace_diff": {1: (7.47, 68.31, 24.23, 68.8), 3: (16.2, 61.23, 22.57, 47.03)},
+    "trace_filter": {0: (53.56, 17.71, 28.74, 11.81), 1: (54.72, 22.57, 22.72, 20.05)},
+}

@@ -10,41 +10,13 @@ algbw = S / t and busbw = algbw * factor (DESIGN.md conventions; docs/report-sch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
 from distval.comm import names
 from distval.comm.inputs import Mismatch, compare, input_kind, reduce_expected, values
 from distval.comm.layer import Comm
+from distval.comm.names import OPS
 
-
-@dataclass(frozen=True)
-class OpSpec:
-    """What nccl-tests and torch say about one collective."""
-
-    inplace_forms: tuple[bool, ...]  # torch has all_reduce, broadcast, reduce in place only
-    s_chunks: Callable[[int], int]  # S = s_chunks(n) * count * element size
-    bus_factor: Callable[[int], float]  # busbw = algbw * bus_factor(n)
-    divided: bool = False  # per-rank count = sweep size / n, 16-byte aligned (nccl-tests setupArgs)
-    rooted: bool = False
-    reduces: bool = False
-
-
-_ring = lambda n: (n - 1) / n  # noqa: E731
-OPS: dict[str, OpSpec] = {
-    "all_reduce": OpSpec((True,), lambda n: 1, lambda n: 2 * (n - 1) / n, reduces=True),
-    "broadcast": OpSpec((True,), lambda n: 1, lambda n: 1.0, rooted=True),
-    "reduce": OpSpec((True,), lambda n: 1, lambda n: 1.0, rooted=True, reduces=True),
-    "all_gather": OpSpec((False, True), lambda n: n, _ring, divided=True),
-    "all_gather_list": OpSpec((False,), lambda n: n, _ring, divided=True),
-    "reduce_scatter": OpSpec((False, True), lambda n: n, _ring, divided=True, reduces=True),
-    "all_to_all": OpSpec((False,), lambda n: n, _ring, divided=True),
-    "gather": OpSpec((False,), lambda n: n, _ring, divided=True, rooted=True),
-    "scatter": OpSpec((False,), lambda n: n, _ring, divided=True, rooted=True),
-    "sendrecv": OpSpec((False,), lambda n: 1, lambda n: 1.0),
-}
 BENCH_OPS = tuple(OPS)
 assert BENCH_OPS == names.BENCH_OPS, "comm/names.py lists the same ops"
 _POISON = 0x5A  # byte written over outputs before an op: an untouched output then fails almost everywhere
@@ -55,7 +27,7 @@ def inplace_variants(op: str) -> tuple[bool, ...]:
 
 
 def busbw_factor(op: str, world_size: int) -> float:
-    return OPS[op].bus_factor(world_size)
+    return names.bus_factor(op, world_size)
 
 
 def count_for_bytes(op: str, size_bytes: int, elt: int, world_size: int) -> int:

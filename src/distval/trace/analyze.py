@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from distval.comm.ops import OPS
+from distval.comm.names import OPS
 from distval.trace import intervals as iv
 from distval.trace.events import Collective, RankTrace
 

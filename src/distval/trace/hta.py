@@ -2,6 +2,7 @@
 so a user can check us against HTA on the same files (docs/trace.md has the definitions and
 where in HTA's code each comes from):
 
+- times in whole microseconds: HTA rounds a nanosecond-resolution trace's starts up and ends down;
 - which GPU events count: every event with a stream (kernels, memcpy, memset) whose launch (the
   CPU event with the same correlation id) started before the last ProfilerStep began; with fewer
   than two distinct ProfilerSteps in the whole set, all of them;
@@ -17,6 +18,7 @@ On a trace without GPU kernels HTA fails (IndexError, NaN); these rows then say 
 
 from __future__ import annotations
 
+import math
 import re
 
 from distval.results import Table
@@ -40,7 +42,8 @@ def kernel_type(name: str) -> str:
 
 def _kernels(rt: RankTrace, filter_steps: bool) -> list[tuple[float, float, str]]:
     """(start, end, type) of the GPU events HTA 0.5.0 keeps for this rank."""
-    events = [(k, (s, e, kernel_type(name))) for k, (s, e, stream, _, name) in enumerate(rt.kernels) if stream != -1]
+    events = [(k, (math.ceil(s), math.floor(e), kernel_type(name)))  # HTA rounds ns-resolution times inward
+              for k, (s, e, stream, _, name) in enumerate(rt.kernels) if stream != -1]
     if filter_steps and rt.profiler_steps:
         last_start = max(start for _, start, _ in rt.profiler_steps)
         launched = {c for ts, c in zip(rt.launch_ts, rt.launch_corr) if ts < last_start}
