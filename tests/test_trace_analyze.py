@@ -75,6 +75,27 @@ def test_a_late_rank_makes_its_peer_wait_and_every_category_is_exact(tmp_path):
     assert checks["trace late arrivals"].status.value == "WARN" and checks["trace late arrivals"].where == {"rank": 1}
 
 
+def test_the_merged_trace_puts_every_rank_on_one_clock_and_the_html_draws_the_breakdown(tmp_path):
+    skewed = [{**e, "ts": e["ts"] + 5000} for e in cpu_rank(1, 200)]  # rank 1's clock runs 5 ms ahead
+    write(tmp_path / "rank_0.json.gz", cpu_rank(0, 0) + [{"ph": "M", "name": "process_name", "pid": 1,
+                                                           "args": {"name": "python <b>"}}], rank=0)
+    write(tmp_path / "rank_1.json.gz", skewed, rank=1)
+    res = run_cli("trace", "analyze", str(tmp_path), "--merged", str(tmp_path / "all.json.gz"),
+                  "--html", str(tmp_path / "a.html"), "--json", str(tmp_path / "a.json"))
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(gzip.decompress((tmp_path / "all.json.gz").read_bytes()))
+    assert json.loads((tmp_path / "a.json").read_text())["meta"]["merged"]["clock_offsets_us"] == {"0": 0.0,
+                                                                                                  "1": 5000.0}
+    names = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
+    assert sorted(names.values()) == ["rank 0 python <b>", "rank 1 1"]
+    steps = {names[e["pid"]]: e["ts"] for e in doc["traceEvents"] if e.get("name") == "ProfilerStep#3"}
+    assert steps == {"rank 0 python <b>": 0, "rank 1 1": 0}  # the ends of the all-reduce line up
+    page = (tmp_path / "a.html").read_text()
+    assert "Where each rank&#x27;s step time goes" in page and "rank 1: waiting_for_peers" not in page
+    assert "rank 0: waiting_for_peers 19.0%" in page and "Who the others wait for" in page
+    assert "python <b>" not in page  # nothing from a file reaches the page unescaped
+
+
 def test_gpu_kernels_overlap_and_the_hta_figures(tmp_path):
     """Compute kernels 0-500 and 600-900, an NCCL kernel 400-700 on another stream: 100 us
     overlapped, 100 exposed; launches before the last ProfilerStep only (HTA's filter)."""

@@ -16,6 +16,10 @@ def analyze_cmd(
     paths: Annotated[list[Path], typer.Argument(
         help="A folder of per-rank traces (*.json, *.json.gz), or the files themselves.", show_default=False)],
     csv: Annotated[Optional[Path], option("--csv", help="Also write every table as <name>.csv in this folder.")] = None,
+    html: Annotated[Optional[Path], option("--html", help="Also write a self-contained HTML summary.")] = None,
+    merged: Annotated[Optional[Path], option(
+        "--merged", help="Also write one trace of every rank (.json or .json.gz) for Perfetto: ranks as processes, "
+        "clocks aligned on the collectives' ends.")] = None,
     json: JsonOut = None,
 ) -> int:
     """Break every rank's steps down (compute, overlap, exposed communication, waiting for peers,
@@ -23,12 +27,20 @@ def analyze_cmd(
     from distval.results import output_dir
     from distval.trace.report import analyze, write_csv
 
-    check_outputs({"--json": json})
+    check_outputs({"--json": json, "--html": html, "--merged": merged})
     folder = output_dir(csv, "--csv") if csv else None
-    report = analyze(paths)
+    report = analyze(paths, merged)
     console = make_console()
     code = finish(report, json, console)
+    if merged:
+        console.print(f"wrote {merged}")
     if folder:
         for written in write_csv(report, folder):
             console.print(f"wrote {written}")
+    if html:
+        from distval.report.html import render_html
+        from distval.results import atomic_write_text
+
+        atomic_write_text(html, render_html(report.to_dict()))
+        console.print(f"wrote {html}")
     return code

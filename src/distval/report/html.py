@@ -13,7 +13,9 @@ The page, top to bottom:
      axis, one line per op and in-place form); if an `alpha_beta` table exists too, each op's
      fitted model t(S) = α + S/β is drawn dashed as the busbw it implies:
      busbw(S) = factor · S / t(S), factor being the op's busbw/algbw ratio read off the bench rows;
-  5. every table, with its title and each column's units in the header.
+  5. compare's strategies as bars; a trace analysis's breakdown per rank as stacked bars (one
+     colour per category, summing to the step time) and who makes the others wait;
+  6. every table, with its title and each column's units in the header.
 
 Self-contained: inline CSS, hand-written SVG, no script, no external reference (a CSP meta tag
 forbids any fetch). Everything taken from the report is HTML-escaped.
@@ -70,6 +72,7 @@ def render_html(report: dict[str, Any]) -> str:
         _checks_section(checks),
         _plot_section(tables),
         _strategies_section(tables),
+        _trace_section(tables),
         _tables_section(tables),
     ]
     return (
@@ -488,6 +491,46 @@ def _strategies_section(tables: dict[str, dict[str, Any]]) -> str:
                        "step time p50 (ms); red tick: the planner's prediction")
             + _bar_chart("Model state per rank by strategy", state_bars, lambda b: f"{b / 2**20:.2f} MiB",
                          "parameters + gradients + optimizer state on the largest rank; red tick: the formula"))
+
+
+_TRACE_CATEGORIES = ("compute", "optimizer", "comm_overlapped", "comm_exposed", "waiting_for_peers", "memcpy", "data",
+                     "idle")
+_TRACE_COLOURS = ("#4e79a7", "#76b7b2", "#59a14f", "#f28e2b", "#e15759", "#b07aa1", "#edc948", "#bab0ac")
+
+
+def _trace_section(tables: dict[str, dict[str, Any]]) -> str:
+    """`trace analyze` (or a --trace run): one stacked bar per rank, its step time split into
+    the breakdown's categories (their shares sum to 100%), and the late-arrival bars."""
+    rows = [r for r in (tables.get("trace_breakdown") or {}).get("rows") or [] if isinstance(r, dict)]
+    if not rows:
+        return ""
+    label_w, plot_w, bar_h = 190, 600, 24
+    height = bar_h * len(rows) + 60
+    parts = [f'<svg width="{label_w + plot_w + 20}" height="{height}" role="img" class="breakdown">']
+    for i, r in enumerate(rows):
+        y = 5 + i * bar_h
+        name = f"{r['run']} rank {r.get('rank')}" if r.get("run") else f"rank {r.get('rank')}"
+        step = _num(r.get("step_ms"))
+        parts.append(f'<text x="{label_w - 6}" y="{y + 16}" text-anchor="end" font-size="12">{_e(name)}'
+                     f'{_e(f" ({step:.1f} ms)") if step is not None else ""}</text>')
+        x = float(label_w)
+        for cat, colour in zip(_TRACE_CATEGORIES, _TRACE_COLOURS):
+            share = _num(r.get(cat)) or 0.0
+            w = plot_w * share / 100
+            if w > 0:
+                parts.append(f'<rect class="series" x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}" '
+                             f'fill="{colour}"><title>{_e(name)}: {_e(cat)} {share:.1f}%</title></rect>')
+            x += w
+    for k, (cat, colour) in enumerate(zip(_TRACE_CATEGORIES, _TRACE_COLOURS)):
+        lx, ly = label_w + (k % 4) * 150, height - 38 + (k // 4) * 16
+        parts.append(f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{colour}"></rect>'
+                     f'<text x="{lx + 14}" y="{ly + 9}">{_e(cat.replace("_", " "))}</text>')
+    parts.append("</svg>")
+    late = [r for r in (tables.get("trace_late_arrivals") or {}).get("rows") or [] if isinstance(r, dict)]
+    waits = [(f"rank {r.get('rank')}", _num(r.get("others_waited_ms")), None) for r in late]
+    return ("<h2>Where each rank's step time goes</h2>\n" + "".join(parts)
+            + _bar_chart("Who the others wait for", waits, lambda ms: f"{ms:.2f} ms",
+                         "time the other ranks spent waiting for this rank to arrive at a collective (ms)"))
 
 
 def _bar_chart(title: str, bars: list[tuple[str, float | None, float | None]], fmt: Any, caption: str) -> str:

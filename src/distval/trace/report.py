@@ -13,6 +13,7 @@ from distval.trace import hta
 from distval.trace.analyze import CATEGORIES, Step, breakdown, collective_rows, late_rows, match
 from distval.trace.events import RankTrace, read_rank
 from distval.trace.kineto import TraceError
+from distval.trace.merge import write_merged
 
 SUFFIXES = (".json", ".json.gz")
 WAIT_WARN = 0.20  # the others wait this share of the step time for one rank: a WARN
@@ -77,7 +78,8 @@ def one_job(ranks: list[RankTrace]) -> str | None:
     return None
 
 
-def analyze(paths: list[Path]) -> Report:
+def analyze(paths: list[Path], merged: Path | None = None) -> Report:
+    """The analysis of the traces in `paths`; `merged`: also write one Perfetto trace of all ranks."""
     files = find_files(paths)
     ranks, problems = read_all(files)
     report = Report("trace analyze", meta={"inputs": [str(p) for p in paths], "files": len(files),
@@ -109,6 +111,9 @@ def analyze(paths: list[Path]) -> Report:
                              where={"rank": rt.rank}))
     late = late_rows(ranks, matched, steps)
     _add_waiting_check(report, late)
+    if merged is not None:
+        offsets = write_merged(ranks, matched, merged)
+        report.meta["merged"] = {"path": str(merged), "clock_offsets_us": offsets}
     report.tables += [rank_table(ranks, steps), step_table(steps), *hta.tables(ranks),
                       _table("trace_collectives", "Collectives (per call; transfer = the shortest rank's time)",
                              collective_rows(ranks, matched), {"time_us": "us", "transfer_us": "us",
