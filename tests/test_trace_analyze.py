@@ -72,7 +72,7 @@ def test_a_late_rank_makes_its_peer_wait_and_every_category_is_exact(tmp_path):
     late = {r["rank"]: r for r in report.table("trace_late_arrivals").rows}
     assert late[1]["arrived_last"] == 1 and late[1]["others_waited_ms"] == 0.2 and late[0]["arrived_last"] == 0
     checks = {c.name: c for c in report.checks}
-    assert checks["trace late arrivals"].status.value == "WARN" and checks["trace late arrivals"].where == {"rank": 1}
+    assert checks["trace stragglers"].status.value == "WARN" and checks["trace stragglers"].where == {"rank": 1}
 
 
 def test_the_merged_trace_puts_every_rank_on_one_clock_and_the_html_draws_the_breakdown(tmp_path):

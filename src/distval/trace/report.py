@@ -133,7 +133,7 @@ def _add_waiting_check(report: Report, late: list[dict[str, Any]]) -> None:
     share = worst["of_step_time"] or 0.0
     runner_up = max((r["others_waited_ms"] for r in late if r is not worst), default=0.0)
     status = Status.WARN if share >= WAIT_WARN and worst["others_waited_ms"] >= 2 * runner_up else Status.OK
-    report.add(Check("trace late arrivals", status,
+    report.add(Check("trace stragglers", status,
                      f"rank {worst['rank']} arrives last at {worst['share']:.0%} of the collectives; the others "
                      f"wait {share:.0%} of the step time for it" + ("" if status is Status.WARN else
                                                                    f" (the next rank: {runner_up:.2f} ms)"),

@@ -47,7 +47,8 @@ def collectives_text(table: Table, meta: dict[str, Any]) -> str:
                           f"{'algbw GB/s':>10} {'busbw GB/s':>10}"]
     for r in table.rows[:MAX_STEP_ROWS]:
         bw = [f"{r[c]:>10.3f}" if r[c] is not None else f"{'-':>10}" for c in ("algbw_GBps", "busbw_GBps")]
-        lines.append(f"{r['op']:<15} {_size(r['bytes']):>10} {r['calls']:>7g} {r['time_us']:>10.1f} "
+        size = _size(r["bytes"]) if r["bytes"] else "-"  # a kernel without its message size (old NCCL, P2P)
+        lines.append(f"{r['op']:<15} {size:>10} {r['calls']:>7g} {r['time_us']:>10.1f} "
                      f"{r['transfer_us']:>12.1f} {r['wait_share']:>6.0%} {bw[0]} {bw[1]}")
     if len(table.rows) > MAX_STEP_ROWS:
         lines.append(f"... {len(table.rows) - MAX_STEP_ROWS} more rows in the JSON/CSV")
@@ -62,5 +63,19 @@ def hta_text(table: Table, meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def overlap_text(table: Table, meta: dict[str, Any]) -> str:
+    rows = [f"rank {r['rank']}: {r['comp_comm_overlap_pctg']}%" if r["comp_comm_overlap_pctg"] is not None
+            else f"rank {r['rank']}: - (no communication kernel)" for r in table.rows]
+    return f"{table.title}: " + ", ".join(rows)
+
+
+def late_text(table: Table, meta: dict[str, Any]) -> str:
+    lines = [table.title, f"{'rank':>4} {'arrived last':>12} {'share':>6} {'others waited ms':>17} {'of step':>8}"]
+    for r in table.rows:
+        of = f"{r['of_step_time']:>8.1%}" if r["of_step_time"] is not None else f"{'-':>8}"
+        lines.append(f"{r['rank']:>4} {r['arrived_last']:>12} {r['share']:>6.0%} {r['others_waited_ms']:>17.2f} {of}")
+    return "\n".join(lines)
+
+
 VIEWS = {"trace_breakdown": breakdown_text, "trace_steps": steps_text, "trace_collectives": collectives_text,
-         "hta_temporal": hta_text}
+         "hta_temporal": hta_text, "hta_overlap": overlap_text, "trace_late_arrivals": late_text}
