@@ -92,6 +92,14 @@ class RankTrace:
         return bool(self.kernels)
 
 
+def _int(value: Any) -> int:
+    """An id from the trace, or -1 (HTA's reading: a stream such as ROCm's "0x0" is no stream)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
+
+
 def _bytes_from_shapes(args: dict[str, Any]) -> int:
     """A CPU collective's message size from its recorded input shapes (record_shapes): the
     largest argument's element count times the element size, as nccl-tests sizes it."""
@@ -107,7 +115,7 @@ def _bytes_from_shapes(args: dict[str, Any]) -> int:
 
 
 def _kernel_collective(name: str, args: dict[str, Any], ts: float, dur: float) -> Collective:
-    nelems = max(int(args.get("In msg nelems", 0) or 0), int(args.get("Out msg nelems", 0) or 0))
+    nelems = max(_int(args.get("In msg nelems")), _int(args.get("Out msg nelems")), 0)
     elt = DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 0)
     op = op_name(str(args.get("Collective name") or name))
     group = str(args.get("Process Group Name", args.get("stream", "")))
@@ -142,15 +150,15 @@ def read_rank(path: str | Path) -> RankTrace:
             args = ev.get("args", {})
             comm = cat == "kernel" and (bool(_COMM_KERNEL.search(name)) or "Collective name" in args)
             cls = "comm" if comm else ("compute" if cat == "kernel" else "memory")
-            rt.kernels.append((ts, ts + dur, int(args.get("stream", -1)), cls, name))
-            rt.kernel_corr.append(int(args.get("correlation", -1)))
+            rt.kernels.append((ts, ts + dur, _int(args.get("stream")), cls, name))
+            rt.kernel_corr.append(_int(args.get("correlation")))
             if comm:
                 rt.collectives.append(_kernel_collective(name, args, ts, dur))
         elif cat == "cpu_op":
             rt.cpu_ops.setdefault(tid, array("d")).extend((ts, ts + dur))
         elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in ev.get("args", {}):
             rt.launch_ts.append(ts)
-            rt.launch_corr.append(int(ev["args"]["correlation"]))
+            rt.launch_corr.append(_int(ev["args"]["correlation"]))
         elif cat == "user_annotation":
             m = _STEP.match(name)
             if m:
