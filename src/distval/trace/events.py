@@ -134,7 +134,7 @@ def read_rank(path: str | Path) -> RankTrace:
         if ph == "i" and ev.get("name") == "[memory]":
             a = ev.get("args", {})
             dev = "cuda" if a.get("Device Type") == 1 else "cpu"
-            rt.memory_peak[dev] = max(rt.memory_peak.get(dev, 0), int(a.get("Total Allocated", 0) or 0))
+            rt.memory_peak[dev] = max(rt.memory_peak.get(dev, 0), max(_int(a.get("Total Allocated")), 0))
             continue
         if ph != "X":
             continue
@@ -204,7 +204,7 @@ def _header(rt: RankTrace, header: dict[str, Any], path: Path) -> None:
     if rank is None:  # HTA's advice is to add distributedInfo; we read the file name too
         m = _RANK_IN_NAME.search(path.name)
         rank = int(m.group(1)) if m else None
-    rt.rank = int(rank) if rank is not None else None
+    rt.rank = _int(rank) if rank is not None and _int(rank) >= 0 else None
     rt.world_size = info.get("world_size") if isinstance(info, dict) else None
     rt.backend = str(info.get("backend", "")) if isinstance(info, dict) else ""
     rt.devices = [str(d.get("name", "")) for d in header.get("deviceProperties") or [] if isinstance(d, dict)]
