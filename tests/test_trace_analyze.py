@@ -15,6 +15,7 @@ import pytest
 from distval.trace import intervals as iv
 from distval.trace import kineto
 from distval.trace.analyze import CATEGORIES
+from distval.trace.diff import permutation_p
 from distval.trace.events import read_rank
 from distval.trace.kineto import TraceError, open_trace
 from distval.trace.report import analyze
@@ -94,6 +95,37 @@ def test_the_merged_trace_puts_every_rank_on_one_clock_and_the_html_draws_the_br
     assert "Where each rank&#x27;s step time goes" in page and "rank 1: waiting_for_peers" not in page
     assert "rank 0: waiting_for_peers 19.0%" in page and "Who the others wait for" in page
     assert "python <b>" not in page  # nothing from a file reaches the page unescaped
+
+
+def test_trace_diff_names_what_moved_and_tests_it_over_steps(tmp_path):
+    """B: rank 1 arrives 200 us later at every step's all-reduce, and each step lasts 1300 us
+    instead of 1000: a significant regression (4 steps against 4: p = 2/70), in waiting."""
+    def run(folder: Path, late: float, span: float) -> Path:
+        folder.mkdir()
+        for rank in (0, 1):
+            events = []
+            for k in range(4):
+                for e in cpu_rank(rank, late if rank == 1 else 0):
+                    e = {**e, "ts": e["ts"] + k * 2000}
+                    if e["name"].startswith("ProfilerStep"):
+                        e = {**e, "name": f"ProfilerStep#{k}", "dur": span}
+                    events.append(e)
+            write(folder / f"rank_{rank}.json.gz", events, rank=rank)
+        return folder
+
+    assert permutation_p([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]) == 1.0 and permutation_p([1.0], [2.0]) is None
+    assert permutation_p([1, 2, 3, 4], [5, 6, 7, 8]) == 2 / 70
+    a, b = run(tmp_path / "a", 0, 1000), run(tmp_path / "b", 200, 1300)
+    res = run_cli("trace", "diff", str(a), str(b), "--json", str(tmp_path / "d.json"))
+    doc = json.loads((tmp_path / "d.json").read_text())
+    rows = {r["category"]: r for r in doc["tables"]["diff_categories"]["rows"]}
+    step = rows["step"]
+    assert step["delta_ms"] == 0.3 and step["p_value"] == round(2 / 70, 4) and step["significant"]
+    assert rows["waiting_for_peers"]["delta_ms"] == 0.095 and rows["waiting_for_peers"]["significant"]  # rank 0: 190 us
+    assert not rows["optimizer"]["significant"] and rows["optimizer"]["p_value"] == 1.0
+    (verdict,) = [c for c in doc["checks"] if c["name"] == "trace diff step"]
+    assert res.returncode == 0 and verdict["status"] == "WARN" and "30.0% slower" in verdict["summary"]
+    assert "idle +0.30 ms (p=0.029); comm exposed -0.20 ms" in verdict["summary"], verdict["summary"]
 
 
 def test_gpu_kernels_overlap_and_the_hta_figures(tmp_path):

@@ -44,3 +44,18 @@ def analyze_cmd(
         atomic_write_text(html, render_html(report.to_dict()))
         console.print(f"wrote {html}")
     return code
+
+
+@trace_app.command("diff")
+def diff_cmd(
+    a: Annotated[Path, typer.Argument(help="Run A: a folder of per-rank traces (or one trace file).",
+                                      show_default=False)],
+    b: Annotated[Path, typer.Argument(help="Run B, compared with A.", show_default=False)],
+    json: JsonOut = None,
+) -> int:
+    """Two runs side by side: per category of the step and per kernel or op, with a permutation
+    test over steps (is the difference more than the steps' own spread?)."""
+    from distval.trace.diff import diff
+
+    check_outputs({"--json": json})
+    return finish(diff([a], [b]), json, make_console())

@@ -160,6 +160,22 @@ def breakdown(rt: RankTrace) -> list[Step]:
     return steps
 
 
+def op_rows(ranks: list[RankTrace], steps: list[Step], top: int = 200) -> list[dict[str, Any]]:
+    """The kernels (GPU) or CPU ops (inclusive time: a nested op counts in its parent too) that
+    take the most time, per rank and step on average over the ranks."""
+    kind = "kernel" if any(rt.on_gpu for rt in ranks) else "cpu_op"
+    per_rank_steps = {rt.rank: max(sum(1 for s in steps if s.rank == rt.rank), 1) for rt in ranks}
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for rt in ranks:
+        for (k, name), (calls, us) in rt.ops.items():
+            if k == kind:
+                totals[name][0] += calls / per_rank_steps[rt.rank] / len(ranks)
+                totals[name][1] += us / per_rank_steps[rt.rank] / len(ranks)
+    best = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
+    return [{"kind": kind, "name": name, "calls_per_step": round(calls, 2), "ms_per_step": round(us / 1e3, 4)}
+            for name, (calls, us) in best]
+
+
 def collective_rows(ranks: list[RankTrace], matched: list[Matched]) -> list[dict[str, Any]]:
     """Per (op, size): calls per rank, time per call, transfer per call, algbw/busbw of the
     transfer, and the share of the time spent waiting for the last rank."""

@@ -83,6 +83,7 @@ class RankTrace:
     main_thread: Any = None
     memory_peak: dict[str, int] = field(default_factory=dict)  # "cuda"/"cpu" -> peak Total Allocated
     meta: dict[str, Any] = field(default_factory=dict)  # distval's own (model FLOPs, tokens per step)
+    ops: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (kind, name) -> [calls, total us]
     events: int = 0
     first: float = float("inf")  # the earliest start and latest end of any timed event
     last: float = float("-inf")
@@ -90,6 +91,19 @@ class RankTrace:
     @property
     def on_gpu(self) -> bool:
         return bool(self.kernels)
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without its argument list (the last parenthesised group; templates keep
+    theirs: `...<at::native::(anonymous namespace)::f>(int, float*)` -> `...<...f>`), 120 chars."""
+    if name.endswith(")"):
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i]
+                break
+    return name[:120]
 
 
 def _int(value: Any) -> int:
@@ -146,6 +160,10 @@ def read_rank(path: str | Path) -> RankTrace:
         tid = ev.get("tid")
         if cat not in ("trace", "python_function"):  # the profiler's own span covers its warm-up too
             rt.first, rt.last = min(rt.first, ts), max(rt.last, ts + dur)
+        if cat in KERNEL_CATS or cat == "cpu_op":  # time per kernel / op name (inclusive for CPU ops)
+            per = rt.ops.setdefault(("kernel" if cat in KERNEL_CATS else "cpu_op", short_name(name)), [0, 0.0])
+            per[0] += 1
+            per[1] += dur
         if cat in KERNEL_CATS:
             args = ev.get("args", {})
             comm = cat == "kernel" and (bool(_COMM_KERNEL.search(name)) or "Collective name" in args)

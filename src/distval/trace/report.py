@@ -10,7 +10,7 @@ from typing import Any
 
 from distval.results import Check, Report, Status, Table
 from distval.trace import hta
-from distval.trace.analyze import CATEGORIES, Step, breakdown, collective_rows, late_rows, match
+from distval.trace.analyze import CATEGORIES, Step, breakdown, collective_rows, late_rows, match, op_rows
 from distval.trace.events import RankTrace, read_rank
 from distval.trace.kineto import TraceError
 from distval.trace.merge import write_merged
@@ -117,7 +117,9 @@ def analyze(paths: list[Path], merged: Path | None = None) -> Report:
     report.tables += [rank_table(ranks, steps), step_table(steps), *hta.tables(ranks),
                       _table("trace_collectives", "Collectives (per call; transfer = the shortest rank's time)",
                              collective_rows(ranks, matched), {"time_us": "us", "transfer_us": "us",
-                                                               "algbw_GBps": "GB/s", "busbw_GBps": "GB/s"})]
+                                                               "algbw_GBps": "GB/s", "busbw_GBps": "GB/s"}),
+                      _table("trace_ops", "Where the time goes by kernel or op (per step, mean over ranks)",
+                             op_rows(ranks, steps), {"ms_per_step": "ms"})]
     if late:
         report.tables.append(_table("trace_late_arrivals", "Who arrives last at a collective", late,
                                     {"others_waited_ms": "ms"}))

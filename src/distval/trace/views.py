@@ -77,5 +77,30 @@ def late_text(table: Table, meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def ops_text(table: Table, meta: dict[str, Any]) -> str:
+    lines = [table.title + " (top 10)", f"{'ms/step':>9} {'calls/step':>10}  name"]
+    for r in table.rows[:10]:
+        lines.append(f"{r['ms_per_step']:>9.3f} {r['calls_per_step']:>10g}  {r['name'][:90]}")
+    return "\n".join(lines)
+
+
+def diff_text(table: Table, meta: dict[str, Any]) -> str:
+    lines = [table.title, f"{'category':<18} {'A ms':>9} {'B ms':>9} {'B-A ms':>9} {'B/A':>6} {'p':>7}"]
+    for r in table.rows:
+        p = f"{r['p_value']:>7.3f}" if r["p_value"] is not None else f"{'-':>7}"
+        ratio = f"{r['ratio']:>6.2f}" if r["ratio"] is not None else f"{'-':>6}"
+        lines.append(f"{r['category']:<18} {r['a_ms']:>9.3f} {r['b_ms']:>9.3f} {r['delta_ms']:>+9.3f} {ratio} {p}"
+                     + (" *" if r["significant"] else ""))
+    return "\n".join(lines) + "\n(* p < 0.05)"
+
+
+def diff_ops_text(table: Table, meta: dict[str, Any]) -> str:
+    lines = [table.title + " (top 10)", f"{'A ms':>8} {'B ms':>8} {'B-A ms':>8}  name"]
+    for r in table.rows[:10]:
+        lines.append(f"{r['a_ms_per_step']:>8.3f} {r['b_ms_per_step']:>8.3f} {r['delta_ms']:>+8.3f}  {r['name'][:80]}")
+    return "\n".join(lines)
+
+
 VIEWS = {"trace_breakdown": breakdown_text, "trace_steps": steps_text, "trace_collectives": collectives_text,
-         "hta_temporal": hta_text, "hta_overlap": overlap_text, "trace_late_arrivals": late_text}
+         "hta_temporal": hta_text, "hta_overlap": overlap_text, "trace_late_arrivals": late_text,
+         "trace_ops": ops_text, "diff_categories": diff_text, "diff_ops": diff_ops_text}
