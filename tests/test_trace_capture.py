@@ -1,6 +1,7 @@
 """`--trace SKIP:N` in real 2-rank Gloo runs: compare writes one Kineto trace per rank and
-strategy, and their analysis agrees with what the harness measured: the step time (±5%) and,
-for simple_ddp's one all-reduce per gradient, the number of collectives."""
+run, and their analysis agrees with what the harness measured: the step time (±5%) and, for
+simple_ddp's one all-reduce per gradient, the number of collectives. The same compare sweeps
+bucket_ddp_async's bucket size (--bucket-mb 0.05,1) and names the best."""
 
 from __future__ import annotations
 
@@ -12,21 +13,29 @@ from conftest import run_cli
 def test_compare_traces_agree_with_the_harness(tmp_path):
     out, traces = tmp_path / "c.json", tmp_path / "traces"
     res = run_cli("compare", "--nproc", "2", "--model", "tiny", "--strategies", "simple_ddp,bucket_ddp_async",
-                  "--steps", "8", "--trace", "2:4", "--trace-dir", str(traces), "--json", str(out), timeout=300)
+                  "--bucket-mb", "0.05,1", "--steps", "8", "--trace", "2:4", "--trace-dir", str(traces),
+                  "--json", str(out), timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     doc = json.loads(out.read_text())
-    for name in ("simple_ddp", "bucket_ddp_async"):
+    runs = ("simple_ddp", "bucket_ddp_async@0.05MiB", "bucket_ddp_async@1MiB")
+    for name in runs:
         assert sorted(p.name for p in (traces / name).iterdir()) == ["rank_0.json.gz", "rank_1.json.gz"]
         (check,) = [c for c in doc["checks"] if c["name"] == f"trace {name}"]
         assert check["status"] == "OK" and abs(check["details"]["difference"]) <= 0.05, check["summary"]
         assert check["details"]["steps"] == [2, 3, 4, 5]
     rows = doc["tables"]["trace_breakdown"]["rows"]
-    assert sorted((r["run"], r["rank"]) for r in rows) == [("bucket_ddp_async", 0), ("bucket_ddp_async", 1),
-                                                           ("simple_ddp", 0), ("simple_ddp", 1)]
+    assert sorted((r["run"], r["rank"]) for r in rows) == sorted((name, rank) for name in runs for rank in (0, 1))
     for r in rows:  # the shares add up, MFU is there (the model's FLOPs ride in the trace)
         assert abs(sum(r[c] for c in ("compute", "optimizer", "comm_overlapped", "comm_exposed",
                                       "waiting_for_peers", "memcpy", "data", "idle")) - 100) < 0.1
         assert 0 < r["mfu"] < 1 and r["compute"] > 10
+
+    sweep = doc["tables"]["bucket_sweep"]["rows"]  # 0.05 MiB: a bucket per few tensors; 1 MiB: one bucket
+    assert [(r["bucket_mb"], r["comm_calls_per_step"]) for r in sweep] == [(0.05, 9), (1.0, 1)]
+    assert all(r["exposed_comm_s"] is not None and r["exposed_comm_s"] >= 0 for r in sweep)
+    (best,) = [c for c in doc["checks"] if c["name"] == "compare buckets bucket_ddp_async"]
+    fastest = min(sweep, key=lambda r: r["step_time_p50_s"])["bucket_mb"]
+    assert best["details"]["best_bucket_mb"] == fastest and f"best bucket size {fastest:g} MiB" in best["summary"]
 
     # the command over one run's folder: simple_ddp all-reduces each gradient once per step
     res = run_cli("trace", "analyze", str(traces / "simple_ddp"), "--json", str(tmp_path / "a.json"),
@@ -50,3 +59,7 @@ def test_trace_steps_outside_the_run_are_refused(tmp_path):
     assert res.returncode == 2 and "records up to step 5, but the run has 4 steps" in res.stderr
     res = run_cli("train", "--nproc", "2", "--steps", "4", "--trace", "x", "--trace-dir", str(tmp_path))
     assert res.returncode == 2 and "give SKIP:N" in res.stderr
+    res = run_cli("train", "--nproc", "2", "--bucket-mb", "1,5")
+    assert res.returncode == 2 and "one size here (compare sweeps a list)" in res.stderr
+    res = run_cli("compare", "--nproc", "2", "--bucket-mb", "5,0")
+    assert res.returncode == 2 and "sizes must be positive and different" in res.stderr

@@ -153,8 +153,9 @@ _WORKLOAD: dict[str, tuple[Any, Any]] = {  # name: (annotation, default)
     "data": (Annotated[str, option(
         "--data", help="synthetic, a .txt/.jsonl/.csv/.parquet path, or hf:NAME (offline cache).")], "synthetic"),
     "task": (Annotated[str, option("--task", help="lm (next token) or classify (label, text columns).")], "lm"),
-    "bucket_mb": (Annotated[float, option("--bucket-mb", help="Bucket cap in MiB (as torch's bucket_cap_mb) of "
-                                          "bucket_ddp_async, pytorch_ddp, zero1 and zero2.")], 25.0),
+    "bucket_mb": (Annotated[str, option("--bucket-mb", help="Bucket cap in MiB (as torch's bucket_cap_mb) of "
+                                        "bucket_ddp_async, pytorch_ddp, zero1 and zero2; compare: a comma list "
+                                        "sweeps the sizes (e.g. 1,5,25,100) and names the best.")], "25"),
     "comm_hook": (Annotated[str, option("--comm-hook", help="pytorch_ddp: none, fp16, bf16 or powersgd.")], "none"),
     "powersgd_rank": (Annotated[int, option("--powersgd-rank", help="Rank of PowerSGD's approximation.")], 1),
     "mixed_precision": (Annotated[str, option("--mixed-precision", help="fsdp2: none or bf16 (bf16 parameters for "
@@ -184,12 +185,33 @@ def workload_options(**defaults: Any) -> Callable[[Callable[..., int]], Callable
     return decorate
 
 
-def train_config(workload: dict[str, Any], strategy: str, **parts: Any):
-    """The workload's flags as a TrainConfig; `parts`: its other parts (ckpt, metrics)."""
+def bucket_sizes(text: str) -> list[float]:
+    """`--bucket-mb 25` or a comma list `1,5,25,100` (MiB, each > 0, no repeats)."""
+    sizes = []
+    for item in split_list(str(text)):
+        try:
+            size = float(item)
+        except ValueError:
+            raise ValueError(f"--bucket-mb {text!r}: give MiB as a number or a comma list (1,5,25,100)") from None
+        if not size > 0 or size in sizes:
+            raise ValueError(f"--bucket-mb {text!r}: sizes must be positive and different")
+        sizes.append(size)
+    if not sizes:
+        raise ValueError("--bucket-mb: give a size in MiB")
+    return sizes
+
+
+def train_config(workload: dict[str, Any], strategy: str, sweep: bool = False, **parts: Any):
+    """The workload's flags as a TrainConfig; `parts`: its other parts (ckpt, metrics); `sweep`:
+    a list of bucket sizes is allowed (compare), the config takes the first."""
     from distval.strategies.base import StrategyConfig
     from distval.train.config import OptimConfig, TrainConfig
 
     w = dict(workload)
+    sizes = bucket_sizes(w.pop("bucket_mb"))
+    if len(sizes) > 1 and not sweep:
+        raise ValueError(f"--bucket-mb {','.join(f'{x:g}' for x in sizes)}: one size here (compare sweeps a list)")
+    w["bucket_mb"] = sizes[0]
     optim = OptimConfig(lr=w.pop("lr"), warmup_steps=w.pop("warmup"), clip=w.pop("clip"))
     strategy_cfg = StrategyConfig(
         **{k: w.pop(k) for k in ("bucket_mb", "comm_hook", "powersgd_rank", "mixed_precision")}

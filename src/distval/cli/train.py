@@ -19,6 +19,7 @@ from distval.cli.app import (
     TraceDir,
     TraceSteps,
     app,
+    bucket_sizes,
     check_outputs,
     check_training,
     finish,
@@ -112,21 +113,23 @@ def compare_cmd(
 ) -> int:
     """Every strategy on the same workload: parity with one process, step time, memory, traffic."""
     from distval import strategies as strategy_mod
-    from distval.train.compare import run_compare
+    from distval.train.compare import compare_runs, run_compare
 
     names = (
         strategy_mod.DDP_FAMILY if strategies == "all" else [strategy_mod.check_name(n) for n in split_list(strategies)]
     )
-    cfg = train_config(workload, names[0])
+    cfg = train_config(workload, names[0], sweep=True)
+    sizes = bucket_sizes(workload["bucket_mb"])
     opts = launch_options(nproc, backend, None, timeout, None)
     check_training(cfg, opts)
     check_outputs({"--json": json, "--html": html})
-    traces = {name: trace_config(trace, cfg.steps, trace_dir, name) for name in names}
+    runs = compare_runs(names, sizes)
+    traces = {label: trace_config(trace, cfg.steps, trace_dir, label) for label, _, _ in runs}
     if calibration is not None:
         from distval.plan.calibration import load
 
         load(str(calibration))  # a file that is not a distval bench JSON: one line, exit 2, before training
-    report = run_compare(cfg, names, opts, str(calibration) if calibration else None, traces)
+    report = run_compare(cfg, names, opts, str(calibration) if calibration else None, traces, sizes)
     console = make_console()
     code = finish(report, json, console)
     if html:

@@ -22,6 +22,7 @@ REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (SimpleDDP, SimpleDDPGA, SimpleDDPHook, SimpleDDPAsync, BucketDDPAsync, PytorchDDP,
                               Zero1, Zero2, Zero3, PytorchZero1, FSDP2)
 }
+BUCKETED = ("bucket_ddp_async", "pytorch_ddp", "zero1", "zero2")  # --bucket-mb changes what they do
 DDP_FAMILY = ["simple_ddp", "simple_ddp_ga", "simple_ddp_hook", "simple_ddp_async", "bucket_ddp_async", "pytorch_ddp"]
 SHARDED = ["zero1", "zero2", "zero3", "pytorch_zero1", "fsdp2"]
 
@@ -36,4 +37,4 @@ def build(name: str, model: nn.Module, comm: Comm, cfg: StrategyConfig) -> Strat
     return REGISTRY[check_name(name)](model, comm, cfg)
 
 
-__all__ = ["REGISTRY", "DDP_FAMILY", "SHARDED", "Strategy", "StrategyConfig", "build", "check_name"]
+__all__ = ["REGISTRY", "BUCKETED", "DDP_FAMILY", "SHARDED", "Strategy", "StrategyConfig", "build", "check_name"]

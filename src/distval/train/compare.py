@@ -169,11 +169,26 @@ def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float
     return {"predicted_model_state_bytes": row["model_state_bytes"], "predicted_peak_mem_bytes": row["total_bytes"]}
 
 
+def compare_runs(names: list[str], sizes: list[float]) -> list[tuple[str, str, float | None]]:
+    """(label, strategy, bucket MiB or None for the config's) of every run of a compare: with
+    several sizes, each bucketed strategy once per size (`bucket_ddp_async@5MiB`)."""
+    runs = []
+    for name in names:
+        if len(sizes) > 1 and name in strategies.BUCKETED:
+            runs += [(f"{name}@{size:g}MiB", name, size) for size in sizes]
+        else:
+            runs.append((name, name, None))
+    return runs
+
+
 def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions,
-                calibration: str | None = None, traces: dict[str, TraceConfig] | None = None) -> Report:
-    """Every strategy against a one-process reference; `traces`: each strategy's --trace."""
+                calibration: str | None = None, traces: dict[str, TraceConfig] | None = None,
+                bucket_sizes: list[float] | None = None) -> Report:
+    """Every strategy against a one-process reference; `traces`: each run's --trace (by label);
+    `bucket_sizes`: the --bucket-mb sweep."""
     world = opts.nproc or 2
     traces = traces or {}
+    sizes = bucket_sizes or [cfg.strategy_cfg.bucket_mb]
     ref_cfg = dataclasses.replace(
         cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world, return_params=True, trace=TraceConfig()
     )
@@ -195,28 +210,61 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
     report.tables.append(table)
     if isinstance(reference, Report):
         return reference
-    for name in strategy_names:
-        run_cfg = dataclasses.replace(cfg, strategy=name, return_params=True, trace=traces.get(name, TraceConfig()))
+    sweep: dict[str, list[dict[str, Any]]] = {}
+    for label, name, size in compare_runs(strategy_names, sizes):
+        strategy_cfg = cfg.strategy_cfg if size is None else dataclasses.replace(cfg.strategy_cfg, bucket_mb=size)
+        run_cfg = dataclasses.replace(cfg, strategy=name, return_params=True, strategy_cfg=strategy_cfg,
+                                      trace=traces.get(label, TraceConfig()))
         result = _one(run_cfg, opts)
         if isinstance(result, Report):  # the run failed: its ERROR check says why
             report.checks += result.checks
             continue
-        row = compare_row(name, result, reference)
+        row = compare_row(label, result, reference)
         row["predicted_step_time_s"] = predicted_step_time(
-            cfg, name, world, reference, result["peak_flops"], calibration
+            run_cfg, name, world, reference, result["peak_flops"], calibration
         )
-        row.update(predicted_memory(cfg, name, world))
+        row.update(predicted_memory(run_cfg, name, world))
         table.add(**row)
-        report.add(parity_check(name, row))
-        report.add(memory_check(name, row))
+        report.add(parity_check(label, row))
+        report.add(memory_check(label, row))
+        exposed = None
         if run_cfg.trace.enabled:
-            add_trace(report, run_cfg, result["steps"], label=f" {name}")
+            exposed = add_trace(report, run_cfg, result["steps"], label=f" {label}")
+        if size is not None:
+            steps = result["steps"][1:] or result["steps"]
+            blocked = statistics.median(s["comm_blocked_s"] for s in steps) if row["comm_calls_per_step"] else None
+            sweep.setdefault(name, []).append({"strategy": name, "bucket_mb": size,
+                                               "step_time_p50_s": row["step_time_p50_s"],
+                                               "exposed_comm_s": exposed if exposed is not None else blocked,
+                                               "comm_calls_per_step": row["comm_calls_per_step"]})
+    if sweep:
+        add_bucket_sweep(report, sweep)
     return report
 
 
-def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]], label: str = "") -> None:
+def add_bucket_sweep(report: Report, sweep: dict[str, list[dict[str, Any]]]) -> None:
+    """Seed 003's exercise 5: step time and exposed communication per bucket size, the best named."""
+    table = Table("bucket_sweep", ["strategy", "bucket_mb", "step_time_p50_s", "exposed_comm_s", "comm_calls_per_step"],
+                  title="bucket size sweep (exposed communication: from the trace with --trace, else the time the "
+                        "strategy waited on its collectives)", units={"bucket_mb": "MiB", "step_time_p50_s": "s",
+                                                                      "exposed_comm_s": "s"})
+    for name, rows in sweep.items():
+        for r in rows:
+            table.add(**r)
+        best = min(rows, key=lambda r: r["step_time_p50_s"])
+        others = ", ".join(f"{r['bucket_mb']:g} MiB {r['step_time_p50_s'] * 1e3:.1f} ms" for r in rows if r is not best)
+        exposed = f"; exposed communication {best['exposed_comm_s'] * 1e3:.2f} ms per step" \
+            if best["exposed_comm_s"] is not None else ""
+        report.add(Check(f"compare buckets {name}", Status.OK,
+                         f"best bucket size {best['bucket_mb']:g} MiB: {best['step_time_p50_s'] * 1e3:.1f} ms per step "
+                         f"({others}){exposed}", details={"best_bucket_mb": best["bucket_mb"], "rows": rows}))
+    report.tables.append(table)
+
+
+def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]], label: str = "") -> float | None:
     """The analysis of the run's traces (trace/report.py): its breakdown table, and a check that
-    its step times are the harness's (the traces mark the same region)."""
+    its step times are the harness's (the traces mark the same region). Returns the exposed
+    communication and waiting per step (s, mean over ranks)."""
     from distval.trace.report import analyze, harness_check
 
     traced = analyze([Path(cfg.trace.dir)])
@@ -232,6 +280,8 @@ def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]], lab
         breakdown.columns = ["run", *breakdown.columns]
         breakdown.rows = [{"run": label.strip() or cfg.strategy, **r} for r in breakdown.rows]
         report.tables.append(breakdown)
+    shares = [(r["comm_exposed"] + r["waiting_for_peers"]) / 100 * r["step_ms"] / 1e3 for r in breakdown.rows]
+    return statistics.fmean(shares) if shares else None
 
 
 def _one(cfg: TrainConfig, opts: LaunchOptions) -> dict[str, Any] | Report:
