@@ -67,14 +67,16 @@ class Matched:
 
 def match(ranks: list[RankTrace]) -> tuple[list[Matched], list[str]]:
     """Match each collective across ranks by (op, size, occurrence) and set every call's `wait`.
-    Returns the matched collectives and what could not be matched (as warnings)."""
+    Returns the matched collectives and what could not be matched (as warnings). Sends and
+    receives are not matched (their waiting stays in their transfer)."""
     if len(ranks) < 2:
         return [], []
     by_rank: dict[int, dict[tuple[str, int], list[Collective]]] = {}
     for rt in ranks:
         keyed: dict[tuple[str, int], list[Collective]] = defaultdict(list)
         for c in rt.collectives:
-            keyed[(c.op, c.bytes)].append(c)
+            if c.op != "sendrecv":  # point to point: a send and its receive are not one call on every rank
+                keyed[(c.op, c.bytes)].append(c)
         by_rank[rt.rank] = keyed
     keys = set().union(*(k.keys() for k in by_rank.values()))
     out: list[Matched] = []

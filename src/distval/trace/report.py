@@ -53,14 +53,17 @@ def read_all(files: list[Path]) -> tuple[list[RankTrace], list[Check]]:
     if not ranks:
         raise errors[0]
     seen: set[int] = set()
-    for i, rt in enumerate(ranks):  # a file without a rank takes the first free number
-        if rt.rank is None or rt.rank in seen:
-            if rt.rank is not None:
-                problems.append(Check(f"trace file {Path(rt.path).name}", Status.WARN,
-                                      f"rank {rt.rank} appears in more than one file: analysed as another rank",
-                                      where={"file": rt.path}))
-            rt.rank = next(r for r in range(len(ranks) + max(seen, default=0) + 1) if r not in seen)
-        seen.add(rt.rank)
+    for rt in ranks:  # the first file of each rank keeps it; a repeat or a file without one gets a free number
+        if rt.rank is not None and rt.rank in seen:
+            problems.append(Check(f"trace file {Path(rt.path).name}", Status.WARN, f"rank {rt.rank} appears in "
+                                  "more than one file: analysed as another rank", where={"file": rt.path}))
+            rt.rank = None
+        elif rt.rank is not None:
+            seen.add(rt.rank)
+    free = (r for r in range(len(ranks) + max(seen, default=0) + 1) if r not in seen)
+    for rt in ranks:
+        if rt.rank is None:
+            rt.rank = next(free)
     ranks.sort(key=lambda r: r.rank)
     return ranks, problems
 
