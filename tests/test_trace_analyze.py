@@ -188,6 +188,7 @@ def test_bad_files_are_one_line_errors_naming_the_file(tmp_path):
         "other.json": b"{\"a\": 1}",
         "array.json": b"[1, 2]",
         "binary.json": bytes(range(256)),
+        "meta.json": b'{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "x"}}]}',
     }
     reasons = {}
     for name, data in cases.items():
@@ -199,7 +200,7 @@ def test_bad_files_are_one_line_errors_naming_the_file(tmp_path):
     assert reasons["empty.json"] == "empty file"
     assert "cut short" in reasons["cut.json.gz"] and "cut short" in reasons["cut.json"]
     assert "not valid JSON" in reasons["garbage.json"] and "no traceEvents" in reasons["other.json"]
-    assert "not a JSON object" in reasons["array.json"]
+    assert "not a JSON object" in reasons["array.json"] and "only metadata" in reasons["meta.json"]
 
     res = run_cli("trace", "analyze", str(tmp_path / "cut.json"))  # the command: exit 2, the file named
     assert res.returncode == 2 and res.stderr.strip() == f"distval: error: {tmp_path / 'cut.json'}: " \

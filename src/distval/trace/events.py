@@ -141,7 +141,8 @@ def read_rank(path: str | Path) -> RankTrace:
     header, events = open_trace(path)
     rt = RankTrace(str(path))
     step_threads: dict[Any, int] = {}
-    annotations: list[tuple[Any, str, float, float, dict | None]] = []
+    work: list[tuple[Any, str, float, float, dict]] = []  # gloo:*/nccl:* spans: kept once the main thread is known
+    timed: list[tuple[float, float]] = []
     for ev in events:
         rt.events += 1
         ph = ev.get("ph")
@@ -183,26 +184,23 @@ def read_rank(path: str | Path) -> RankTrace:
                 rt.steps.append((int(m.group(1)), ts, ts + dur))
                 step_threads[tid] = step_threads.get(tid, 0) + 1
             elif name.startswith(("gloo:", "nccl:")):
-                annotations.append((tid, name, ts, dur, ev.get("args", {})))
-            else:
-                annotations.append((tid, name, ts, dur, None))
+                work.append((tid, name, ts, dur, ev.get("args", {})))
+            elif name == "distval:step":
+                timed.append((ts, dur))
+            elif phase := PHASES.get(name) or next((p for prefix, p in _AUTO_PHASES if name.startswith(prefix)), None):
+                rt.phases.setdefault(phase, []).append((ts, ts + dur))
     _header(rt, header, Path(path))
     rt.main_thread = max(step_threads, key=step_threads.get) if step_threads else \
         max(rt.cpu_ops, key=lambda t: len(rt.cpu_ops[t]), default=None)
     if rt.on_gpu:  # the breakdown reads kernels; the CPU ops of the main thread only on CPU
         rt.cpu_ops.clear()
-    for tid, name, ts, dur, args in annotations:
-        if args is not None:  # a process group's work: on CPU the communication itself
-            if not rt.on_gpu and tid != rt.main_thread:
-                rt.collectives.append(Collective(op_name(name.split(":", 1)[1]), _bytes_from_shapes(args), ts, dur,
-                                                 name.split(":", 1)[0]))
-            continue
-        phase = PHASES.get(name) or next((p for prefix, p in _AUTO_PHASES if name.startswith(prefix)), None)
-        if phase:
-            rt.phases.setdefault(phase, []).append((ts, ts + dur))
+    for tid, name, ts, dur, args in work:  # on CPU, a process group's work is the communication itself
+        if not rt.on_gpu and tid != rt.main_thread:
+            backend, op = name.split(":", 1)
+            rt.collectives.append(Collective(op_name(op), _bytes_from_shapes(args), ts, dur, backend))
     rt.steps.sort(key=lambda s: s[1])
     rt.profiler_steps = list(rt.steps)
-    timed = sorted(w for tid, name, *w, _ in annotations if name == "distval:step")
+    timed.sort()
     if timed:  # distval's own trace: the step is the region the harness times, numbered as the harness does
         first = int(rt.meta.get("first_step", 0))
         starts = [start for _, start, _ in rt.steps]
@@ -213,6 +211,8 @@ def read_rank(path: str | Path) -> RankTrace:
     rt.collectives.sort(key=lambda c: c.ts)
     if not rt.events:
         raise TraceError(path, "no trace events")
+    if rt.last < rt.first:
+        raise TraceError(path, "no timed events (only metadata): nothing to analyse")
     return rt
 
 

@@ -166,8 +166,9 @@ def rank_table(ranks: list[RankTrace], steps: list[Step]) -> Table:
         rows.append({"rank": rt.rank, "steps": len(mine), "step_ms": round(median_ms, 3),
                      **{c: round(100 * sum(s.parts[c] for s in mine) / total, 2) if total else 0.0
                         for c in CATEGORIES},
-                     "mfu": round(statistics.median(mfus), 4) if mfus else None})
-    units = {"step_ms": "ms", **{c: "%" for c in CATEGORIES}}
+                     "mfu": round(statistics.median(mfus), 4) if mfus else None,
+                     "mem_peak_bytes": max(rt.memory_peak.values(), default=None)})  # with profile_memory
+    units = {"step_ms": "ms", **{c: "%" for c in CATEGORIES}, "mem_peak_bytes": "B"}
     return _table("trace_breakdown", "Where each rank's step time goes (share of the step time)", rows, units)
 
 
