@@ -55,11 +55,21 @@ def cpu_rank(rank: int, late: float) -> list[dict]:
     ]
 
 
+def steps_of(rank: int, late: float, n: int, span: float = 1000) -> list[dict]:
+    """n of cpu_rank's steps, 2 ms apart, numbered 0..n-1, each lasting `span` us."""
+    events = []
+    for k in range(n):
+        for e in cpu_rank(rank, late):
+            e = {**e, "ts": e["ts"] + k * 2000}
+            events.append({**e, "name": f"ProfilerStep#{k}", "dur": span} if e["name"].startswith("Profiler") else e)
+    return events
+
+
 def test_a_late_rank_makes_its_peer_wait_and_every_category_is_exact(tmp_path):
-    write(tmp_path / "a.json.gz", cpu_rank(0, 0), rank=0)
-    write(tmp_path / "b.json", cpu_rank(1, 200), rank=1, gz=False)
+    write(tmp_path / "a.json.gz", steps_of(0, 0, 8), rank=0)
+    write(tmp_path / "b.json", steps_of(1, 200, 8), rank=1, gz=False)
     report = analyze([tmp_path])
-    steps = {r["rank"]: r for r in report.table("trace_steps").rows}
+    steps = {r["rank"]: r for r in report.table("trace_steps").rows if r["step"] == 3}
     # rank 1 arrives at 600: the transfer is 600-700 (100 us, its own duration); rank 0 waits 400-600,
     # the first 10 us of it busy issuing the collective (c10d::allreduce_: overlapped)
     assert steps[0] == {"rank": 0, "step": 3, "step_ms": 1.0, "compute": 0.4, "optimizer": 0.1,
@@ -69,11 +79,16 @@ def test_a_late_rank_makes_its_peer_wait_and_every_category_is_exact(tmp_path):
             steps[1]["waiting_for_peers"], steps[1]["idle"]) == (0.6, 0.01, 0.09, 0.0, 0.2)
     (coll,) = report.table("trace_collectives").rows
     assert coll["op"] == "all_reduce" and coll["bytes"] == 4096 and coll["transfer_us"] == 100.0
-    assert coll["wait_share"] == round(200 / 400, 3)  # rank 0's 300 us (200 waiting), rank 1's 100 us
+    assert coll["calls"] == 8 and coll["wait_share"] == round(200 / 400, 3)  # rank 0: 300 us (200 waiting); 1: 100
     late = {r["rank"]: r for r in report.table("trace_late_arrivals").rows}
-    assert late[1]["arrived_last"] == 1 and late[1]["others_waited_ms"] == 0.2 and late[0]["arrived_last"] == 0
+    assert late[1]["arrived_last"] == 8 and late[1]["others_waited_ms"] == 1.6 and late[0]["arrived_last"] == 0
     checks = {c.name: c for c in report.checks}
     assert checks["trace stragglers"].status.value == "WARN" and checks["trace stragglers"].where == {"rank": 1}
+
+    write(tmp_path / "a.json.gz", steps_of(0, 0, 2), rank=0)  # 2 collectives: too few to call it a straggler
+    write(tmp_path / "b.json", steps_of(1, 200, 2), rank=1, gz=False)
+    (check,) = [c for c in analyze([tmp_path]).checks if c.name == "trace stragglers"]
+    assert check.status.value == "OK" and "too few" in check.summary
 
 
 def test_the_merged_trace_puts_every_rank_on_one_clock_and_the_html_draws_the_breakdown(tmp_path):
@@ -103,14 +118,7 @@ def test_trace_diff_names_what_moved_and_tests_it_over_steps(tmp_path):
     def run(folder: Path, late: float, span: float) -> Path:
         folder.mkdir()
         for rank in (0, 1):
-            events = []
-            for k in range(4):
-                for e in cpu_rank(rank, late if rank == 1 else 0):
-                    e = {**e, "ts": e["ts"] + k * 2000}
-                    if e["name"].startswith("ProfilerStep"):
-                        e = {**e, "name": f"ProfilerStep#{k}", "dur": span}
-                    events.append(e)
-            write(folder / f"rank_{rank}.json.gz", events, rank=rank)
+            write(folder / f"rank_{rank}.json.gz", steps_of(rank, late if rank == 1 else 0, 4, span), rank=rank)
         return folder
 
     assert permutation_p([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]) == 1.0 and permutation_p([1.0], [2.0]) is None
@@ -124,7 +132,7 @@ def test_trace_diff_names_what_moved_and_tests_it_over_steps(tmp_path):
     assert rows["waiting_for_peers"]["delta_ms"] == 0.095 and rows["waiting_for_peers"]["significant"]  # rank 0: 190 us
     assert not rows["optimizer"]["significant"] and rows["optimizer"]["p_value"] == 1.0
     (verdict,) = [c for c in doc["checks"] if c["name"] == "trace diff step"]
-    assert res.returncode == 0 and verdict["status"] == "WARN" and "30.0% slower" in verdict["summary"]
+    assert res.returncode == 0 and verdict["status"] == "WARN" and "30.0% longer" in verdict["summary"]
     assert "idle +0.30 ms (p=0.029); comm exposed -0.20 ms" in verdict["summary"], verdict["summary"]
 
 

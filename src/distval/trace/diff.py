@@ -104,7 +104,7 @@ def _verdict(rows: dict[str, dict[str, Any]], na: int, nb: int) -> Check:
         return Check("trace diff step", Status.OK, text, details=step)
     slower = step["significant"] and change > REGRESSION
     text = (f"B's step {'is' if step['significant'] else 'is not significantly'} {abs(change):.1%} "
-            f"{'slower' if change > 0 else 'faster'} than A's (p={p:.3f}, {na} and {nb} steps); {where}")
+            f"{'longer' if change > 0 else 'shorter'} than A's (p={p:.3f}, {na} and {nb} steps); {where}")
     return Check("trace diff step", Status.WARN if slower else Status.OK, text, details=step,
                  hint="the categories that moved say where: compute, exposed communication, waiting" if slower else "")
 

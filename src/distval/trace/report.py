@@ -17,6 +17,7 @@ from distval.trace.merge import write_merged
 
 SUFFIXES = (".json", ".json.gz")
 WAIT_WARN = 0.20  # the others wait this share of the step time for one rank: a WARN
+MIN_MATCHED = 8  # ... over at least this many collectives
 
 
 def find_files(paths: list[Path]) -> list[Path]:
@@ -101,6 +102,9 @@ def analyze(paths: list[Path], merged: Path | None = None) -> Report:
         report.add(Check("trace matching", Status.WARN, f"these traces are not one job: {apart}; each rank is "
                          "analysed alone (no waiting-for-peers split, no late arrivals)",
                          hint="analyse the files of one job together"))
+    elif not matched and not unmatched:
+        report.add(Check("trace matching", Status.SKIP, "no collective to match across ranks (sends and receives "
+                         "are not matched)"))
     else:
         report.add(Check("trace matching", Status.WARN if unmatched else Status.OK,
                          f"{len(matched):,} collectives matched across {len(ranks)} ranks" +
@@ -113,7 +117,7 @@ def analyze(paths: list[Path], merged: Path | None = None) -> Report:
                              "trace is analysed as one step", hint="call prof.step() once per training step",
                              where={"rank": rt.rank}))
     late = late_rows(ranks, matched, steps)
-    _add_waiting_check(report, late)
+    _add_waiting_check(report, late, len(matched))
     if merged is not None:
         offsets = write_merged(ranks, matched, merged)
         report.meta["merged"] = {"path": str(merged), "clock_offsets_us": offsets}
@@ -129,21 +133,26 @@ def analyze(paths: list[Path], merged: Path | None = None) -> Report:
     return report
 
 
-def _add_waiting_check(report: Report, late: list[dict[str, Any]]) -> None:
-    """A WARN when one rank makes the others wait a fifth of the step or more, and at least twice
-    as long as any other rank does (ranks that take turns arriving last are noise, not a straggler)."""
+def _add_waiting_check(report: Report, late: list[dict[str, Any]], matched: int) -> None:
+    """A WARN when one rank makes the others wait a fifth of the step or more, twice as long as
+    any other rank does (ranks that take turns arriving last are noise, not a straggler), over
+    at least MIN_MATCHED collectives."""
     if not late:
         return
     worst = max(late, key=lambda r: r["others_waited_ms"])
     share = worst["of_step_time"] or 0.0
     runner_up = max((r["others_waited_ms"] for r in late if r is not worst), default=0.0)
-    status = Status.WARN if share >= WAIT_WARN and worst["others_waited_ms"] >= 2 * runner_up else Status.OK
-    report.add(Check("trace stragglers", status,
-                     f"rank {worst['rank']} arrives last at {worst['share']:.0%} of the collectives; the others "
-                     f"wait {share:.0%} of the step time for it" + ("" if status is Status.WARN else
-                                                                   f" (the next rank: {runner_up:.2f} ms)"),
+    text = (f"rank {worst['rank']} arrives last at {worst['share']:.0%} of the collectives; the others wait "
+            f"{share:.0%} of the step time for it")
+    if matched < MIN_MATCHED:
+        status, text = Status.OK, f"{text} ({matched} collectives: too few to name a straggler)"
+    elif share >= WAIT_WARN and worst["others_waited_ms"] >= 2 * runner_up:
+        status = Status.WARN
+    else:
+        status, text = Status.OK, f"{text} (the next rank: {runner_up:.2f} ms)"
+    report.add(Check("trace stragglers", status, text, where={"rank": worst["rank"]}, details=worst,
                      hint="a straggler: compare its compute with its peers' (distval train reports it live)"
-                     if status is Status.WARN else "", where={"rank": worst["rank"]}, details=worst))
+                     if status is Status.WARN else ""))
 
 
 def _table(name: str, title: str, rows: list[dict[str, Any]], units: dict[str, str]) -> Table:
