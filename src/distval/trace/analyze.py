@@ -200,9 +200,27 @@ def collective_rows(ranks: list[RankTrace], matched: list[Matched]) -> list[dict
     return rows
 
 
+def in_steps(matched: list[Matched], steps: list[Step]) -> list[Matched]:
+    """The collectives that ran inside the analysed steps (on the rank that arrived last): the
+    harness's own bookkeeping between steps (distval's barrier, its metrics) is left out."""
+    windows: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for s in steps:
+        windows[s.rank].append((s.start, s.start + s.span))
+    for w in windows.values():
+        w.sort()
+
+    def inside(rank: int, ts: float) -> bool:
+        w = windows.get(rank, [])
+        i = bisect.bisect_right(w, (ts, float("inf"))) - 1
+        return i >= 0 and ts < w[i][1]
+
+    return [m for m in matched if inside(m.last, m.calls[m.last].ts)]
+
+
 def late_rows(ranks: list[RankTrace], matched: list[Matched], steps: list[Step]) -> list[dict[str, Any]]:
-    """Per rank: how often it arrived last at a collective and how long the others waited for
-    it, against the step time."""
+    """Per rank: how often it arrived last at a collective inside the steps and how long the
+    others waited for it, against the step time."""
+    matched = in_steps(matched, steps)
     if not matched:
         return []
     last = defaultdict(int)

@@ -117,7 +117,7 @@ def analyze(paths: list[Path], merged: Path | None = None) -> Report:
                              "trace is analysed as one step", hint="call prof.step() once per training step",
                              where={"rank": rt.rank}))
     late = late_rows(ranks, matched, steps)
-    _add_waiting_check(report, late, len(matched))
+    _add_waiting_check(report, late, sum(r["arrived_last"] for r in late))
     if merged is not None:
         offsets = write_merged(ranks, matched, merged)
         report.meta["merged"] = {"path": str(merged), "clock_offsets_us": offsets}
