@@ -1,5 +1,10 @@
-"""`distval drill` end to end: every drill passes on 2 ranks with the tiny model (one run of the
-real command; each drill is itself a real multi-process training job with real faults)."""
+"""`distval drill` end to end on 2 ranks with the tiny model: each drill is itself a real
+multi-process training job with real faults. The suite runs the drills whose path is tested
+nowhere else (a SIGTERM save at the step boundary, an exception, a full disk, a save killed
+midway) and one of each detect-only kind (fingerprint mismatch, NaN); the other seven are the
+hang, restart, corruption and health paths that tests/test_hang.py, test_ckpt_cli.py,
+test_ckpt_store.py and test_health_monitor.py prove directly. `distval drill` runs all 13
+(about 150 s here; the issue notes carry its last result)."""
 
 import json
 import os
@@ -9,11 +14,16 @@ from distval.drill import DRILLS
 
 from conftest import run_cli
 
-HALVES = ("kill9_rank,exception_rank,sigterm_job,kill_during_save,corrupt_file,disk_full,mismatch_shape",
-          "hang_rank,skip_collective,dead_rank_in_collective,slow_rank,desync,nan_rank")
+HALVES = ("sigterm_job,kill_during_save,mismatch_shape", "exception_rank,disk_full,nan_rank")
 
 
-def test_every_drill_passes(tmp_path):
+def test_the_drills_in_order():
+    assert list(DRILLS) == ["kill9_rank", "exception_rank", "sigterm_job", "kill_during_save", "corrupt_file",
+                            "disk_full", "hang_rank", "skip_collective", "dead_rank_in_collective", "mismatch_shape",
+                            "slow_rank", "desync", "nan_rank"]
+
+
+def test_drills_pass(tmp_path):
     """The drills in two `distval drill` runs side by side (each drill waits on its jobs more than
     it computes), one row per drill across both."""
     def half(i: int):
@@ -26,35 +36,18 @@ def test_every_drill_passes(tmp_path):
     checks = doc0["checks"] + doc1["checks"]
     doc = {"checks": checks}
     rows = {r["drill"]: r for d in (doc0, doc1) for r in d["tables"]["drills"]["rows"]}
-    rows = {name: rows[name] for name in DRILLS}
     assert sorted(rows) == sorted(r for h in HALVES for r in h.split(","))
-    assert list(rows) == [
-        "kill9_rank",
-        "exception_rank",
-        "sigterm_job",
-        "kill_during_save",
-        "corrupt_file",
-        "disk_full",
-        "hang_rank",
-        "skip_collective",
-        "dead_rank_in_collective",
-        "mismatch_shape",
-        "slow_rank",
-        "desync",
-        "nan_rank",
-    ]
     for name, row in rows.items():
         if name == "disk_full" and os.geteuid() != 0:
             assert row["status"] == "SKIP"
             continue
         assert row["status"] == "PASS", (name, [c for c in doc["checks"] if c["name"] == f"drill {name}"])
         assert row["detected"] is True
-        if name in ("mismatch_shape", "slow_rank", "desync", "nan_rank"):  # detection only: nothing resumed
+        if name in ("mismatch_shape", "nan_rank"):  # detection only: nothing resumed
             assert row["loss_identical"] is None
             continue
         assert row["loss_identical"] is True
         assert row["recovery_s"] > 0 and row["steps_lost"] >= 0 and row["resumed_from_step"] > 0
-    assert 0 < rows["hang_rank"]["diagnosis_s"] < 15  # named by the watchdog within seconds of the stall
     assert 0 <= rows["mismatch_shape"]["diagnosis_s"] < 15  # from the mismatched collective to the FAIL
     # the SIGTERM drill saves at the step boundary it was stopped at: nothing to redo
     assert rows["sigterm_job"]["steps_lost"] == 0 and rows["sigterm_job"]["resumed_from_step"] == 7
