@@ -283,3 +283,28 @@ HTA_FIGURES: dict[str, dict[int, tuple[float, float, float, float | None]]] = {
     "trace_diff": {1: (7.47, 68.31, 24.23, 68.8), 3: (16.2, 61.23, 22.57, 47.03)},
     "trace_filter": {0: (53.56, 17.71, 28.74, 11.81), 1: (54.72, 22.57, 22.72, 20.05)},
 }
+
+
+def test_clip_is_the_intersection_with_one_span():
+    rng = random.Random(1)
+    for _ in range(200):
+        spans = iv.union((s, s + rng.randint(1, 9)) for s in (rng.randint(0, 80) for _ in range(rng.randint(0, 8))))
+        lo = rng.randint(-5, 85)
+        hi = lo + rng.randint(0, 30)
+        assert iv.clip(spans, lo, hi) == iv.intersect(spans, [(lo, hi)])
+
+
+def test_files_read_in_parallel_give_the_same_ranks_and_errors(tmp_path, monkeypatch):
+    from distval.trace import report as trace_report
+
+    write(tmp_path / "rank_0.json.gz", cpu_rank(0, 0), rank=0)
+    write(tmp_path / "rank_1.json.gz", cpu_rank(1, 200), rank=1)
+    (tmp_path / "rank_2.json").write_text('{"traceEvents": [')
+    files = trace_report.find_files([tmp_path])
+    alone = trace_report.read_all(files)
+    monkeypatch.setattr(trace_report, "PARALLEL_BYTES", 0)  # a process per file (spawned)
+    parallel = trace_report.read_all(files)
+    assert [r.rank for r in parallel[0]] == [r.rank for r in alone[0]] == [0, 1]
+    assert [r.steps for r in parallel[0]] == [r.steps for r in alone[0]]
+    assert [c.summary for c in parallel[1]] == [c.summary for c in alone[1]] == [
+        "not analysed: cut short inside the traceEvents list (truncated file?)"]

@@ -93,6 +93,17 @@ class RankTrace:
         return bool(self.kernels)
 
 
+_CATS: dict[Any, str] = {}  # an event's category as found -> lower case (a handful of values)
+_UNTIMED = ("trace", "python_function")
+
+
+def _cat(raw: Any) -> str:
+    cat = str(raw or "").lower()
+    if isinstance(raw, str):
+        _CATS[raw] = cat
+    return cat
+
+
 def short_name(name: str) -> str:
     """A kernel's name without its argument list (the last parenthesised group; templates keep
     theirs: `...<at::native::(anonymous namespace)::f>(int, float*)` -> `...<...f>`), 120 chars."""
@@ -141,44 +152,71 @@ def read_rank(path: str | Path) -> RankTrace:
     header, events = open_trace(path)
     rt = RankTrace(str(path))
     step_threads: dict[Any, int] = {}
+    ops: dict[tuple[str, str], list[float]] = {}  # by the full name while reading, shortened once at the end
     work: list[tuple[Any, str, float, float, dict]] = []  # gloo:*/nccl:* spans: kept once the main thread is known
     timed: list[tuple[float, float]] = []
+    first, last, count = float("inf"), float("-inf"), 0
+    comm_names: dict[str, bool] = {}  # kernel name -> a communication kernel by its name
+    kernel_names: dict[str, str] = {}
+    cpu_ops = rt.cpu_ops
     for ev in events:
-        rt.events += 1
+        count += 1
         ph = ev.get("ph")
-        if ph == "i" and ev.get("name") == "[memory]":
-            a = ev.get("args", {})
-            dev = "cuda" if a.get("Device Type") == 1 else "cpu"
-            rt.memory_peak[dev] = max(rt.memory_peak.get(dev, 0), max(_int(a.get("Total Allocated")), 0))
-            continue
         if ph != "X":
+            if ph == "i" and ev.get("name") == "[memory]":
+                a = ev.get("args", {})
+                dev = "cuda" if a.get("Device Type") == 1 else "cpu"
+                rt.memory_peak[dev] = max(rt.memory_peak.get(dev, 0), max(_int(a.get("Total Allocated")), 0))
             continue
         try:
             ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
             continue
-        cat, name = str(ev.get("cat", "")).lower(), str(ev.get("name", ""))
-        tid = ev.get("tid")
-        if cat not in ("trace", "python_function"):  # the profiler's own span covers its warm-up too
-            rt.first, rt.last = min(rt.first, ts), max(rt.last, ts + dur)
-        if cat in KERNEL_CATS or cat == "cpu_op":  # time per kernel / op name (inclusive for CPU ops)
-            per = rt.ops.setdefault(("kernel" if cat in KERNEL_CATS else "cpu_op", short_name(name)), [0, 0.0])
+        raw, name = ev.get("cat"), ev.get("name")
+        cat = (_CATS.get(raw) if isinstance(raw, str) else None) or _cat(raw)
+        if not isinstance(name, str):
+            name = str(name)
+        if cat not in _UNTIMED:  # the profiler's own span covers its warm-up too
+            if ts < first:
+                first = ts
+            if ts + dur > last:
+                last = ts + dur
+        if cat == "cpu_op":
+            per = ops.get((cat, name))
+            if per is None:
+                per = ops[(cat, name)] = [0, 0.0]
             per[0] += 1
             per[1] += dur
-        if cat in KERNEL_CATS:
+            spans = cpu_ops.get(ev.get("tid"))
+            if spans is None:
+                spans = cpu_ops[ev.get("tid")] = array("d")
+            spans.append(ts)
+            spans.append(ts + dur)
+        elif cat in KERNEL_CATS:
+            per = ops.get((cat, name))  # time per kernel name
+            if per is None:
+                per = ops[(cat, name)] = [0, 0.0]
+            per[0] += 1
+            per[1] += dur
             args = ev.get("args", {})
-            comm = cat == "kernel" and (bool(_COMM_KERNEL.search(name)) or "Collective name" in args)
+            by_name = comm_names.get(name)
+            if by_name is None:
+                by_name = comm_names[name] = bool(_COMM_KERNEL.search(name))
+                kernel_names[name] = name
+            name = kernel_names[name]  # one string per distinct name: less memory, a smaller pickle
+            comm = cat == "kernel" and (by_name or "Collective name" in args)
             cls = "comm" if comm else ("compute" if cat == "kernel" else "memory")
             rt.kernels.append((ts, ts + dur, _int(args.get("stream")), cls, name))
             rt.kernel_corr.append(_int(args.get("correlation")))
             if comm:
                 rt.collectives.append(_kernel_collective(name, args, ts, dur))
-        elif cat == "cpu_op":
-            rt.cpu_ops.setdefault(tid, array("d")).extend((ts, ts + dur))
-        elif cat in ("cuda_runtime", "cuda_driver") and "correlation" in ev.get("args", {}):
-            rt.launch_ts.append(ts)
-            rt.launch_corr.append(_int(ev["args"]["correlation"]))
+        elif cat == "cuda_runtime" or cat == "cuda_driver":
+            corr = ev.get("args", {}).get("correlation")
+            if corr is not None:
+                rt.launch_ts.append(ts)
+                rt.launch_corr.append(_int(corr))
         elif cat == "user_annotation":
+            tid = ev.get("tid")
             m = _STEP.match(name)
             if m:
                 rt.steps.append((int(m.group(1)), ts, ts + dur))
@@ -189,7 +227,12 @@ def read_rank(path: str | Path) -> RankTrace:
                 timed.append((ts, dur))
             elif phase := PHASES.get(name) or next((p for prefix, p in _AUTO_PHASES if name.startswith(prefix)), None):
                 rt.phases.setdefault(phase, []).append((ts, ts + dur))
+    rt.events, rt.first, rt.last = count, first, last
     _header(rt, header, Path(path))
+    for (cat, name), (calls, us) in ops.items():
+        per = rt.ops.setdefault(("kernel" if cat in KERNEL_CATS else "cpu_op", short_name(name)), [0, 0.0])
+        per[0] += calls
+        per[1] += us
     rt.main_thread = max(step_threads, key=step_threads.get) if step_threads else \
         max(rt.cpu_ops, key=lambda t: len(rt.cpu_ops[t]), default=None)
     if rt.on_gpu:  # the breakdown reads kernels; the CPU ops of the main thread only on CPU

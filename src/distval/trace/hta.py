@@ -18,6 +18,7 @@ On a trace without GPU kernels HTA fails (IndexError, NaN); these rows then say 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -32,6 +33,7 @@ TEMPORAL = ("rank", "idle_time(us)", "compute_time(us)", "non_compute_time(us)",
             "compute_time_pctg", "non_compute_time_pctg")
 
 
+@functools.lru_cache(maxsize=65536)
 def kernel_type(name: str) -> str:
     if _COMM.match(name):
         return "comm"

@@ -3,6 +3,7 @@ difference and length, each a linear merge. The breakdown of a step is arithmeti
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 
 Spans = list[tuple[float, float]]
@@ -57,4 +58,13 @@ def subtract(a: Spans, b: Spans) -> Spans:
 
 
 def clip(a: Spans, start: float, end: float) -> Spans:
-    return intersect(a, [(start, end)])
+    """The part of a (sorted, disjoint) inside [start, end): a binary search, then the spans in it."""
+    i = bisect.bisect_right(a, (start, float("inf"))) - 1
+    i = max(i, 0)
+    out: Spans = []
+    while i < len(a) and a[i][0] < end:
+        s, e = max(a[i][0], start), min(a[i][1], end)
+        if s < e:
+            out.append((s, e))
+        i += 1
+    return out

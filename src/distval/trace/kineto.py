@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 CHUNK = 1 << 20
-_DECODER = json.JSONDecoder()
-_SPACE = " \t\n\r"
+_SCAN = json.JSONDecoder().scan_once  # the C scanner: (value, end) for the JSON value at an index
+_SPACE = re.compile(r"[ \t\n\r]*")
+_NEXT = re.compile(r"[ \t\n\r]*(,)?[ \t\n\r]*")  # the gap before the next event, and its comma
 
 
 class TraceError(ValueError):
@@ -30,6 +32,9 @@ class TraceError(ValueError):
     def __init__(self, path: str | Path, reason: str):
         super().__init__(f"{path}: {reason}")
         self.path, self.reason = str(path), reason
+
+    def __reduce__(self):  # it crosses process boundaries (files read in parallel)
+        return TraceError, (self.path, self.reason)
 
 
 def _open(path: Path) -> IO[str]:
@@ -62,8 +67,7 @@ class _Stream:
     def peek(self) -> str:
         """The next non-space character ('' at the end of the file)."""
         while True:
-            while self.pos < len(self.buf) and self.buf[self.pos] in _SPACE:
-                self.pos += 1
+            self.pos = _SPACE.match(self.buf, self.pos).end()
             if self.pos < len(self.buf):
                 return self.buf[self.pos]
             if not self.more():
@@ -81,13 +85,14 @@ class _Stream:
         last = None
         while True:
             try:
-                value, self.pos = _DECODER.raw_decode(self.buf, self.pos)
+                value, self.pos = _SCAN(self.buf, self.pos)
                 return value
-            except json.JSONDecodeError as e:
-                where = (self.read_chars - len(self.buf) + e.pos, e.msg)
+            except (json.JSONDecodeError, StopIteration) as e:
+                at, msg = (e.pos, e.msg) if isinstance(e, json.JSONDecodeError) else (e.value, "Expecting value")
+                where = (self.read_chars - len(self.buf) + at, msg)
                 if where == last:
                     raise TraceError(self.path, f"not valid JSON in {what} near character {where[0]}: "
-                                                f"{e.msg}") from None
+                                                f"{msg}") from None
                 last = where
                 if not self.more():
                     raise TraceError(self.path, f"cut short or not valid JSON in {what} near character "
@@ -111,6 +116,42 @@ def open_trace(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, Any
     return header, _events(path, header)
 
 
+def _list(s: _Stream) -> Iterator[dict[str, Any]]:
+    """The events of the traceEvents list, the cursor just past its '['. The hot loop of the
+    reader: within the buffer it calls only the regex and the C scanner; the buffer's end and
+    every error go through the careful path (`more`, `value`)."""
+    buf, pos, need_comma = s.buf, s.pos, False
+    while True:
+        m = _NEXT.match(buf, pos)
+        if m.group(1) is not None:
+            if not need_comma:
+                s.pos = m.start(1)
+                raise TraceError(s.path, s._bad("an event"))
+            need_comma = False
+        pos = m.end()
+        if pos >= len(buf):
+            s.pos = pos
+            if not s.more():
+                raise TraceError(s.path, "cut short inside the traceEvents list (truncated file?)")
+            buf, pos = s.buf, s.pos
+            continue
+        if buf[pos] == "]":
+            s.pos = pos + 1
+            return
+        if need_comma:
+            s.pos = pos
+            raise TraceError(s.path, s._bad("',' between events"))
+        try:
+            event, pos = _SCAN(buf, pos)
+        except (json.JSONDecodeError, StopIteration):  # cut by the buffer's end, or bad: the careful path
+            s.pos = pos
+            event = s.value("an event")
+            buf, pos = s.buf, s.pos
+        need_comma = True
+        if isinstance(event, dict):
+            yield event
+
+
 def _events(path: Path, header: dict[str, Any]) -> Iterator[dict[str, Any]]:
     with _open(path) as f:
         s = _Stream(path, f)
@@ -131,14 +172,6 @@ def _events(path: Path, header: dict[str, Any]) -> Iterator[dict[str, Any]]:
                 continue
             seen_events = True
             s.expect("[", "the traceEvents list")
-            first = True
-            while s.peek() != "]":
-                if not first:
-                    s.expect(",", "',' between events")
-                first = False
-                event = s.value("an event")
-                if isinstance(event, dict):
-                    yield event
-            s.pos += 1
+            yield from _list(s)
         if not seen_events:
             raise TraceError(path, "not a Kineto trace: no traceEvents (was it written by torch.profiler?)")

@@ -4,6 +4,7 @@ per-step breakdown, HTA's temporal and overlap figures, collectives and late arr
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from distval.trace.kineto import TraceError
 from distval.trace.merge import write_merged
 
 SUFFIXES = (".json", ".json.gz")
+PARALLEL_BYTES = 4 << 20  # files bigger than this in all are read in parallel
 WAIT_WARN = 0.20  # the others wait this share of the step time for one rank: a WARN
 MIN_MATCHED = 8  # ... over at least this many collectives
 
@@ -40,15 +42,31 @@ def find_files(paths: list[Path]) -> list[Path]:
     return files
 
 
+def _read(f: Path) -> RankTrace | TraceError:
+    try:
+        return read_rank(f)
+    except TraceError as e:
+        return e
+
+
 def read_all(files: list[Path]) -> tuple[list[RankTrace], list[Check]]:
-    """Every readable file as a rank; a file that cannot be read is a WARN when others can be,
-    and the error (exit 2) when none can."""
+    """Every readable file as a rank, big files in parallel (a process per core); a file that
+    cannot be read is a WARN when others can be, and the error (exit 2) when none can."""
+    workers = min(len(files), os.cpu_count() or 1)
+    if workers > 1 and sum(f.stat().st_size for f in files) > PARALLEL_BYTES:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            read = list(pool.map(_read, files))  # spawn: safe beside torch's threads (train --trace)
+    else:
+        read = [_read(f) for f in files]
     ranks, problems, errors = [], [], []
-    for f in files:
-        try:
-            ranks.append(read_rank(f))
-        except TraceError as e:
-            errors.append(e)
+    for f, got in zip(files, read):
+        if isinstance(got, RankTrace):
+            ranks.append(got)
+        else:
+            errors.append(e := got)
             problems.append(Check(f"trace file {f.name}", Status.WARN, f"not analysed: {e.reason}",
                                   hint="re-export it from torch.profiler, or leave it out", where={"file": str(f)}))
     if not ranks:
