@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +54,18 @@ def read_all(files: list[Path]) -> tuple[list[RankTrace], list[Check]]:
     """Every readable file as a rank, big files in parallel (a process per core); a file that
     cannot be read is a WARN when others can be, and the error (exit 2) when none can."""
     workers = min(len(files), os.cpu_count() or 1)
-    if workers > 1 and sum(f.stat().st_size for f in files) > PARALLEL_BYTES:
+    main = sys.modules.get("__main__")  # a spawned worker imports it again: a script on stdin cannot be
+    spawnable = getattr(main, "__spec__", None) is not None or os.path.isfile(getattr(main, "__file__", "") or "")
+    if workers > 1 and spawnable and sum(f.stat().st_size for f in files) > PARALLEL_BYTES:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
 
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            read = list(pool.map(_read, files))  # spawn: safe beside torch's threads (train --trace)
+        try:  # spawn: safe beside torch's threads (train --trace)
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                read = list(pool.map(_read, files))
+        except BrokenProcessPool:  # a __main__ spawn cannot import again (a script on stdin): one at a time
+            read = [_read(f) for f in files]
     else:
         read = [_read(f) for f in files]
     ranks, problems, errors = [], [], []
