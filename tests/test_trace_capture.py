@@ -63,3 +63,36 @@ def test_trace_steps_outside_the_run_are_refused(tmp_path):
     assert res.returncode == 2 and "one size here (compare sweeps a list)" in res.stderr
     res = run_cli("compare", "--nproc", "2", "--bucket-mb", "5,0")
     assert res.returncode == 2 and "sizes must be positive and different" in res.stderr
+
+
+SCRIPT = """
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(int(sys.argv[1])):
+    opt.zero_grad()
+    model(torch.randn(16, 64)).square().mean().backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_launch_traces_a_users_script_by_its_optimizer_steps(tmp_path):
+    """No step markers in the script: a global optimizer hook makes each optimizer.step() a step."""
+    (tmp_path / "user.py").write_text(SCRIPT)
+    out = tmp_path / "l.json"
+    res = run_cli("launch", "--nproc", "2", "--trace", "2:4", "--trace-dir", str(tmp_path / "traces"),
+                  "--json", str(out), str(tmp_path / "user.py"), "9", timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    (check,) = [c for c in doc["checks"] if c["name"] == "trace"]
+    assert check["status"] == "OK" and "2 rank(s), steps 2-5 traced" in check["summary"], check["summary"]
+    assert sorted(p.name for p in (tmp_path / "traces" / "user").iterdir()) == ["rank_0.json.gz", "rank_1.json.gz"]
+    rows = doc["tables"]["trace_breakdown"]["rows"]
+    assert [r["steps"] for r in rows] == [4, 4] and all(r["comm_overlapped"] + r["comm_exposed"] > 0 for r in rows)
+
+    res = run_cli("launch", "--nproc", "2", "--trace", "20:4", "--trace-dir", str(tmp_path / "late"),
+                  "--json", str(out), str(tmp_path / "user.py"), "3", timeout=180)  # ends before step 20
+    (check,) = [c for c in json.loads(out.read_text())["checks"] if c["name"] == "trace"]
+    assert res.returncode == 0 and check["status"] == "WARN" and "no analysis" in check["summary"], check

@@ -48,21 +48,33 @@ def failure_check(command: str, e: CannotRun) -> Check:
                  where={"rank": e.rank, "status": e.last_status} if failure else {})
 
 
-def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool = False) -> Report:
-    """`distval launch`: a user's script on local workers under the watchdog (launch/local.py)."""
+def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool = False,
+               trace: Any = None) -> Report:
+    """`distval launch`: a user's script on local workers under the watchdog (launch/local.py);
+    `trace` (a TraceConfig): its optimizer steps recorded, then analysed (trace/report.py)."""
     from distval.launch.local import run_script as run_local_script
+    from distval.trace.capture import ENV
 
     started = time.monotonic()
     info = {"script": script, "module": module, "args": args, "launch": "local",
             "world_size": _planned_world_size(opts)}
     report = Report("launch", meta=meta.collect(None, None, **info))
+    traced = trace is not None and trace.enabled
+    if traced:  # the shim of every worker reads it (inherited through torchrun's agent)
+        os.environ[ENV] = f"{trace.skip}:{trace.active}:{trace.dir}"
     try:
         ranks = run_local_script(script, args, opts, module=module)
     except CannotRun as e:
         report.add(failure_check("launch", e))
         return report
+    finally:
+        os.environ.pop(ENV, None)
     report.add(Check("launch script", Status.OK, f"{script} ended on all {ranks} ranks in "
                      f"{time.monotonic() - started:.1f} s, no hang"))
+    if traced:
+        from distval.trace.report import add_summary
+
+        add_summary(report, trace.dir)
     return report
 
 

@@ -13,12 +13,14 @@ from distval.cli.app import (
     HangAfter,
     JsonOut,
     Timeout,
+    TraceDir,
     app,
     check_outputs,
     finish,
     launch_options,
     make_console,
     option,
+    trace_config,
 )
 
 
@@ -56,6 +58,10 @@ def launch_cmd(
         Optional[str], option("--rdzv-id", help="The job's id, the same on every node (as torchrun's).")
     ] = None,
     rdzv_backend: Annotated[str, option("--rdzv-backend", help="Rendezvous backend: c10d (the only one).")] = "c10d",
+    trace: Annotated[Optional[str], option(
+        "--trace", help="Record the script's optimizer steps with torch.profiler: SKIP:N skips SKIP steps, then "
+        "records N; one Kineto trace per rank, analysed at the end (docs/trace.md).")] = None,
+    trace_dir: TraceDir = Path("distval-report/traces"),
     timeout: Timeout = "60s",
     hang_after: HangAfter = "8s",
     json: JsonOut = None,
@@ -87,4 +93,5 @@ def launch_cmd(
     opts = launch_options(nproc_per_node, "auto", None, timeout, None, hang_after, max_restarts=max_restarts,
                           nnodes=int(nnodes), rdzv_endpoint=rdzv_endpoint, **{k: v for k, v in ids.items() if v})
     check_outputs({"--json": json})
-    return finish(run_script(str(script), list(ctx.args), opts, module=module), json, make_console())
+    traced = trace_config(trace, 10**9, trace_dir, script.stem if not module else str(script))
+    return finish(run_script(str(script), list(ctx.args), opts, module=module, trace=traced), json, make_console())

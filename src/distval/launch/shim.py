@@ -8,7 +8,8 @@ process groups issue — its own dist.* calls, DDP's and FSDP's from C++ — is 
 heartbeat thread starts publishing this rank's progress on the rank channel of distval's
 launcher, which runs the hang watchdog. The script runs as `__main__` with its own argv; an
 exception it raises is published as this rank's `state` (for the failure diagnosis), then the
-worker exits as Python would.
+worker exits as Python would. Under `distval launch --trace SKIP:N` a profiler records N of the
+script's optimizer steps after SKIP (trace/capture.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import traceback
 from distval import channel as channels
 from distval.health.heartbeat import Heartbeat, enable_flight_recorder
 from distval.rank import state_payload
+from distval.trace.capture import from_env
 
 
 def main(argv: list[str]) -> None:
@@ -34,6 +36,7 @@ def main(argv: list[str]) -> None:
     channel.publish("status", {"status": status}, flush=True)
     heartbeat = Heartbeat(channel, lambda: (status, {})).start()
     _beat_before_destroy(heartbeat)
+    tracer = from_env(rank)  # `distval launch --trace`: the script's optimizer steps are the steps
     sys.argv = [script, *args]
     if not module:
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
@@ -49,6 +52,8 @@ def main(argv: list[str]) -> None:
         channel.publish("state", state_payload(rank, status, [], error, traceback.format_exc(limit=8)), flush=True)
         raise
     finally:
+        if tracer:
+            tracer.close()
         heartbeat.close()
         channel.flush()
 

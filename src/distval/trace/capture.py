@@ -60,4 +60,35 @@ class Tracer:
         self.prof.step()
 
     def close(self) -> None:
-        self.prof.stop()
+        self.prof.stop()  # a recording cut short (the script ended early) is still written
+
+    def follow_optimizer(self) -> Any:
+        """For a script of the user's: a step is one `step()` of the first optimizer that steps
+        (a global post-hook of torch.optim); returns the hook's handle."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        first: list[int] = []
+
+        def stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if not first:
+                first.append(id(optimizer))
+            if id(optimizer) == first[0]:
+                self.step()
+
+        return register_optimizer_step_post_hook(stepped)
+
+
+ENV = "DISTVAL_TRACE"  # `distval launch --trace`: SKIP:N:DIR for the shim of every worker
+
+
+def from_env(rank: int) -> Tracer | None:
+    """The profiler `distval launch --trace` asks the shim for, stepping with the script's optimizer."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return None
+    skip, active, folder = spec.split(":", 2)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tracer = Tracer(TraceConfig(int(skip), int(active), folder), rank, device,
+                    {"world_size": int(os.environ.get("WORLD_SIZE", "1")), "steps": "optimizer"})
+    tracer.follow_optimizer()
+    return tracer

@@ -228,16 +228,42 @@ def harness_check(traced: Report, harness: dict[int, float], name: str, folder: 
                      details={"trace_steps": sorted(per_step)})
     t, h = statistics.median(per_step[s] for s in common), statistics.median(harness[s] for s in common)
     diff = t / h - 1 if h else 0.0
-    rows = traced.table("trace_breakdown").rows
-    shares = {c: statistics.mean(r[c] for r in rows) for c in CATEGORIES}
-    top = ", ".join(f"{c.replace('_', ' ')} {v:.0f}%" for c, v in sorted(shares.items(), key=lambda kv: -kv[1])
-                    if v >= 1)
+    shares, top = _shares(traced)
     return Check(name, Status.OK if abs(diff) <= AGREE else Status.WARN,
                  f"steps {common[0]}-{common[-1]} traced in {folder}: {t * 1e3:.1f} ms per step in the trace, "
                  f"{h * 1e3:.1f} ms measured ({diff:+.1%}); {top}",
                  hint="" if abs(diff) <= AGREE else "the profiler's own cost, or a trace of another run in the folder",
                  details={"trace_step_s": t, "harness_step_s": h, "difference": diff, "steps": common,
                           "shares_pct": shares, "folder": folder})
+
+
+def _shares(traced: Report) -> tuple[dict[str, float], str]:
+    """Each category's share of the step (%, mean over ranks), and the ones over 1% as text."""
+    rows = traced.table("trace_breakdown").rows
+    shares = {c: statistics.mean(r[c] for r in rows) for c in CATEGORIES}
+    top = ", ".join(f"{c.replace('_', ' ')} {v:.0f}%" for c, v in sorted(shares.items(), key=lambda kv: -kv[1])
+                    if v >= 1)
+    return shares, top
+
+
+def add_summary(report: Report, folder: str) -> None:
+    """`distval launch --trace`: the analysis of the script's traces in the launch report: a
+    check with the step time and where it goes, the analysis's own warnings, the breakdown."""
+    try:
+        traced = analyze([Path(folder)])
+    except TraceError as e:
+        report.add(Check("trace", Status.WARN, f"no analysis: {e.reason}", hint="the script ended before the "
+                         "recorded steps, or never called optimizer.step(): lower SKIP:N", where={"folder": folder}))
+        return
+    shares, top = _shares(traced)
+    steps = traced.table("trace_steps").rows
+    numbers = sorted({r["step"] for r in steps})
+    slowest = statistics.median(max(r["step_ms"] for r in steps if r["step"] == n) for n in numbers)
+    report.add(Check("trace", Status.OK, f"{len(traced.meta['ranks'])} rank(s), steps {numbers[0]}-{numbers[-1]} "
+                     f"traced in {folder}: {slowest:.1f} ms per step (the slowest rank); {top}",
+                     details={"folder": folder, "step_ms": slowest, "shares_pct": shares}))
+    report.checks += [c for c in traced.checks if c.status is not Status.OK and c.name != "trace matching"]
+    report.tables.append(traced.table("trace_breakdown"))
 
 
 def write_csv(report: Report, folder: Path) -> list[Path]:
