@@ -94,9 +94,10 @@ def test_threshold_learns_from_gaps_and_allows_startup_and_busy_phases():
 class _Reader:
     def __init__(self):
         self.beats = {0: None, 1: None}
+        self.statuses = {0: {"status": "train step 7"}, 1: {"status": "train step 7"}}
 
     def all(self, world_size: int, kind: str) -> dict:
-        return self.beats if kind == "heartbeat" else {0: {"status": "train step 7"}, 1: {"status": "train step 7"}}
+        return self.beats if kind == "heartbeat" else self.statuses
 
 
 def test_the_watchdog_fires_once_when_progress_stops(monkeypatch):
@@ -121,6 +122,28 @@ def test_the_watchdog_fires_once_when_progress_stops(monkeypatch):
     dog.tick(reader)
     assert len(fired) == 1 and fired[0].culprits == [1] and fired[0].kind == "outside"
     assert "train step 7" in fired[0].verdict  # the status kind, fresher than the heartbeat's
+
+
+def test_ranks_whose_script_returned_are_exiting_not_hung(monkeypatch):
+    """`distval launch`: every rank's script has returned (the shim says `done`) and the
+    interpreters take their time to exit on a busy host: no hang; one rank not done: a hang."""
+    clock = [0.0]
+    monkeypatch.setattr("distval.health.hang.time.monotonic", lambda: clock[0])
+    fired = []
+    dog, reader = Watchdog(2, HangPolicy(floor_s=3.0), fired.append), _Reader()
+    for step in range(10):
+        clock[0] += 0.5
+        reader.beats = {0: beat(step + 1, step), 1: beat(step + 1, step)}
+        dog.tick(reader)
+    reader.statuses = {r: {"status": "running s.py: finished, exiting", "done": True} for r in (0, 1)}
+    for _ in range(20):
+        clock[0] += 1.0
+        dog.tick(reader)
+    assert not fired
+    reader.statuses[1] = {"status": "running s.py"}
+    clock[0] += 1.0
+    dog.tick(reader)
+    assert len(fired) == 1
 
 
 def test_a_rank_inside_torch_compile_is_compiling_not_hung():

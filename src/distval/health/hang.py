@@ -397,6 +397,8 @@ class Watchdog:
         stalled = now - self._changed
         if progress and stalled >= self.policy.threshold(list(self.gaps), busy, running=self._running):
             statuses = reader.all(self.world_size, "status")  # written at once: fresher than a heartbeat
+            if all((statuses.get(r) or {}).get("done") for r in range(self.world_size)):
+                return  # every rank's script has returned: the workers are exiting, not hung
             for r, b in beats.items():
                 if b and statuses.get(r):
                     b.update(status=statuses[r].get("status", b["status"]), step=statuses[r].get("step", b["step"]))

@@ -45,7 +45,10 @@ def main(argv: list[str]) -> None:
             runpy.run_module(script, run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(script, run_name="__main__")
-    except SystemExit:
+        _finished(channel, status)
+    except SystemExit as e:
+        if e.code in (None, 0):
+            _finished(channel, status)
         raise
     except BaseException as e:
         error = f"{type(e).__name__}: {e}".strip()
@@ -56,6 +59,12 @@ def main(argv: list[str]) -> None:
             tracer.close()
         heartbeat.close()
         channel.flush()
+
+
+def _finished(channel: channels.RankChannel, status: str) -> None:
+    """The script returned: what is left is the interpreter's exit, which the watchdog must not
+    take for a hang when it is slow (a busy host)."""
+    channel.publish("status", {"status": f"{status}: finished, exiting", "done": True}, flush=True)
 
 
 def _beat_before_destroy(heartbeat: Heartbeat) -> None:
