@@ -45,7 +45,8 @@ def _num_params() -> int:
     return sum(p.numel() for p in build_model(presets.model("tiny"), seed=0).parameters())
 
 
-@pytest.mark.parametrize("world, grad_accum", [(2, 1), (2, 4), (3, 1), (3, 4)])
+# the plainest case and the hardest (an odd world: uneven splits; accumulation: the no-sync paths)
+@pytest.mark.parametrize("world, grad_accum", [(2, 1), (3, 4)])
 def test_sharded_strategies_match_one_process_hold_their_memory_and_move_their_bytes(world, grad_accum):
     cfg = dataclasses.replace(BASE, grad_accum=grad_accum)
     reference = _reference(cfg, world)

@@ -30,7 +30,8 @@ def _reference(cfg: TrainConfig, world: int) -> torch.Tensor:
     return run(train_rank, ref, LaunchOptions(nproc=1, timeout_s=60)).results[0]["params"]
 
 
-@pytest.mark.parametrize("world, grad_accum", [(2, 1), (2, 4), (3, 1), (3, 4)])
+# the plainest case and the hardest (an odd world: uneven splits; accumulation: the no-sync paths)
+@pytest.mark.parametrize("world, grad_accum", [(2, 1), (3, 4)])
 def test_every_strategy_matches_one_process(world, grad_accum):
     cfg = dataclasses.replace(BASE, grad_accum=grad_accum, strategy_cfg=StrategyConfig(bucket_mb=0.02))
     reference = _reference(cfg, world)
