@@ -28,7 +28,8 @@ def find_files(paths: list[Path]) -> list[Path]:
     files: list[Path] = []
     for p in paths:
         if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(SUFFIXES))
+            found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(SUFFIXES)
+                           and not f.name.startswith("."))  # a write in progress (.tmp-...) is not a trace
             if not found:
                 inner = sorted(d.name for d in p.iterdir() if d.is_dir() and any(
                     f.name.endswith(SUFFIXES) for f in d.iterdir()))
