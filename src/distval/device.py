@@ -37,6 +37,26 @@ def check_backend(name: str) -> str:
     return name
 
 
+WORKER_BYTES = 256 << 20  # what one local worker (an interpreter with torch) takes at the least
+
+
+def check_local_workers(nproc: int, backend: str) -> None:
+    """Before any local worker starts: NCCL needs a GPU per rank, and the host must be able to
+    hold the workers at all (a ValueError: one line, exit 2)."""
+    gpus = torch.cuda.device_count() if cuda_usable() else 0
+    if backend == "nccl" and nproc > gpus:
+        raise ValueError(f"--nproc {nproc} with NCCL needs {nproc} GPUs and this host has {gpus}: use --nproc "
+                         f"{gpus}, or --backend gloo (CPU ranks)")
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on Linux: no limit known
+        return
+    if nproc > memory // WORKER_BYTES:
+        raise ValueError(f"--nproc {nproc}: this host cannot start that many workers ({memory / 2**30:.0f} GiB of "
+                         f"memory, at least {WORKER_BYTES >> 20} MiB each: at most {memory // WORKER_BYTES}); lower "
+                         f"--nproc, or spread the ranks over nodes (--nnodes)")
+
+
 def device_for(backend: str, local_rank: int) -> torch.device:
     if backend == "nccl":
         torch.cuda.set_device(local_rank)

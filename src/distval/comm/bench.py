@@ -249,7 +249,10 @@ def bench_checks(bench: Table, fits: Table, cfg: BenchConfig, world_size: int, c
         plateau = statistics.median(r["busbw_gbps"] for r in top)
         fit = next((f for f in fits.rows if f["op"] == op), None)
         fit_text = (f"; α {fit['alpha_us']:.1f} µs, β {fit['beta_gbps']:.2f} GB/s, R² {fit['r2']:.3f}" if fit
-                    else "; no α–β fit (the sweep shows no bandwidth-bound sizes: raise -e)")
+                    else "; no α–β fit (the sweep shows no bandwidth-bound sizes: raise -e)" if world_size > 1
+                    else "")
+        if world_size == 1:  # busbw = algbw x 2(n-1)/n ... = 0: no link is crossed
+            fit_text += "; bus bandwidth is not defined on one rank (no data crosses a link): run 2 or more ranks"
         share = (
             f" ({100 * plateau / copy_gbps:.0f}% of this host's {copy_gbps:.1f} GB/s copy ceiling)" if copy_gbps else ""
         )

@@ -56,6 +56,7 @@ def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult | 
 
 def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] | tuple = ()) -> JobResult:
     """`rank_fn(ctx, cfg)` on `opts.nproc` local workers; rank 0's gathered results."""
+    devices.check_local_workers(opts.nproc or devices.default_nproc(), opts.backend)
     results = run_agent(_local_entry, (rank_fn, cfg, opts), opts, watchers, show_output=False)
     return results[0]
 
@@ -66,6 +67,7 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, watchers: list
     terminal), with the heartbeat and the hang watchdog attached (launch/shim.py). Returns the
     number of ranks; a failure or hang raises WorkerFailure naming the culprit."""
     target = ("-m", script) if module else (script,)
+    devices.check_local_workers(opts.nproc or devices.default_nproc(), "any")  # the script picks its backend
     run_agent(sys.executable, ("-m", "distval.launch.shim", *target, *args), opts, watchers, show_output=True)
     return (opts.nproc or devices.default_nproc()) * opts.nnodes
 
