@@ -57,6 +57,18 @@ def test_a_rank_behind_on_a_group_that_waits_elsewhere_skipped_even_if_it_still_
     assert (culprits, kind) == ([1], "outside") and "it issued 619 collectives on group 0, rank 0 620" in verdict
 
 
+def test_a_completion_marked_late_does_not_make_a_rank_that_went_on_the_culprit():
+    """3 ranks: rank 2 spins before step 25's barrier (#51 of the control group 1); ranks 0 and 1
+    wait in it, rank 1's recorder still shows its last gradient all-reduce (#400 of group 0) as not
+    completed. Rank 0 issued #400 too: it skipped nothing. Seen in a fresh-clone suite run."""
+    barrier = pending(51, "barrier", (), pg="1")
+    beats = {0: beat(400, 400, barrier, **{"1": [51, 50]}),
+             1: beat(400, 399, pending(400, sizes=((192, 64),)) + barrier, **{"1": [51, 50]}),
+             2: beat(400, 400, status="train step 25", **{"1": [50, 50]})}
+    culprits, kind, verdict = decide(beats, {})
+    assert (culprits, kind) == ([2], "outside") and "rank 2 has not issued barrier #51 of group 1" in verdict, verdict
+
+
 def test_a_mismatch_is_decided_by_majority_and_both_sides_are_named():
     beats = {0: beat(48, 47, pending(48)), 1: beat(48, 47, pending(48, sizes=((5,),))), 2: beat(48, 47, pending(48))}
     culprits, kind, verdict = decide(beats, {})

@@ -223,9 +223,11 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
     # summary adds where the waiting ranks are)
     for pg in _groups_waited(live):
         waiting = [r for r in ranks if pg in _waiting(live[r])]
-        absent = [r for r in ranks if r not in waiting]
+        target = max((_waiting(live[r])[pg][0] for r in waiting), default=0)
+        # a rank that issued the collective waited in has reached it (its peers' recorder may mark
+        # the completion late: Gloo's work is marked done when it is next looked at)
+        absent = [r for r in ranks if r not in waiting and live[r]["groups"].get(pg, [0, 0])[0] < target]
         if waiting and absent:
-            target = max(_waiting(live[r])[pg][0] for r in waiting)
             what = _describe(_fingerprint(live[waiting[0]], pg), pg)
             parts = []
             for r in absent:
