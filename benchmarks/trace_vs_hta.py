@@ -254,8 +254,8 @@ def tree(pid: int) -> list[int]:
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
                     todo += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
+        except OSError:  # it exited while we looked: no children to follow
+            continue
     return out
 
 
@@ -265,8 +265,8 @@ def pss_kib(pid: int) -> int:
             for line in f:
                 if line.startswith("Pss:"):
                     return int(line.split()[1])
-    except OSError:
-        pass
+    except OSError:  # it exited while we looked
+        return 0
     return 0
 
 

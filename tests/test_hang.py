@@ -274,9 +274,9 @@ for step in range(int(sys.argv[1])):
             os.kill(os.getpid(), signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
         elif fault == "skip":
             continue
-        elif fault == "spin":
+        elif fault == "spin":  # busy in Python, in no collective, forever: the watchdog must name it
             while True:
-                pass
+                sum(range(100))
     model(torch.randn(8, 16)).sum().backward()
     opt.step()
     opt.zero_grad()

@@ -59,7 +59,6 @@ class Collective:
     bytes: int
     ts: float
     dur: float
-    group: str = ""
     wait: float = 0.0  # the part spent before the last rank arrived (set by cross-rank matching)
 
 
@@ -68,11 +67,8 @@ class RankTrace:
     path: str
     rank: int | None = None
     world_size: int | None = None
-    backend: str = ""
-    devices: list[str] = field(default_factory=list)
     steps: list[tuple[int, float, float]] = field(default_factory=list)  # (number, start, end), main thread
     profiler_steps: list[tuple[int, float, float]] = field(default_factory=list)  # the ProfilerStep#N ranges
-    timed: bool = False  # the steps are distval:step ranges (the harness's timed region), not ProfilerStep#
     kernels: list[tuple[float, float, int, str, str]] = field(default_factory=list)  # start, end, stream, cls, name
     kernel_corr: list[int] = field(default_factory=list)  # the launch's correlation id, per kernel
     launch_ts: array = field(default_factory=lambda: array("d"))  # CPU time of each runtime call (a launch)
@@ -142,9 +138,7 @@ def _bytes_from_shapes(args: dict[str, Any]) -> int:
 def _kernel_collective(name: str, args: dict[str, Any], ts: float, dur: float) -> Collective:
     nelems = max(_int(args.get("In msg nelems")), _int(args.get("Out msg nelems")), 0)
     elt = DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 0)
-    op = op_name(str(args.get("Collective name") or name))
-    group = str(args.get("Process Group Name", args.get("stream", "")))
-    return Collective(op, nelems * elt, ts, dur, group)
+    return Collective(op_name(str(args.get("Collective name") or name)), nelems * elt, ts, dur)
 
 
 def read_rank(path: str | Path) -> RankTrace:
@@ -239,8 +233,8 @@ def read_rank(path: str | Path) -> RankTrace:
         rt.cpu_ops.clear()
     for tid, name, ts, dur, args in work:  # on CPU, a process group's work is the communication itself
         if not rt.on_gpu and tid != rt.main_thread:
-            backend, op = name.split(":", 1)
-            rt.collectives.append(Collective(op_name(op), _bytes_from_shapes(args), ts, dur, backend))
+            op = name.split(":", 1)[1]
+            rt.collectives.append(Collective(op_name(op), _bytes_from_shapes(args), ts, dur))
     rt.steps.sort(key=lambda s: s[1])
     rt.profiler_steps = list(rt.steps)
     timed.sort()
@@ -250,7 +244,6 @@ def read_rank(path: str | Path) -> RankTrace:
         numbered = [rt.steps[bisect.bisect_right(starts, ts) - 1][0] if starts and ts >= starts[0] else i
                     for i, (ts, _) in enumerate(timed)]
         rt.steps = [(first + n, ts, ts + dur) for n, (ts, dur) in zip(numbered, timed)]
-        rt.timed = True
     rt.collectives.sort(key=lambda c: c.ts)
     if not rt.events:
         raise TraceError(path, "no trace events")
@@ -267,7 +260,5 @@ def _header(rt: RankTrace, header: dict[str, Any], path: Path) -> None:
         rank = int(m.group(1)) if m else None
     rt.rank = _int(rank) if rank is not None and _int(rank) >= 0 else None
     rt.world_size = info.get("world_size") if isinstance(info, dict) else None
-    rt.backend = str(info.get("backend", "")) if isinstance(info, dict) else ""
-    rt.devices = [str(d.get("name", "")) for d in header.get("deviceProperties") or [] if isinstance(d, dict)]
     meta = header.get("distval")
     rt.meta = meta if isinstance(meta, dict) else {}

@@ -220,9 +220,7 @@ AGREE = 0.05  # the trace's step time within 5% of the harness's
 def harness_check(traced: Report, harness: dict[int, float], name: str, folder: str) -> Check:
     """Do the traces' steps (the slowest rank's, as the harness takes them) last what the harness
     measured? And where did the time go, over all ranks."""
-    per_step: dict[int, float] = {}
-    for r in traced.table("trace_steps").rows:
-        per_step[r["step"]] = max(per_step.get(r["step"], 0.0), r["step_ms"] / 1e3)
+    per_step = _slowest(traced)
     common = sorted(set(per_step) & set(harness))
     if not common:
         return Check(name, Status.WARN, f"the traces in {folder} hold none of the run's steps",
@@ -236,6 +234,14 @@ def harness_check(traced: Report, harness: dict[int, float], name: str, folder: 
                  hint="" if abs(diff) <= AGREE else "the profiler's own cost, or a trace of another run in the folder",
                  details={"trace_step_s": t, "harness_step_s": h, "difference": diff, "steps": common,
                           "shares_pct": shares, "folder": folder})
+
+
+def _slowest(traced: Report) -> dict[int, float]:
+    """step -> its time on the slowest rank (s), as the harness takes a step's time."""
+    per_step: dict[int, float] = {}
+    for r in traced.table("trace_steps").rows:
+        per_step[r["step"]] = max(per_step.get(r["step"], 0.0), r["step_ms"] / 1e3)
+    return per_step
 
 
 def _shares(traced: Report) -> tuple[dict[str, float], str]:
@@ -257,9 +263,9 @@ def add_summary(report: Report, folder: str) -> None:
                          "recorded steps, or never called optimizer.step(): lower SKIP:N", where={"folder": folder}))
         return
     shares, top = _shares(traced)
-    steps = traced.table("trace_steps").rows
-    numbers = sorted({r["step"] for r in steps})
-    slowest = statistics.median(max(r["step_ms"] for r in steps if r["step"] == n) for n in numbers)
+    per_step = _slowest(traced)
+    numbers = sorted(per_step)
+    slowest = statistics.median(per_step.values()) * 1e3
     report.add(Check("trace", Status.OK, f"{len(traced.meta['ranks'])} rank(s), steps {numbers[0]}-{numbers[-1]} "
                      f"traced in {folder}: {slowest:.1f} ms per step (the slowest rank); {top}",
                      details={"folder": folder, "step_ms": slowest, "shares_pct": shares}))
