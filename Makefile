@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.distval-installed
 TORCH ?= torch==2.13.0
 
-.PHONY: setup run test bench clean
+.PHONY: setup browser run test bench clean
 
 setup: $(STAMP)
 
@@ -20,10 +20,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -qq -e ".[test]"
 	touch $(STAMP)
 
+# The browser test of report.html drives the system's Chromium (Debian's package; Playwright never
+# downloads one). Installed here when missing and this is root on Debian; otherwise the test skips
+# and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1; }; \
+	  } && echo "installed chromium (Debian) for the browser test"; } || \
+	  echo "no chromium: the browser test of report.html will skip (as root on Debian: apt-get install chromium)"
+
 run: setup
 	$(VENV)/bin/distval run
 
-test: setup
+test: setup browser
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q -p no:cacheprovider
 
