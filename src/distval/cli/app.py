@@ -22,7 +22,7 @@ from distval.results import Report, check_writable, output_dir
 from distval.units import parse_duration
 
 # `distval --help` lists the commands in the order a user needs them.
-ORDER = ("doctor", "comm", "plan", "train", "compare", "trace", "launch", "drill", "run", "emulate", "slurm")
+ORDER = ("run", "doctor", "comm", "plan", "train", "compare", "trace", "drill", "launch", "emulate", "slurm")
 
 
 class _InOrder(typer.core.TyperGroup):

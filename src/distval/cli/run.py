@@ -1,9 +1,14 @@
-"""`distval run`: the acceptance ladder on this machine, one report (JSON and HTML)."""
+"""`distval run`: the acceptance ladder (docs/ladder.md), one report in three forms: the terminal,
+OUT/report.json and OUT/report.html."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
+
+from rich.console import Console
+from rich.markup import escape
 
 from distval.cli.app import (
     Backend,
@@ -19,28 +24,69 @@ from distval.cli.app import (
     launch_options,
     make_console,
     option,
+    split_list,
 )
 from distval.results import output_dir
+
+_STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "red", "ERROR": "magenta", "SKIP": "dim"}
 
 
 @app.command("run")
 def run_cmd(
-    out: Annotated[Path, option("--out", help="Folder for report.json and report.html.")] = Path("distval-report"),
-    quick: Annotated[bool, option("--quick", help="A smoke test in seconds: fewer sizes and iterations.")] = False,
+    quick: Annotated[bool, option("--quick", help="A smoke run (about 2 minutes here): fewer sizes, iterations and "
+                                  "steps; every stage still there.")] = False,
+    only: Annotated[Optional[str], option("--only", help="Comma list of stages to run: doctor, check, bench, plan, "
+                                          "compare, drills, trace, health.")] = None,
+    skip: Annotated[Optional[str], option("--skip", help="Comma list of stages to leave out.")] = None,
+    keep_going: Annotated[bool, option("--keep-going", help="Climb on past a failing stage.")] = False,
+    out: Annotated[Path, option("--out", help="Folder for report.json, report.html, bench.json and the traces "
+                                "(created when missing).")] = Path("distval-report"),
+    model: Annotated[str, option("--model", help="Model preset of the plan, compare, drills and traced run.")] = "tiny",
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
     deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
 ) -> int:
-    """The acceptance ladder on this machine: comm check, then a comm bench sweep; one report."""
-    from distval import ladder  # imports the HTML renderer only for this command
+    """The acceptance ladder: doctor, comm check, comm bench, plan, compare, drills, a traced run, its health."""
+    from distval import ladder
+    from distval.plan import presets
 
-    cfg = ladder.RunConfig.quick(str(out)) if quick else ladder.RunConfig(out_dir=str(out))
+    presets.model(model)
+    stages = ladder.select(split_list(only) if only else None, split_list(skip) if skip else None)
     opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after)
     check_outputs({"--json": json})
+    existed = out.is_dir()
     out_dir = output_dir(out, "--out")
-    report = ladder.run_ladder(cfg, opts)
     console = make_console()
+    if not existed:
+        console.print(f"created {out_dir}")
+    make = ladder.RunConfig.quick_preset if quick else ladder.RunConfig
+    cfg = make(out_dir=str(out_dir), stages=stages, keep_going=keep_going, model=model)
+    report = ladder.run_ladder(cfg, opts, _Progress(console))
     code = finish(report, json, console)
     if report is not None:
         paths = ladder.write_outputs(report, out_dir)
         console.print(f"wrote {paths['json']} and {paths['html']}")
     return code
+
+
+class _Progress:
+    """One line per stage as it ends; on a terminal, a spinner while it runs."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.status = None
+        self.began = 0.0
+
+    def start(self, index: int, total: int, name: str) -> None:
+        self.began = time.monotonic()
+        if self.console.is_terminal:
+            self.status = self.console.status(f"[{index + 1}/{total}] {name} …")
+            self.status.start()
+
+    def end(self, index: int, total: int, result) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+        status = result.status.value
+        hint = f"  → {result.hint}" if result.hint and status != "OK" else ""
+        self.console.print(f"[{index + 1}/{total}] {result.name:<8} [{_STYLE[status]}]{status:<5}[/] "
+                           f"{result.seconds:6.1f} s  {escape(result.headline + hint)}", highlight=False)

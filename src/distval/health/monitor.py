@@ -280,9 +280,15 @@ class HealthMonitor:
         self.stragglers, self.numerics, self.memory = Stragglers(cfg), Numerics(cfg), Memory(cfg)
         self.replicas: list[Finding] = []
         self.replica_checks = 0
+        self.per_rank: list[dict[str, list[float]]] = []  # rank -> field -> every step's value
 
     def update(self, step: int, ranks: list[dict[str, float]], grad_norm: float, bad_param: str | None,
                tokens: float) -> list[Finding]:
+        if not self.per_rank:
+            self.per_rank = [{k: [] for k in FIELDS} for _ in ranks]
+        for mine, row in zip(self.per_rank, ranks):
+            for k in FIELDS:
+                mine[k].append(row[k])
         found = [self.numerics.update(step, [r["loss"] for r in ranks], grad_norm, bad_param),
                  self.stragglers.update(step, ranks, tokens),
                  self.memory.update(step, [r["mem_current"] for r in ranks], [r["mem_peak"] for r in ranks])]
@@ -295,6 +301,17 @@ class HealthMonitor:
             self.replicas.append(found)
             return found
         return None
+
+    def rank_rows(self) -> list[dict[str, Any]]:
+        """Each rank over the run: median compute and waiting per step (the first step, warm-up,
+        left out when there are others), its peak and its last current memory."""
+        rows = []
+        for r, mine in enumerate(self.per_rank):
+            steady = slice(1, None) if len(mine["step_s"]) > 1 else slice(None)
+            rows.append({"rank": r, "compute_ms": statistics.median(mine["compute_s"][steady]) * 1e3,
+                         "waiting_ms": statistics.median(mine["blocked_s"][steady]) * 1e3,
+                         "peak_mem_bytes": max(mine["mem_peak"]), "current_mem_bytes": mine["mem_current"][-1]})
+        return rows
 
     def findings(self) -> list[Finding]:
         out = [*self.numerics.findings, *self.replicas, *self.stragglers.findings, *self.memory.findings]

@@ -113,18 +113,24 @@ def _diagnose_peers(world_size: int, reader: channels.ChannelReader) -> WorkerFa
     return diagnose(states, reader.all(world_size, "status"))
 
 
+_JOBS_STARTED = [0]  # jobs this process has joined (`distval run` under torchrun joins several in turn)
+
+
 def _init_process_group(backend: str, timeout: datetime.timedelta) -> None:
-    """init_process_group, except after an elastic restart: the agent's store outlives the
-    attempt, and the previous attempt's Gloo addresses in it would be read as this one's
-    (connection refused). Keys of attempt N go under their own prefix."""
+    """init_process_group, except where the agent's store outlives a process group: after an
+    elastic restart, and for the second and later jobs of one process (the ladder's stages). The
+    earlier group's Gloo addresses in it would be read as this one's (connection refused), so
+    the keys of each (attempt, job) go under their own prefix; every rank joins the same jobs in
+    the same order, so the ranks agree on it."""
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    job, _JOBS_STARTED[0] = _JOBS_STARTED[0], _JOBS_STARTED[0] + 1
+    if (attempt == 0 and job == 0) or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         dist.init_process_group(backend, timeout=timeout)
         return
     world_size = int(os.environ["WORLD_SIZE"])
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
                           timeout=timeout)
-    dist.init_process_group(backend, store=dist.PrefixStore(f"/distval/attempt_{attempt}", store),
+    dist.init_process_group(backend, store=dist.PrefixStore(f"/distval/attempt_{attempt}/job_{job}", store),
                             rank=int(os.environ["RANK"]), world_size=world_size, timeout=timeout)
 
 

@@ -228,3 +228,12 @@ def link(name: str, flag: str = "--link") -> LinkSpec:
 
 def device(name: str) -> DeviceSpec:
     return lookup(DEVICES, name, "device preset (--device)")
+
+
+def device_named(reported: str) -> str | None:
+    """The device preset a GPU's reported name is (torch.cuda.get_device_name: "NVIDIA H100 80GB
+    HBM3" is H100), or None when no preset is in its name. The longest preset name that matches
+    wins, so "H200" is never read as a shorter preset it contains."""
+    words = reported.upper().replace("-", " ")
+    found = [name for name in DEVICES if name != "cpu" and name.upper().replace("-", " ") in words]
+    return max(found, key=len) if found else None

@@ -34,6 +34,7 @@ from distval.train.loop import train_rank
 STEP_COLUMNS = ["step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "comm_calls", "comm_bytes",
                 "comm_time_s", "comm_blocked_s", "mfu", "peak_mem_bytes", "slowest_rank", "compute_skew"]
 HEALTH_COLUMNS = ["kind", "status", "step", "ranks", "summary"]
+RANK_HEALTH_COLUMNS = ["rank", "compute_ms", "waiting_ms", "peak_mem_bytes", "current_mem_bytes"]
 COMPARE_COLUMNS = [
     "strategy",
     "max_rel_param_diff",
@@ -107,6 +108,12 @@ def add_health(report: Report, result: dict[str, Any], cfg: TrainConfig) -> None
     for f in findings:
         table.add(**{c: f[c] for c in HEALTH_COLUMNS})
     report.tables.append(table)
+    per_rank = Table("rank_health", RANK_HEALTH_COLUMNS, title="every rank over the run (median per step; memory: "
+                     "peak and last current)", units={"compute_ms": "ms", "waiting_ms": "ms", "peak_mem_bytes": "B",
+                                                      "current_mem_bytes": "B"})
+    for row in result.get("health_ranks", []):
+        per_rank.add(**row)
+    report.tables.append(per_rank)
     for name, (kinds, ok, hint) in _HEALTH_CHECKS.items():
         mine = [f for f in findings if f["kind"] in kinds]
         for f in mine:

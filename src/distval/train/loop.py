@@ -112,6 +112,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
         "counts_all_comm": strategy.counts_all_comm,
         "num_tensors": sum(1 for p in model.parameters() if p.requires_grad),
         "health": [f.to_dict() for f in health.findings()] if health else [],
+        "health_ranks": health.rank_rows() if health else [],
         "health_checks": {"replicas": health.replica_checks if health else 0,
                           "replicas_applicable": not strategy.params_sharded},
     }
