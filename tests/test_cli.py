@@ -195,18 +195,6 @@ def test_expect_world_in_local_mode(tmp_path):
     )
 
 
-def test_run_writes_json_and_self_contained_html(tmp_path):
-    out = tmp_path / "report"
-    res = run_cli("run", "--quick", "--nproc", "2", "--out", str(out), timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    doc = json.loads((out / "report.json").read_text())
-    assert doc["command"] == "run" and doc["summary"]["FAIL"] == 0 and doc["summary"]["OK"] > 100
-    assert {"bench", "alpha_beta", "check_matrix"} <= set(doc["tables"])
-    html = (out / "report.html").read_text()
-    assert html.startswith("<!DOCTYPE html>") and "<svg" in html and "https://" not in html
-    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]
-
-
 def test_version_and_help():
     assert run_cli("--version").stdout.strip().startswith("distval ")
     res = run_cli()

@@ -174,6 +174,28 @@ def test_two_nodes_shaped_bench(tmp_path, no_leftovers):
 
 
 @needs_netns
+def test_the_quick_ladder_across_two_emulated_nodes(tmp_path, no_leftovers):
+    """`distval emulate --nodes 2 -- run --quick`: the stages that launch ranks run across both
+    nodes, one after the other in the same processes (each job's keys in the agent's store apart
+    from the last one's); compare and drills, which start local jobs, say where to run them."""
+    out = tmp_path / "report"
+    res = run_cli("emulate", "--nodes", "2", "--nproc-per-node", "1", "--", "run", "--quick", "--out", str(out),
+                  timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    doc = json.loads((out / "report.json").read_text())
+    ladder = {r["stage"]: r for r in doc["tables"]["ladder"]["rows"]}
+    assert doc["meta"]["launch"] == "torchrun" and len(doc["meta"]["hosts"]) == 2
+    assert "on 2 host(s)" in ladder["doctor"]["headline"]
+    for stage in ("doctor", "check", "bench", "plan", "trace", "health"):
+        assert ladder[stage]["status"] in ("OK", "WARN"), (stage, ladder[stage])
+    for stage in ("compare", "drills"):
+        assert ladder[stage]["status"] == "SKIP" and f"`distval run --only {stage}` on one node" in \
+            ladder[stage]["headline"]
+    assert {r["rank"] for r in doc["tables"]["trace_breakdown"]["rows"]} == {0, 1}
+    assert (out / "report.html").is_file()
+
+
+@needs_netns
 def test_decoy_nic_named_error_fast(no_leftovers):
     """The drill: hostnames resolve to a NIC that leads nowhere and GLOO_SOCKET_IFNAME is unset.
     Without the pre-flight this hangs at init for the whole --timeout; with it, rank 1 names the

@@ -106,25 +106,6 @@ def test_compare_command_from_the_issue(tmp_path):
     assert "parity" in res.stdout and "tokens/s" in res.stdout and "max_rel_param_diff" not in res.stdout
 
 
-def test_compare_predicts_step_time_from_a_calibration(tmp_path):
-    bench = tmp_path / "bench.json"
-    assert run_cli("comm", "bench", "--nproc", "2", "-b", "64K", "-e", "4M", "-f", "4", "-n", "5", "--json", str(bench),
-                   timeout=120).returncode == 0
-    out = tmp_path / "c.json"
-    page = tmp_path / "c.html"
-    res = run_cli("compare", "--nproc", "2", "--steps", "4", "--strategies", "bucket_ddp_async",
-                  "--calibration", str(bench), "--json", str(out), "--html", str(page), timeout=180)
-    assert res.returncode == 0, res.stdout + res.stderr
-    (row,) = json.loads(out.read_text())["tables"]["strategies"]["rows"]
-    # same order of magnitude as measured: compute at the reference's rate plus the fitted comm
-    ratio = row["predicted_step_time_s"] / row["step_time_p50_s"]
-    assert 0.2 < ratio < 5, (ratio, row["predicted_step_time_s"], row["step_time_p50_s"], row["step_time_p95_s"])
-    html = page.read_text()
-    assert "Step time by strategy" in html and "<rect" in html
-    assert html.count('class="model"') == 2  # the planner's step time and the memory formula, as ticks
-    assert "Model state per rank by strategy" in html
-
-
 def test_review_classification_trains_a_classifier(tmp_path):
     data = tmp_path / "reviews.csv"
     data.write_text("label,text\n" + "".join(f'{i % 5},"review number {i} says {"good" if i % 5 > 2 else "bad"}"\n'

@@ -1,0 +1,108 @@
+"""`distval run`: the ladder climbs its stages in order, each with a verdict, a headline and a
+hint, and stops at the first broken layer with the hint that mends it."""
+
+from __future__ import annotations
+
+import json
+
+from distval.ladder import STAGES, select
+from distval.plan import calibration, presets
+
+from conftest import run_cli
+
+
+def _ladder(doc: dict) -> dict[str, dict]:
+    return {r["stage"]: r for r in doc["tables"]["ladder"]["rows"]}
+
+
+def test_quick_ladder_climbs_every_stage_and_the_plan_meets_the_measurement(tmp_path):
+    """Every stage but the drills (their 63 s are `make run`'s, each drill is tested in
+    test_drill/test_hang/test_ckpt_*): OK, in order, the bench's fits calibrating the plan and the
+    compare's predictions, the traced run's breakdown and health per rank, the page written."""
+    out = tmp_path / "report"
+    res = run_cli("run", "--quick", "--nproc", "2", "--skip", "drills", "--out", str(out), timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"created {out}" in res.stdout
+    doc = json.loads((out / "report.json").read_text())
+    ladder = _ladder(doc)
+    assert list(ladder) == [s for s in STAGES if s != "drills"]
+    assert all(r["status"] in ("OK", "WARN") for r in ladder.values()), ladder
+    assert all(ladder[s]["seconds"] > 0 for s in ("doctor", "check", "bench", "compare", "trace")), ladder
+    progress = [line for line in res.stdout.splitlines() if line.startswith("[")]
+    assert [line.split()[1] for line in progress] == list(ladder)  # one progress line per stage, as it ends
+    assert "cases exact on 2 ranks" in ladder["check"]["headline"]
+    assert "all_reduce" in ladder["bench"]["headline"] and "GB/s busbw" in ladder["bench"]["headline"]
+    plan = next(c for c in doc["checks"] if c["name"] == "plan.calibration")  # the plan's links: the bench's fits
+    assert plan["status"] == "OK" and "link numbers measured: bench.json: gloo, 2 ranks" in plan["summary"]
+    assert "4 strategies match the reference" in ladder["compare"]["headline"]
+    # the bench's own report: the plan's calibration, and `distval plan --calibration` reads it too
+    assert calibration.load(str(out / "bench.json")).fits["all_reduce"].beta_bytes_per_s > 0
+    rows = {r["strategy"]: r for r in doc["tables"]["strategies"]["rows"]}
+    assert list(rows) == ["pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2"]
+    for name, row in rows.items():  # compute at the reference's measured rate plus the fitted comm
+        assert row["max_rel_param_diff"] <= 1e-5, name
+        assert 0.2 < row["predicted_step_time_s"] / row["step_time_p50_s"] < 5, (name, row)
+    assert {r["rank"] for r in doc["tables"]["trace_breakdown"]["rows"]} == {0, 1}
+    assert [r["rank"] for r in doc["tables"]["rank_health"]["rows"]] == [0, 1]
+    assert all(r["peak_mem_bytes"] > 0 for r in doc["tables"]["rank_health"]["rows"])
+    assert {c["name"] for c in doc["checks"]} >= {"health stragglers", "health numerics", "health replicas",
+                                                  "health memory"}
+    assert sorted(p.name for p in (out / "traces" / "run").iterdir()) == ["rank_0.json.gz", "rank_1.json.gz"]
+    html = (out / "report.html").read_text()
+    assert html.index('id="verdict"') < html.index('id="findings"') < html.index('id="figures"')
+    assert "measured against the plan" in html.lower() or "prediction" in html
+
+
+def test_a_bad_gloo_socket_ifname_stops_the_ladder_at_the_doctor(tmp_path):
+    """Before any worker starts: the doctor names the variable and the fix; no other stage runs."""
+    out = tmp_path / "report"
+    res = run_cli("run", "--quick", "--out", str(out), "--json", str(tmp_path / "r.json"),
+                  env={"GLOO_SOCKET_IFNAME": "nosuchnic0"}, timeout=60)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
+    doc = json.loads((out / "report.json").read_text())
+    ladder = _ladder(doc)
+    assert ladder["doctor"]["status"] == "FAIL" and "nosuchnic0" in ladder["doctor"]["headline"]
+    assert "GLOO_SOCKET_IFNAME" in ladder["doctor"]["hint"]
+    assert all(ladder[s]["status"] == "SKIP" and ladder[s]["headline"] == "not run: doctor failed first"
+               for s in STAGES[1:])
+    assert doc["meta"]["stopped_at"] == "doctor"
+    assert "[1/8] doctor   FAIL" in res.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["tables"]["ladder"] == doc["tables"]["ladder"]
+
+
+def test_a_corrupting_collective_stops_the_ladder_at_the_check_inside_the_job(tmp_path):
+    """Rank 1's all_reduce result is corrupted: the check FAILs naming the op; the ranks agree not
+    to run the bench (no bandwidth of wrong results), and nothing after it runs."""
+    out = tmp_path / "report"
+    res = run_cli("run", "--quick", "--nproc", "2", "--only", "check,bench,plan", "--out", str(out),
+                  env={"DISTVAL_FAULT": "op=all_reduce,rank=1,index=0,nth=1"}, timeout=120)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
+    doc = json.loads((out / "report.json").read_text())
+    ladder = _ladder(doc)
+    assert list(ladder) == ["check", "bench", "plan"]
+    assert ladder["check"]["status"] == "FAIL" and "all_reduce" in ladder["check"]["headline"]
+    assert ladder["check"]["hint"]
+    assert ladder["bench"]["status"] == "SKIP" and "not run" in ladder["bench"]["headline"]
+    assert ladder["plan"]["headline"] == "not run: check failed first"
+    assert "bench" not in doc["tables"] and not (out / "bench.json").exists()
+
+
+def test_stage_selection():
+    assert select(None, None) == STAGES
+    assert select(["trace", "doctor"], None) == ("doctor", "trace")  # ladder order, whatever the flag's
+    assert select(None, ["drills", "compare"]) == ("doctor", "check", "bench", "plan", "trace", "health")
+
+
+def test_bad_stage_names_are_one_line_exit_2(cli):
+    res = cli("run", "--only", "doctor,benchmark")
+    assert res.returncode == 2 and "--only benchmark: not a stage; the stages are doctor, check" in res.stderr
+    res = cli("run", "--only", "doctor", "--skip", "doctor")
+    assert res.returncode == 2 and "leave no stage" in res.stderr
+
+
+def test_gpu_names_map_to_their_device_preset():
+    assert presets.device_named("NVIDIA H100 80GB HBM3") == "H100"
+    assert presets.device_named("NVIDIA H200") == "H200"
+    assert presets.device_named("NVIDIA A100-SXM4-80GB") == "A100"
+    assert presets.device_named("NVIDIA GeForce RTX 4070") == "RTX-4070"
+    assert presets.device_named("Tesla T4") is None
