@@ -32,7 +32,8 @@ def test_bad_input_is_one_line_exit_2(args, message, tmp_path, cli):
 
 
 @pytest.mark.parametrize("path, message", [
-    ("/nonexistent-dir/b.json", "directory '/nonexistent-dir' does not exist"),
+    ("/etc/hostname/b.json", "'/etc/hostname' exists and is not a directory"),
+    ("/proc/nope/b.json", "'/proc/nope' cannot be created"),
     ("/proc/b.json", "is not writable"),
     (".", "is a directory"),
 ])

@@ -22,7 +22,7 @@ def test_quick_ladder_climbs_every_stage_and_the_plan_meets_the_measurement(tmp_
     out = tmp_path / "report"
     res = run_cli("run", "--quick", "--nproc", "2", "--skip", "drills", "--out", str(out), timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert f"created {out}" in res.stdout
+    assert f"distval: created {out} (--out)" in res.stderr.splitlines()
     doc = json.loads((out / "report.json").read_text())
     ladder = _ladder(doc)
     assert list(ladder) == [s for s in STAGES if s != "drills"]
@@ -56,7 +56,7 @@ def test_quick_ladder_climbs_every_stage_and_the_plan_meets_the_measurement(tmp_
 def test_a_bad_gloo_socket_ifname_stops_the_ladder_at_the_doctor(tmp_path):
     """Before any worker starts: the doctor names the variable and the fix; no other stage runs."""
     out = tmp_path / "report"
-    res = run_cli("run", "--quick", "--out", str(out), "--json", str(tmp_path / "r.json"),
+    res = run_cli("run", "--quick", "--out", str(out), "--json", str(tmp_path / "new" / "r.json"),
                   env={"GLOO_SOCKET_IFNAME": "nosuchnic0"}, timeout=60)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
     doc = json.loads((out / "report.json").read_text())
@@ -67,7 +67,9 @@ def test_a_bad_gloo_socket_ifname_stops_the_ladder_at_the_doctor(tmp_path):
                for s in STAGES[1:])
     assert doc["meta"]["stopped_at"] == "doctor"
     assert "[1/8] doctor   FAIL" in res.stdout
-    assert json.loads((tmp_path / "r.json").read_text())["tables"]["ladder"] == doc["tables"]["ladder"]
+    # --json's missing folder is made and said, like --out
+    assert f"distval: created {tmp_path / 'new'} (--json)" in res.stderr.splitlines()
+    assert json.loads((tmp_path / "new" / "r.json").read_text())["tables"]["ladder"] == doc["tables"]["ladder"]
 
 
 def test_a_corrupting_collective_stops_the_ladder_at_the_check_inside_the_job(tmp_path):

@@ -179,8 +179,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, args,
 
 
 def test_unwritable_json_path_is_rejected_before_planning(capsys):
-    code, _, stderr = plan(capsys, "--params", "1e9", "--json", "/nonexistent-dir/p.json")
-    assert code == 2 and "directory '/nonexistent-dir' does not exist" in stderr
+    code, _, stderr = plan(capsys, "--params", "1e9", "--json", "/proc/nope/p.json")
+    assert code == 2 and "--json '/proc/nope' cannot be created" in stderr
 
 
 def test_real_process_plan_and_bad_input(tmp_path):

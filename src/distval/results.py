@@ -12,6 +12,7 @@ import enum
 import json
 import math
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,28 +154,31 @@ def write_json(report: Report, path: str | os.PathLike) -> None:
 
 def check_writable(path: str | os.PathLike, what: str = "output path") -> Path:
     """Reject an output file we could not write *before* any work is done (exit 2, nothing
-    written). The file itself is not created."""
+    written); its missing folder is created. The file itself is not created."""
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise ValueError(f"{what} {str(p)!r} is a directory; give a file name")
     if not parent.is_dir():
-        raise ValueError(f"{what} {str(p)!r}: directory {str(parent)!r} does not exist")
+        output_dir(parent, what)
     if (error := _unwritable(parent)) is not None:
         raise ValueError(f"{what} {str(p)!r}: directory {str(parent)!r} is not writable ({error})")
     return p
 
 
 def output_dir(path: str | os.PathLike, flag: str) -> Path:
-    """An output folder (`--out`, `--ckpt-dir`): created with its parents when missing, then
-    probed, before any work is done (exit 2 with the reason otherwise)."""
+    """An output folder (`--out`, `--ckpt-dir`, the folder of a `--json` file): created with
+    its parents when missing (said on stderr), then probed, before any work is done (exit 2 with
+    the reason otherwise)."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ValueError(f"{flag} {str(p)!r} exists and is not a directory")
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{flag} {str(p)!r} cannot be created ({e.strerror})") from None
+    if not p.exists():
+        try:
+            p.mkdir(parents=True)
+        except OSError as e:
+            raise ValueError(f"{flag} {str(p)!r} cannot be created ({e.strerror})") from None
+        print(f"distval: created {p} ({flag})", file=sys.stderr)
     if (error := _unwritable(p)) is not None:
         raise ValueError(f"{flag} {str(p)!r} is not writable ({error})")
     return p

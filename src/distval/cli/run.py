@@ -53,11 +53,8 @@ def run_cmd(
     stages = ladder.select(split_list(only) if only else None, split_list(skip) if skip else None)
     opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after)
     check_outputs({"--json": json})
-    existed = out.is_dir()
     out_dir = output_dir(out, "--out")
     console = make_console()
-    if not existed:
-        console.print(f"created {out_dir}")
     make = ladder.RunConfig.quick_preset if quick else ladder.RunConfig
     cfg = make(out_dir=str(out_dir), stages=stages, keep_going=keep_going, model=model)
     report = ladder.run_ladder(cfg, opts, _Progress(console))
