@@ -236,15 +236,17 @@ class Ladder:
         from distval.plan import report as plan_report
         from distval.plan.config import PlanConfig
 
-        report = plan_report.build_report(PlanConfig(
-            model=self.cfg.model, micro_batch=2, world_size=self.world, device=_device_preset(), strategy="ddp",
-            calibration=self.calibration))
+        plan = PlanConfig(model=self.cfg.model, micro_batch=2, world_size=self.world, device=_device_preset(),
+                          strategy="ddp", calibration=self.calibration)
+        report = plan_report.build_report(plan)
         for t in report.tables:
             t.name = f"plan_{t.name}"
         step = report.table("plan_step").rows[0]
         comm = (f"comm {step['comm_time_s'] * 1e3:.2f} ms per step with the measured α–β" if step["comm_time_s"]
                 is not None else "no link to plan the communication with (no bench ran)")
-        line = f"ddp on {self.world} ranks: {comm}, compute at an assumed {step['mfu']:.0%} MFU (compare measures it)"
+        total = f"step {step['step_time_s'] * 1e3:.2f} ms, " if step["step_time_s"] is not None else ""
+        line = (f"ddp on {self.world} ranks: {total}{comm}; compute at an assumed {plan.mfu:.0%} MFU (compare "
+                "measures it)")
         return StageResult.of("plan", report.checks, report.tables, line)
 
     def _compare(self) -> StageResult:
