@@ -45,8 +45,9 @@ def test_quick_ladder_climbs_every_stage_and_the_plan_meets_the_measurement(tmp_
     assert {r["rank"] for r in doc["tables"]["trace_breakdown"]["rows"]} == {0, 1}
     assert [r["rank"] for r in doc["tables"]["rank_health"]["rows"]] == [0, 1]
     assert all(r["peak_mem_bytes"] > 0 for r in doc["tables"]["rank_health"]["rows"])
-    assert {c["name"] for c in doc["checks"]} >= {"health stragglers", "health numerics", "health replicas",
-                                                  "health memory"}
+    health = {c["name"]: c for c in doc["checks"] if c["name"].startswith("health")}
+    assert set(health) == {"health stragglers", "health numerics", "health replicas", "health memory"}
+    assert "bitwise equal at 3 check(s)" in health["health replicas"]["summary"]  # every 4 of the 12 steps
     assert sorted(p.name for p in (out / "traces" / "run").iterdir()) == ["rank_0.json.gz", "rank_1.json.gz"]
     html = (out / "report.html").read_text()
     assert html.index('id="verdict"') < html.index('id="findings"') < html.index('id="figures"')

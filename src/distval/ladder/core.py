@@ -274,11 +274,14 @@ class Ladder:
         if self.trained_ran:
             return self.trained
         self.trained_ran = True
+        from distval.health.monitor import HealthConfig
         from distval.train.compare import run_train
         from distval.train.config import TrainConfig
 
         trace = _trace_config(self.cfg, self.out) if "trace" in self.cfg.stages else None
-        cfg = TrainConfig(model=self.cfg.model, strategy=TRACED_STRATEGY, steps=self.cfg.trace_steps)
+        every = max(1, self.cfg.trace_steps // 3)  # the replica check runs three times in the short run
+        cfg = TrainConfig(model=self.cfg.model, strategy=TRACED_STRATEGY, steps=self.cfg.trace_steps,
+                          health=HealthConfig(every=every))
         if trace is not None:
             cfg = replace(cfg, trace=trace)
         self.trained = run_train(cfg, self.opts)
