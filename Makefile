@@ -35,7 +35,7 @@ run: setup
 
 test: setup browser
 	$(VENV)/bin/ruff check src tests benchmarks
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 bench: setup
 	$(PY) benchmarks/overhead_vs_bare.py --nproc 2 -b 1M -e 64M

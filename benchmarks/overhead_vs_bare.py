@@ -14,6 +14,11 @@ is also measured directly, on one-rank groups where the collective itself costs 
 the ratio it implies, t / (t + overhead), is the noise-free figure.
 
     python benchmarks/overhead_vs_bare.py --nproc 2 -b 1M -e 64M
+    python benchmarks/overhead_vs_bare.py --nproc 2 -b 8 -e 64M --timing burst
+
+`--timing burst` compares `comm bench`'s burst method (bench.burst_times: a barrier, then
+--burst-ops back-to-back ops, per-op time = burst time / ops) with a bare burst loop of
+dist.all_reduce timed the same way, burst for burst, alternating which side goes first.
 
 Exit code 1 when, from 1 MiB up, the ratio implied by the measured per-call cost is below
 --min-ratio, or a measured ratio's 95% interval lies wholly below it (on a quiet host, read the
@@ -31,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from distval.comm.bench import Clock, burst_times
 from distval.comm.layer import Comm
 from distval.comm.ops import Collective
 from distval.device import synchronize
@@ -67,6 +73,31 @@ def paired_times(ctx: RankContext, size: int, iters: int, warmup: int) -> torch.
     return times
 
 
+def paired_bursts(ctx: RankContext, size: int, bursts: int, ops: int, warmup: int) -> torch.Tensor:
+    """Per-op seconds of `bursts` pairs of bursts: [0] a bare loop of dist.all_reduce, [1]
+    comm bench's burst method (bench.burst_times) over the prepared Collective."""
+    coll = Collective(ctx.comm, "all_reduce", torch.float32, size // 4, ctx.device, inplace=True)
+    coll.fill(seed=1)
+    x = coll.inp
+    for _ in range(warmup):
+        dist.all_reduce(x)
+        coll()
+    clock = Clock(ctx.device)
+    times = torch.empty(2, bursts, dtype=torch.float64)
+    for i in range(bursts):
+        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+            if side == 0:
+                ctx.control_comm.barrier()
+                clock.start()
+                for _ in range(ops):
+                    dist.all_reduce(x)
+                times[0, i] = clock.stop() / ops
+            else:
+                times[1, i] = burst_times(ctx, coll, ops, 1, clock=clock)[0]
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return times
+
+
 def wrapper_overhead_s(ctx: RankContext, calls: int = 20000) -> float:
     """Median extra time of Comm.all_reduce over dist.all_reduce on a one-rank group."""
     groups = [dist.new_group([r]) for r in range(ctx.world_size)]  # every rank creates every group
@@ -86,7 +117,9 @@ def wrapper_overhead_s(ctx: RankContext, calls: int = 20000) -> float:
 def rank_fn(ctx: RankContext, args: dict) -> dict:
     out = {"overhead_s": wrapper_overhead_s(ctx), "sizes": {}}
     for size in args["sizes"]:
-        times = paired_times(ctx, size, iters_for(size, args["scale"]), args["warmup"])
+        iters = iters_for(size, args["scale"])
+        times = (paired_bursts(ctx, size, max(20, iters // args["burst_ops"]), args["burst_ops"], args["warmup"])
+                 if args["timing"] == "burst" else paired_times(ctx, size, iters, args["warmup"]))
         out["sizes"][size] = {"bare": times[0].tolist(), "distval": times[1].tolist()}
     return out
 
@@ -111,6 +144,8 @@ def main() -> int:
     p.add_argument("--scale", type=float, default=1.0, help="multiply the iteration counts")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--min-ratio", type=float, default=0.97)
+    p.add_argument("--timing", choices=("blocking", "burst"), default="blocking")
+    p.add_argument("--burst-ops", type=int, default=10, help="ops per burst (--timing burst)")
     p.add_argument("--json", help="also write the figures here")
     a = p.parse_args()
     sizes, s = [], parse_size(a.b)
@@ -118,15 +153,17 @@ def main() -> int:
         sizes.append(s)
         s = int(s * a.f)
     job = run(
-        rank_fn, {"sizes": sizes, "warmup": a.warmup, "scale": a.scale}, LaunchOptions(nproc=a.nproc, timeout_s=120)
+        rank_fn, {"sizes": sizes, "warmup": a.warmup, "scale": a.scale, "timing": a.timing, "burst_ops": a.burst_ops},
+        LaunchOptions(nproc=a.nproc, timeout_s=120)
     )
     res = job.results[0]
     overhead = max(r["overhead_s"] for r in job.results)
     factor = 2 * (job.world_size - 1) / job.world_size
     rng = np.random.default_rng(0)
     print(
-        f"all_reduce float32, {job.world_size} ranks, backend {job.backend}; "
-        "paired iterations, one buffer, order alternating"
+        f"all_reduce float32, {job.world_size} ranks, backend {job.backend}, timing {a.timing}; "
+        + ("paired iterations" if a.timing == "blocking" else f"paired bursts of {a.burst_ops} ops")
+        + ", one buffer, order alternating"
     )
     print(f"distval's per-call cost (Comm over dist, one-rank group, median of 20000): {overhead * 1e6:.2f} us")
     print(f"{'size':>6} {'iters':>6} {'bare busbw':>11} {'distval':>9} {'ratio':>6} {'95% CI':>15} {'implied':>8}")

@@ -2,10 +2,12 @@
 verified after timing, and the α–β fit is reported."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from distval.comm.bench import BenchConfig, csv_text
+from distval.comm.bench import GRAPH_NEEDS_CUDA, BenchConfig, burst_times, capture, csv_text
 from distval.comm.ops import BENCH_OPS, busbw_factor, count_for_bytes
 from distval.launch import LaunchOptions
 from distval.report.views import nccl_text
@@ -101,3 +103,56 @@ def test_bookkeeping_is_not_measured_traffic(monkeypatch):
     report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=30))
     assert [r["wrong"] for r in report.table("bench").rows] == [0, 0]
     assert all(r["time_us_p50"] > 0 for r in report.table("bench").rows)
+
+
+def test_burst_timing_on_cpu_is_named_in_the_header_and_obeys_the_formulas():
+    """`--timing burst` on Gloo: bursts of -n back-to-back ops timed with the host clock, the
+    per-op time burst / n; the table's title, the meta and the nccl-tests text say so."""
+    cfg = BenchConfig(ops=["all_reduce"], min_bytes=64 * 1024, max_bytes=1024 * 1024, factor=4, iters=6, warmup=1,
+                      timing="burst", bursts=3)
+    report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=30))
+    method = "3 bursts of 6 back-to-back ops after 1 warm-up, timed with the host clock, one wait at the end"
+    assert report.table("bench").title.startswith(method) and report.meta["timing"].startswith(method)
+    assert nccl_text(report.table("bench"), report.meta).splitlines()[0] == f"# distval comm bench: 2 ranks, " \
+        f"{report.table('bench').title}"
+    for r in report.table("bench").rows:
+        assert r["time_us_min"] <= r["time_us_p50"] <= r["time_us_p95"] <= r["time_us_max"] and r["wrong"] == 0
+        assert r["busbw_gbps"] == pytest.approx(r["bytes"] / (r["time_us_p50"] * 1e-6) / 1e9)  # factor 1 at 2 ranks
+    assert all(c.status is Status.OK for c in report.checks)
+
+
+class _Clock:
+    """A clock whose bursts take 8 s, then 4 s."""
+
+    def __init__(self):
+        self.spans = [8.0, 4.0]
+
+    def start(self):
+        pass
+
+    def stop(self):
+        return self.spans.pop(0)
+
+
+def test_burst_arithmetic_per_op_time_is_burst_time_over_ops():
+    calls, barriers = [], []
+    ctx = SimpleNamespace(device=torch.device("cpu"),
+                          control_comm=SimpleNamespace(barrier=lambda: barriers.append(1)))
+    times = burst_times(ctx, lambda: calls.append(1), ops=4, bursts=2, clock=_Clock())
+    assert times.tolist() == [2.0, 1.0] and len(calls) == 8 and len(barriers) == 2  # one barrier per burst
+
+
+def test_timing_choices_and_the_graph_needs_cuda(cli):
+    assert BenchConfig().method(torch.device("cpu")) == "blocking"
+    assert BenchConfig().method(torch.device("cuda", 0)) == "burst"  # as nccl-tests, on GPUs
+    assert BenchConfig(timing="blocking").method(torch.device("cuda", 0)) == "blocking"
+    assert "captured once in a CUDA graph" in BenchConfig(graph=True).describe(torch.device("cuda", 0))
+    assert "timed with CUDA events" in BenchConfig().describe(torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="--timing must be auto, blocking, burst"):
+        BenchConfig(timing="events")
+    with pytest.raises(ValueError, match="it times bursts, not --timing blocking"):
+        BenchConfig(timing="blocking", graph=True)
+    with pytest.raises(ValueError, match="needs CUDA devices"):
+        capture(lambda: None, 4, torch.device("cpu"))
+    res = cli("comm", "bench", "-G", "--nproc", "2")
+    assert res.returncode == 2 and res.stderr.strip() == f"distval: error: {GRAPH_NEEDS_CUDA}"

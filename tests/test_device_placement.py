@@ -122,3 +122,39 @@ def test_optimizer_state_is_placed_as_the_optimizer_keeps_it(flags, step_device)
     fresh = initial_adam_state(optimizer, p)
     assert fresh["step"].device.type == step_device and fresh["exp_avg"].device.type == "meta"
 
+
+
+def test_adamw_is_fused_on_cuda_and_mfu_is_against_the_gpus_datasheet_peak(monkeypatch):
+    """On CUDA the harness steps with the fused AdamW (a bare loop's choice; foreach for FSDP2's
+    DTensor shards) and quotes MFU against the detected GPU's dense bf16 datasheet peak; on CPU
+    the single-tensor AdamW and a measured fp32 matmul rate, as before."""
+    from distval import strategies
+    from distval.train.loop import device_peak_flops, optimizer_impl
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert optimizer_impl(cpu, strategies.REGISTRY["pytorch_ddp"]) == {"foreach": False}
+    assert optimizer_impl(cuda, strategies.REGISTRY["pytorch_ddp"]) == {"fused": True}
+    assert optimizer_impl(cuda, strategies.REGISTRY["zero2"]) == {"fused": True}
+    assert optimizer_impl(cuda, strategies.REGISTRY["fsdp2"]) == {"foreach": True}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert device_peak_flops(cuda) == presets.device("H100").peak_tflops * 1e12
+    assert 1e8 < device_peak_flops(cpu) < 1e14
+
+
+def test_dataparallel_is_one_process_and_a_skip_without_two_gpus(cli):
+    """dp (nn.DataParallel) is compared as one process with the whole batch; on this host
+    (no GPU) `compare` says why it cannot run it, and `train` refuses more than one rank."""
+    from distval.strategies.dataparallel import unavailable
+    from distval.train.compare import gpu_memory_check
+
+    assert unavailable() == "nn.DataParallel splits each batch over 2 or more local GPUs; this host has 0"
+    res = cli("train", "--strategy", "dp", "--nproc", "2")
+    assert res.returncode == 2 and "dp is one process driving every local GPU: run it with --nproc 1" in res.stderr
+    check = gpu_memory_check("dp", [3 * 2**30, 2**30, 2**30 + 2**20])
+    assert check.summary == "GPU 0 peaks at 3,072 MiB, the other 2 at up to 1,025 MiB, 3.00x the others"
+
+
+def test_compile_is_refused_where_the_strategy_cannot_be_compiled(cli):
+    res = cli("train", "--compile", "--strategy", "zero3")
+    assert res.returncode == 2 and "--compile: zero3 gathers each layer's parameters in forward hooks" in res.stderr
+    assert "compile one of simple_ddp, " in res.stderr and "zero3," not in res.stderr

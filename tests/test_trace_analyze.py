@@ -114,7 +114,7 @@ def test_the_merged_trace_puts_every_rank_on_one_clock_and_the_html_draws_the_br
     steps = {names[e["pid"]]: e["ts"] for e in doc["traceEvents"] if e.get("name") == "ProfilerStep#3"}
     assert steps == {"rank 0 python <b>": 0, "rank 1 1": 0}  # the ends of the all-reduce line up
     page = (tmp_path / "a.html").read_text()
-    assert "Where each rank&#x27;s step time goes" in page and "rank 1: waiting_for_peers" not in page
+    assert "Where each rank&#39;s step time goes" in page and "rank 1: waiting_for_peers" not in page
     assert "rank 0: waiting_for_peers 19.0%" in page and "Who the others wait for" in page
     assert "python <b>" not in page  # nothing from a file reaches the page unescaped
 

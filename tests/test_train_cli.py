@@ -79,12 +79,16 @@ def test_compare_command_from_the_issue(tmp_path):
         "10",
         "--grad-accum",
         "2",
+        "--strategies",
+        "simple_ddp,simple_ddp_ga,simple_ddp_hook,simple_ddp_async,bucket_ddp_async,pytorch_ddp,dp",
         "--json",
         str(out),
         timeout=300,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     doc = json.loads(out.read_text())
+    (dp,) = [c for c in doc["checks"] if c["name"] == "compare dp"]  # no GPU here: said, not run
+    assert dp["status"] == "SKIP" and "2 or more local GPUs; this host has 0" in dp["summary"]
     rows = {r["strategy"]: r for r in doc["tables"]["strategies"]["rows"]}
     assert list(rows) == [
         "simple_ddp",

@@ -137,7 +137,7 @@ def check_inner(argv: list[str], where: str) -> list[str]:
 
 # -- the training workload: the flags `train` and `compare` share ------------------------------------
 STRATEGIES_HELP = ("simple_ddp, simple_ddp_ga, simple_ddp_hook, simple_ddp_async, bucket_ddp_async, pytorch_ddp, "
-                   "zero1, zero2, zero3, pytorch_zero1, fsdp2.")
+                   "zero1, zero2, zero3, pytorch_zero1, fsdp2; dp (nn.DataParallel, one process over every local GPU).")
 _WORKLOAD: dict[str, tuple[Any, Any]] = {  # name: (annotation, default)
     "model": (Annotated[str, option("--model", help="Model preset: tiny, small, gpt2, smollm2-135m, ...")], "tiny"),
     "steps": (Annotated[int, option("--steps", help="Optimizer steps.")], 20),
@@ -150,6 +150,8 @@ _WORKLOAD: dict[str, tuple[Any, Any]] = {  # name: (annotation, default)
     "clip": (Annotated[float, option("--clip", help="Clip the global gradient norm to this (0: off).")], 1.0),
     "seed": (Annotated[int, option("--seed", help="Seed of the model init and the data order.")], 0),
     "precision": (Annotated[str, option("--precision", help="fp32 or bf16 (autocast).")], "fp32"),
+    "compile": (Annotated[bool, option("--compile", help="torch.compile the model's forward (every strategy but "
+                                       "zero3 and dp; docs/training.md).")], False),
     "data": (Annotated[str, option(
         "--data", help="synthetic, a .txt/.jsonl/.csv/.parquet path, or hf:NAME (offline cache).")], "synthetic"),
     "task": (Annotated[str, option("--task", help="lm (next token) or classify (label, text columns).")], "lm"),

@@ -85,20 +85,29 @@ def comm_bench(
     redop: Annotated[str, option("-o", "--op", help="Reduce op: sum, prod, min, max, avg.")] = "sum",
     root: Annotated[int, option("-r", "--root", help="Root rank of rooted collectives.")] = 0,
     inplace: Annotated[str, option("--inplace", help="both, in or out.")] = "both",
+    timing: Annotated[str, option("--timing", help="blocking (barrier, one op, wait: a distribution per op), burst "
+                                  "(-n ops back to back, time / n, as nccl-tests), or auto: burst on CUDA, blocking "
+                                  "on CPU.")] = "auto",
+    graph: Annotated[bool, option("-G", "--cuda-graph", help="Capture each burst in a CUDA graph and replay it "
+                                  "(nccl-tests' -G; CUDA only).")] = False,
+    bursts: Annotated[int, option("--bursts", help="Burst timing: timed bursts per size.")] = 5,
     csv: Annotated[Optional[Path], option("--csv", help="Write the sweep as CSV.")] = None,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
     deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
 ) -> int:
     """nccl-tests-compatible sweep: algbw, busbw, in/out-of-place, p50/p95, #wrong, α–β fit per op."""
     from distval.comm import bench
+    from distval.device import default_backend
     from distval.launch import planned_world_size
     from distval.runner import run_bench
 
     cfg = bench.BenchConfig(
         ops=split_list(ops), dtype=dtype, min_bytes=parse_size(minbytes, "-b"), max_bytes=parse_size(maxbytes, "-e"),
         factor=stepfactor, step_bytes=parse_size(stepbytes, "-i") if stepbytes else None, iters=iters, warmup=warmup,
-        check_iters=check, redop=redop, root=root, inplace=inplace)
+        check_iters=check, redop=redop, root=root, inplace=inplace, timing=timing, graph=graph, bursts=bursts)
     opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after)
+    if graph and (backend if backend != "auto" else default_backend()) != "nccl":
+        raise ValueError(bench.GRAPH_NEEDS_CUDA)
     world_size = planned_world_size(opts)
     if root >= world_size:
         raise ValueError(f"-r {root} is not a rank of a world of {world_size} (ranks 0..{world_size - 1})")

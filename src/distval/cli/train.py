@@ -118,7 +118,9 @@ def compare_cmd(
     names = (
         strategy_mod.DDP_FAMILY if strategies == "all" else [strategy_mod.check_name(n) for n in split_list(strategies)]
     )
-    cfg = train_config(workload, names[0], sweep=True)
+    # the workload as the multi-process runs see it (dp runs as the one-process reference does)
+    first = next((n for n in names if not strategy_mod.REGISTRY[n].single_process), "simple_ddp_ga")
+    cfg = train_config(workload, first, sweep=True)
     sizes = bucket_sizes(workload["bucket_mb"])
     opts = launch_options(nproc, backend, None, timeout, None)
     check_training(cfg, opts)

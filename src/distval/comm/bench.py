@@ -1,9 +1,20 @@
 """`distval comm bench`: an nccl-tests-compatible bandwidth sweep through torch.distributed.
 
-Per (op, size, in-place form): `warmup` untimed ops, then `iters` timed ones, each blocking
-(issue, wait for completion, barrier before the next: nccl-tests `-z 1` style), timed on every
-rank with the host's monotonic clock. An iteration's time is the slowest rank's (max over ranks:
-the collective is done when the last rank is done); rows report p50/p95/min/max over iterations.
+Per (op, size, in-place form): `warmup` untimed ops, then the timed ones, by one of two methods
+(`--timing`; the table's title and the report's meta say which produced the numbers):
+
+  blocking  `iters` ops, each on its own: barrier, issue, wait for completion, timed on every rank
+            with the host's monotonic clock. An iteration's time is the slowest rank's (max over
+            ranks: the collective is done when the last rank is done); rows report
+            p50/p95/min/max over iterations. The default on CPU, where Gloo blocks anyway.
+  burst     `bursts` bursts of `iters` back-to-back ops (a barrier before each burst only), as
+            nccl-tests times: on CUDA between two events on the stream the ops are ordered on, on
+            CPU with the host clock and a wait at the end; the per-op time is burst time / iters,
+            the slowest rank's; rows report p50/p95/min/max over bursts. The default on CUDA:
+            per-op issue and host round trips no longer add to the latency. `-G` captures each
+            burst once in a CUDA graph and replays it (nccl-tests' -G), so even the launch cost
+            per op is gone.
+
 algbw = S / t_p50 and busbw = algbw x factor with nccl-tests' S and factors (`ops.py`). After
 timing, `-c N` passes re-fill the same buffers with exact inputs, issue one op and count wrong
 elements over all ranks (`#wrong`). On CPU each rank also copies a large buffer concurrently with
@@ -16,7 +27,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -40,6 +51,9 @@ BENCH_COLUMNS = ["op", "dtype", "bytes", "count", "inplace", "redop", "root", "t
                  "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps", "busbw_pct_of_copy", "wrong"]
 FIT_COLUMNS = ["op", "dtype", "alpha_us", "beta_gbps", "r2", "n_half_bytes", "num_points"]
 COPY_BYTES = 64 * 2**20
+TIMINGS = ("auto", "blocking", "burst")
+GRAPH_NEEDS_CUDA = "-G captures each burst in a CUDA graph: it needs CUDA devices (--backend nccl); on CPU use " \
+    "--timing burst"
 
 
 @dataclass
@@ -57,6 +71,9 @@ class BenchConfig:
     root: int = 0
     inplace: str = "both"  # both | in | out
     copy_ceiling: bool = True
+    timing: str = "auto"  # auto (burst on CUDA, blocking elsewhere) | blocking | burst
+    graph: bool = False  # -G: each burst captured in a CUDA graph and replayed (CUDA only)
+    bursts: int = 5  # burst timing: timed bursts of `iters` ops per size
 
     def __post_init__(self) -> None:
         ops = expand_all(self.ops, list(BENCH_OPS))
@@ -88,6 +105,30 @@ class BenchConfig:
             raise ValueError(f"--inplace must be both, in or out (got {self.inplace!r})")
         if self.root < 0:
             raise ValueError(f"-r must not be negative (got {self.root})")
+        if self.timing not in TIMINGS:
+            raise ValueError(f"--timing must be {', '.join(TIMINGS)} (got {self.timing!r})")
+        if self.graph and self.timing == "blocking":
+            raise ValueError("-G replays bursts captured in a CUDA graph: it times bursts, not --timing blocking")
+        if self.bursts < 1:
+            raise ValueError(f"--bursts must be at least 1 (got {self.bursts})")
+
+    def method(self, device: torch.device) -> str:
+        """The timing method on this device: burst or blocking."""
+        if self.timing != "auto":
+            return self.timing
+        return "burst" if device.type == "cuda" or self.graph else "blocking"
+
+    def describe(self, device: torch.device) -> str:
+        """How the numbers were produced, for the table's title and the report's meta."""
+        warm = f"after {self.warmup} warm-up"
+        if self.method(device) == "blocking":
+            return (f"{self.iters} iterations {warm}, blocking per op (barrier, issue, wait), time = p50 over "
+                    "iterations of the max over ranks (nccl-tests conventions)")
+        clock = ("captured once in a CUDA graph and replayed, timed with CUDA events" if self.graph
+                 else "timed with CUDA events" if device.type == "cuda" else "timed with the host clock, one wait at "
+                 "the end")
+        return (f"{self.bursts} bursts of {self.iters} back-to-back ops {warm}, {clock}; time = p50 over bursts of "
+                "burst time / ops, max over ranks (nccl-tests conventions)")
 
     def sizes(self) -> list[int]:
         out, size = [], self.min_bytes
@@ -104,6 +145,8 @@ class BenchConfig:
 def bench_rank(ctx: RankContext, cfg: BenchConfig) -> dict[str, Any]:
     if cfg.root >= ctx.world_size:
         raise ValueError(f"-r {cfg.root} is not a rank of this world of {ctx.world_size}")
+    if cfg.graph and ctx.device.type != "cuda":
+        raise ValueError(GRAPH_NEEDS_CUDA)
     dtype = DTYPES[cfg.dtype]
     elt = dtype.itemsize
     rows, skipped = [], {}
@@ -126,7 +169,7 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> dict[str, Any]:
                     break
                 rows.append(row)
     copy_gbps = measure_copy_gbps(ctx) if cfg.copy_ceiling and ctx.device.type == "cpu" else None
-    return {"rows": rows, "skipped": skipped, "copy_gbps": copy_gbps}
+    return {"rows": rows, "skipped": skipped, "copy_gbps": copy_gbps, "timing": cfg.describe(ctx.device)}
 
 
 def _bench_one(
@@ -144,14 +187,17 @@ def _bench_one(
         coll()
     devices.synchronize(ctx.device)
     control = ctx.control_comm
-    times = torch.empty(cfg.iters, dtype=torch.float64)
-    for i in range(cfg.iters):
-        control.barrier()
-        start = time.perf_counter()
-        coll()
-        devices.synchronize(ctx.device)
-        times[i] = time.perf_counter() - start
-    control.all_reduce(times, "max")  # the iteration ends when the slowest rank ends
+    if cfg.method(ctx.device) == "burst":
+        times = burst_times(ctx, coll, cfg.iters, cfg.bursts, cfg.graph)
+    else:
+        times = torch.empty(cfg.iters, dtype=torch.float64)
+        for i in range(cfg.iters):
+            control.barrier()
+            start = time.perf_counter()
+            coll()
+            devices.synchronize(ctx.device)
+            times[i] = time.perf_counter() - start
+    control.all_reduce(times, "max")  # the iteration (or burst) ends when the slowest rank ends
     wrong = sum(bad.num_wrong for bad in (coll.check_once(seed=100 + rep) for rep in range(cfg.check_iters)) if bad)
     total_wrong = torch.tensor([wrong], dtype=torch.int64)
     control.all_reduce(total_wrong, "sum")
@@ -159,6 +205,66 @@ def _bench_one(
     # the send and receive buffers.
     return {"op": op, "count": count, "inplace": inplace, "bytes": coll.size_bytes,
             "busbw_factor": coll.busbw_factor, "times_s": times.tolist(), "wrong": int(total_wrong)}
+
+
+class Clock:
+    """Seconds between start() and stop(): the host clock with a wait for the device at the end,
+    or, on CUDA, two events on the current stream (the ops are ordered on it), so nothing but the
+    ops themselves is timed."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) \
+            if device.type == "cuda" else None
+        self.began = 0.0
+
+    def start(self) -> None:
+        if self.events:
+            self.events[0].record()
+        else:
+            self.began = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.events:
+            self.events[1].record()
+            self.events[1].synchronize()
+            return self.events[0].elapsed_time(self.events[1]) / 1e3
+        devices.synchronize(self.device)
+        return time.perf_counter() - self.began
+
+
+def burst_times(ctx: RankContext, coll: Collective, ops: int, bursts: int, graph: bool = False,
+                clock: Clock | None = None) -> torch.Tensor:
+    """Per-op seconds of each burst of `ops` back-to-back ops (burst time / ops), this rank's;
+    a barrier on the control group before each burst lines the ranks up."""
+    clock = clock or Clock(ctx.device)
+    issue = capture(coll, ops, ctx.device) if graph else lambda: [coll() for _ in range(ops)]
+    times = torch.empty(bursts, dtype=torch.float64)
+    for b in range(bursts):
+        ctx.control_comm.barrier()
+        clock.start()
+        issue()
+        times[b] = clock.stop() / ops
+    return times
+
+
+def capture(coll: Collective, ops: int, device: torch.device) -> Callable[[], None]:
+    """`ops` issues of the collective captured once in a CUDA graph; returns its replay. The
+    capture runs on a side stream after one eager issue there, as torch.cuda.graph requires."""
+    if device.type != "cuda":
+        raise ValueError(GRAPH_NEEDS_CUDA)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        coll()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(ops):
+            coll()
+    torch.cuda.synchronize(device)
+    return graph.replay
 
 
 def measure_copy_gbps(ctx: RankContext, size_bytes: int = COPY_BYTES, reps: int = 5) -> float:
@@ -187,8 +293,7 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
     bench = Table(
         "bench",
         BENCH_COLUMNS,
-        title=f"{cfg.iters} iterations after {cfg.warmup} warm-up, blocking per op, "
-        "time = p50 over iterations of the max over ranks (nccl-tests conventions)",
+        title=per_rank[0]["timing"],
         units={
             "bytes": "B",
             "time_us_p50": "us",
@@ -305,8 +410,7 @@ def build_report(job: JobResult, cfg: BenchConfig) -> Report:
             cfg,
             copy_ceiling_gbps=copy_gbps,
             sizes_bytes=cfg.sizes(),
-            timing="blocking per op (barrier, issue, wait); iteration time = max over ranks; "
-            "p50/p95/min/max over iterations",
+            timing=job.results[0]["timing"],
         ),
     )
     report.checks = bench_checks(bench, fits, cfg, job.world_size, copy_gbps, job.results[0]["skipped"])

@@ -162,8 +162,11 @@ class Ladder:
             if any(c.status in _STOPS for c in host) and not self.cfg.keep_going:
                 return StageResult.of("doctor", checks, tables, "")
         job = self._run_job_a()
-        if isinstance(job, StageResult):
-            return job if job.name == "doctor" else StageResult.of("doctor", checks, tables, self._doctor_line(checks))
+        if isinstance(job, StageResult):  # the job failed: in the probe (the doctor's ERROR) or in a later stage
+            if job.name == "doctor":
+                return job
+            line = f"the ranks rendezvoused; the job then failed in {job.name}"
+            return StageResult.of("doctor", checks, tables, line) if checks else StageResult.skipped("doctor", line)
         if job is None:
             return None
         if self.mode == "local":

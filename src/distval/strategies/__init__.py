@@ -7,6 +7,7 @@ from torch import nn
 from distval.comm.layer import Comm
 from distval.strategies.base import Strategy, StrategyConfig
 from distval.strategies.bucket_ddp_async import BucketDDPAsync
+from distval.strategies.dataparallel import DataParallel
 from distval.strategies.fsdp2 import FSDP2
 from distval.strategies.pytorch_ddp import PytorchDDP
 from distval.strategies.pytorch_zero1 import PytorchZero1
@@ -20,7 +21,7 @@ from distval.strategies.zero3 import Zero3
 
 REGISTRY: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (SimpleDDP, SimpleDDPGA, SimpleDDPHook, SimpleDDPAsync, BucketDDPAsync, PytorchDDP,
-                              Zero1, Zero2, Zero3, PytorchZero1, FSDP2)
+                              Zero1, Zero2, Zero3, PytorchZero1, FSDP2, DataParallel)
 }
 BUCKETED = ("bucket_ddp_async", "pytorch_ddp", "zero1", "zero2")  # --bucket-mb changes what they do
 DDP_FAMILY = ["simple_ddp", "simple_ddp_ga", "simple_ddp_hook", "simple_ddp_async", "bucket_ddp_async", "pytorch_ddp"]

@@ -84,6 +84,10 @@ class Strategy:
     call_per_tensor: ClassVar[bool] = False  # one all-reduce per parameter tensor, not per bucket
     layout_options: ClassVar[tuple[str, ...]] = ()  # StrategyConfig fields that shape the sharded form
     params_sharded: ClassVar[bool] = False  # each rank holds a shard of the parameters, no replica
+    fused_optimizer: ClassVar[bool] = True  # on CUDA its parameters take the fused AdamW (else foreach)
+    single_process: ClassVar[bool] = False  # one process drives every local GPU (dp): compare runs it at --nproc 1
+    compiles: ClassVar[bool] = True  # --compile: torch.compile of the model's forward works under it
+    compiles_not: ClassVar[str] = ""  # why not, where it does not
 
     def __init__(self, model: nn.Module, comm: Comm, cfg: StrategyConfig):
         self.model, self.comm, self.cfg = model, comm, cfg

@@ -39,6 +39,9 @@ from distval.strategies.flat import ShardedStrategy, flat_groups
 
 class Zero3(ShardedStrategy):
     name = "zero3"
+    compiles = False
+    compiles_not = ("gathers each layer's parameters in forward hooks and frees them after: the compiled graph "
+                    "would be guarded on storages that change at every call (a recompile or a break per layer)")
     params_sharded = True
     plan_model = "zero3"
 

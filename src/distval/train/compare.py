@@ -222,7 +222,16 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
         strategy_cfg = cfg.strategy_cfg if size is None else dataclasses.replace(cfg.strategy_cfg, bucket_mb=size)
         run_cfg = dataclasses.replace(cfg, strategy=name, return_params=True, strategy_cfg=strategy_cfg,
                                       trace=traces.get(label, TraceConfig()))
-        result = _one(run_cfg, opts)
+        run_opts = opts
+        if strategies.REGISTRY[name].single_process:  # dp: one process, the whole batch, as the reference
+            from distval.strategies.dataparallel import unavailable
+
+            if (why := unavailable()) is not None:
+                report.add(Check(f"compare {label}", Status.SKIP, why, details={"reason": why}))
+                continue
+            run_cfg = dataclasses.replace(run_cfg, micro_batch=cfg.micro_batch * world)
+            run_opts = dataclasses.replace(opts, nproc=1)
+        result = _one(run_cfg, run_opts)
         if isinstance(result, Report):  # the run failed: its ERROR check says why
             report.checks += result.checks
             continue
@@ -234,6 +243,8 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
         table.add(**row)
         report.add(parity_check(label, row))
         report.add(memory_check(label, row))
+        if result.get("peak_mem_per_gpu"):
+            report.add(gpu_memory_check(label, result["peak_mem_per_gpu"]))
         exposed = None
         if run_cfg.trace.enabled:
             exposed = add_trace(report, run_cfg, result["steps"], label=f" {label}")
@@ -328,6 +339,15 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
         "comm_hidden_frac": None if comm_time == 0 else max(0.0, 1 - blocked / comm_time),  # fsdp2: nothing counted
         "predicted_step_time_s": None,
     }
+
+
+def gpu_memory_check(name: str, peaks: list[int]) -> Check:
+    """One process over every GPU (dp): GPU 0 gathers the outputs and holds the optimizer, so it
+    peaks above the others; how far is the cost of the single process."""
+    others = max(peaks[1:]) if len(peaks) > 1 else 0
+    ratio = f", {peaks[0] / others:.2f}x the others" if others else ""
+    return Check(f"compare {name} memory", Status.OK, f"GPU 0 peaks at {peaks[0] / 2**20:,.0f} MiB, the other "
+                 f"{len(peaks) - 1} at up to {others / 2**20:,.0f} MiB{ratio}", details={"peak_bytes_per_gpu": peaks})
 
 
 def memory_check(name: str, row: dict[str, Any]) -> Check:

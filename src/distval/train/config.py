@@ -65,7 +65,8 @@ class TrainConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)  # --trace SKIP:N: record N steps after SKIP
     return_params: bool = False  # gather the final parameters (parity checks)
-    peak_flops: float | None = None  # per device; None: measured matmul rate on CPU
+    peak_flops: float | None = None  # per device; None: the GPU's datasheet peak, or a measured matmul rate
+    compile: bool = False  # torch.compile of the model's forward (strategies whose `compiles` is True)
 
     def __post_init__(self) -> None:
         presets.model(self.model)  # unknown preset -> ValueError listing the known ones
@@ -76,6 +77,9 @@ class TrainConfig:
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"--precision must be fp32 or bf16 (got {self.precision!r})")
         strategies.REGISTRY[self.strategy].check_options(self.strategy_cfg)
+        if self.compile and not strategies.REGISTRY[self.strategy].compiles:
+            raise ValueError(f"--compile: {self.strategy} {strategies.REGISTRY[self.strategy].compiles_not}; compile "
+                             f"one of {', '.join(n for n, s in strategies.REGISTRY.items() if s.compiles)}")
 
     def data_config(self) -> data_mod.DataConfig:
         return data_mod.DataConfig(source=self.data, task=self.task)
@@ -83,6 +87,9 @@ class TrainConfig:
     def check_world(self, world_size: int) -> None:
         """The global batch must split evenly over ranks and micro-batches; a sharded strategy
         needs at least one element per rank."""
+        if strategies.REGISTRY[self.strategy].single_process and world_size != 1:
+            raise ValueError(f"--strategy {self.strategy} is one process driving every local GPU: run it with "
+                             f"--nproc 1 (got {world_size} ranks)")
         num_params = presets.model(self.model).num_params()
         if self.strategy in strategies.SHARDED and world_size > num_params:
             raise ValueError(f"{world_size} ranks is more than the {num_params} parameters of "

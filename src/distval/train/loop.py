@@ -52,12 +52,14 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     # a (label, text) data set trains a sequence classifier, anything else the language model
     num_classes = getattr(getattr(loader, "dataset", None), "num_classes", None)
     model = build_model(spec, seed=cfg.seed, num_classes=num_classes, device=ctx.device)
+    if cfg.compile:  # in place: the parameters and their names (checkpoints, parity) stay the model's own
+        model.compile()
     strategy = strategies.build(cfg.strategy, model, ctx.comm, cfg.strategy_cfg)
     optimizer = strategy.build_optimizer(
-        torch.optim.AdamW, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, foreach=False
+        torch.optim.AdamW, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, **optimizer_impl(ctx.device, strategy)
     )
     flops_per_token = spec.flops_per_token()
-    peak = cfg.peak_flops or _measured_peak(ctx)
+    peak = cfg.peak_flops or device_peak_flops(ctx.device)
     # checkpoints (distval/ckpt): resume restores model, optimizer, RNG, data position and metrics so far
     ckpt = Checkpointer(ctx, cfg.ckpt, cfg.steps, fingerprint_fields(cfg, ctx.world_size), strategy, optimizer,
                         loader) if cfg.ckpt.enabled else None
@@ -113,6 +115,8 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
         "num_tensors": sum(1 for p in model.parameters() if p.requires_grad),
         "health": [f.to_dict() for f in health.findings()] if health else [],
         "health_ranks": health.rank_rows() if health else [],
+        "peak_mem_per_gpu": [torch.cuda.max_memory_allocated(i) for i in range(torch.cuda.device_count())]
+        if strategy.single_process and ctx.device.type == "cuda" else None,
         "health_checks": {"replicas": health.replica_checks if health else 0,
                           "replicas_applicable": not strategy.params_sharded},
     }
@@ -264,9 +268,32 @@ def held_bytes(tensors: Any) -> int:
     return sum(storages.values())
 
 
-def _measured_peak(ctx: RankContext, n: int = 512, reps: int = 3) -> float:
-    """The MFU denominator on CPU: this rank's fp32 matmul rate through torch."""
+def optimizer_impl(device: torch.device, strategy: strategies.Strategy) -> dict[str, bool]:
+    """AdamW's implementation: on CUDA the fused kernel (one launch for every tensor, as a
+    hand-written loop would use; foreach for FSDP2's DTensor shards), on CPU the single-tensor
+    loop every strategy's parity and bitwise resume were established with."""
+    if device.type != "cuda":
+        return {"foreach": False}
+    return {"fused": True} if strategy.fused_optimizer else {"foreach": True}
+
+
+def device_peak_flops(device: torch.device) -> float:
+    """The MFU denominator: on a GPU with a preset (plan/presets.py), its datasheet dense bf16
+    peak, as MFU is quoted; on another GPU, a measured bf16 matmul rate; on CPU, this rank's
+    measured fp32 matmul rate."""
     from distval.plan.model import matmul_flops
 
-    a, b = torch.randn(n, n, device=ctx.device), torch.randn(n, n, device=ctx.device)
-    return matmul_flops(torch.mm, a, b, n, reps)
+    if device.type == "cuda":
+        name = presets.device_named(torch.cuda.get_device_name(device))
+        if name is not None:
+            return presets.device(name).peak_tflops * 1e12
+        n, dtype = 4096, torch.bfloat16
+    else:
+        n, dtype = 512, torch.float32
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+
+    def mm(x: torch.Tensor, y: torch.Tensor) -> None:
+        torch.mm(x, y)
+        devices.synchronize(device)  # a GPU kernel is timed to its end, not to its launch
+
+    return matmul_flops(mm, a, b, n, 3)

@@ -1,0 +1,100 @@
+"""`distval train` against a bare training loop of the same model, side by side in one process.
+
+One worker (a world of one, as the issue measured on a GPU): the same decoder (distval's), the
+same synthetic batches, the same AdamW implementation the harness picks for the device (fused on
+CUDA, single-tensor on CPU), bf16 autocast with --precision bf16, torch.compile of the forward on
+both sides with --compile. The bare loop is what a user writes: forward, loss, backward, clip,
+step, zero_grad, timed per step to the device's completion. The harness is `train_rank` itself
+(strategy --strategy, default pytorch_ddp as `distval train`), with its per-step bookkeeping,
+health monitor and metrics. Rounds alternate bare, harness, bare, harness... so drift hits both;
+the first --warmup steps of each round are dropped. Prints median step times and the ratio
+bare / harness (goal: >= 0.95).
+
+    python benchmarks/harness_vs_bare.py --model small --steps 20 --rounds 3
+    python benchmarks/harness_vs_bare.py --model smollm2-135m --precision bf16 --micro-batch 8   # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from distval import device as devices
+from distval import strategies
+from distval.launch import LaunchOptions, run
+from distval.plan import presets
+from distval.rank import RankContext
+from distval.train import data as data_mod
+from distval.train.config import TrainConfig
+from distval.train.loop import loss_of, optimizer_impl, train_rank
+from distval.train.model import build_model
+
+
+def bare_steps(ctx: RankContext, cfg: TrainConfig) -> list[float]:
+    """A hand-written loop: the step times (s), each to the device's completion."""
+    spec = presets.model(cfg.model)
+    loader = data_mod.build_loader(cfg.data_config(), spec, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
+                                   rank=0, world_size=1, seed=cfg.seed)
+    model = build_model(spec, seed=cfg.seed, device=ctx.device)
+    if cfg.compile:
+        model.compile()
+    impl = optimizer_impl(ctx.device, strategies.REGISTRY["simple_ddp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, **impl)
+    times = []
+    for _ in range(cfg.steps):
+        start = time.perf_counter()
+        for _ in range(cfg.grad_accum):
+            batch = {k: t.to(ctx.device) for k, t in next(loader).items()}
+            with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+                logits = model(batch["tokens"])
+            (loss_of(logits, batch) / cfg.grad_accum).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        devices.synchronize(ctx.device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def rank_fn(ctx: RankContext, args: tuple[TrainConfig, int, int]) -> dict:
+    cfg, rounds, warmup = args
+    out: dict[str, list[float]] = {"bare": [], "harness": []}
+    for _ in range(rounds):
+        out["bare"] += bare_steps(ctx, cfg)[warmup:]
+        out["harness"] += [s["step_time_s"] for s in train_rank(ctx, cfg)["steps"]][warmup:]
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="small")
+    p.add_argument("--strategy", default="pytorch_ddp")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--micro-batch", type=int, default=2)
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--min-ratio", type=float, default=0.95)
+    a = p.parse_args()
+    cfg = TrainConfig(model=a.model, strategy=a.strategy, steps=a.steps, micro_batch=a.micro_batch,
+                      precision=a.precision, compile=a.compile)
+    job = run(rank_fn, (cfg, a.rounds, a.warmup), LaunchOptions(nproc=1, timeout_s=600))
+    res = job.results[0]
+    bare, harness = statistics.median(res["bare"]), statistics.median(res["harness"])
+    ratio = bare / harness
+    print(f"{a.model}, {a.precision}{', compiled' if a.compile else ''}, micro-batch {a.micro_batch}, 1 rank "
+          f"({job.backend}), {a.rounds} alternating rounds of {a.steps} steps ({a.warmup} warm-up dropped each)")
+    print(f"bare loop  step p50 {bare * 1e3:8.2f} ms  ({len(res['bare'])} steps)")
+    print(f"harness    step p50 {harness * 1e3:8.2f} ms  ({len(res['harness'])} steps, {a.strategy})")
+    ok = ratio >= a.min_ratio
+    print(f"ratio bare/harness {ratio:.3f}; goal >= {a.min_ratio} -> {'met' if ok else 'NOT met'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
