@@ -277,6 +277,8 @@ for step in range(int(sys.argv[1])):
         elif fault == "spin":  # busy in Python, in no collective, forever: the watchdog must name it
             while True:
                 sum(range(100))
+    if fault == "slow" and rank == 1 and step >= 20:  # a straggler: twice the others' time per step
+        time.sleep(0.04)
     model(torch.randn(8, 16)).sum().backward()
     opt.step()
     opt.zero_grad()
@@ -307,12 +309,18 @@ def test_launch_runs_a_plain_ddp_script_and_names_its_hangs(tmp_path):
     # script's line in the verdict: "mismatch" and "spin"
     cases = {"ok": ("2", "40"), "mismatch": ("3", "3000", "mismatch"),
              "skip": ("2", "3000", "skip"), "kill": ("2", "3000", "kill"), "reshape": ("3", "3000", "reshape"),
-             "spin": ("2", "3000", "spin"), "module": ("2",)}
+             "spin": ("2", "3000", "spin"), "module": ("2",), "slow": ("2", "150", "slow")}
     with ThreadPoolExecutor(len(cases)) as pool:
         runs = dict(zip(cases, pool.map(lambda n: _launch(tmp_path, n, *cases[n]), cases)))
     code, out, text = runs["ok"]
     assert code == 0 and "rank 0 done" in text and "rank 1 done" in text, text[-2000:]  # the script's own output
-    assert json.loads(out.read_text())["checks"][0]["name"] == "launch script"
+    checks = json.loads(out.read_text())["checks"]
+    assert [c["name"] for c in checks] == ["launch script", "launch stragglers"]
+    assert checks[1]["status"] == "SKIP" and "40 optimizer step(s) with a collective seen" in checks[1]["summary"]
+    code, out, text = runs["slow"]  # rank 1 sleeps 40 ms more per step from step 20: named from its arrivals
+    (check,) = [c for c in json.loads(out.read_text())["checks"] if c["name"] == "launch stragglers"]
+    assert code == 0 and check["status"] == "WARN" and check["where"]["rank"] == 1, check
+    assert 15 <= check["where"]["step"] <= 40 and "distval: health WARN: rank 1 is a straggler" in text
     code, out, text = runs["mismatch"]
     assert code == 3, text[-3000:]
     check = _error(out)

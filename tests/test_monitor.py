@@ -91,3 +91,45 @@ def test_replica_checksums_are_exact_and_the_minority_is_named():
     assert compare_replicas(50, names, [same, same, same]) is None
     found = compare_replicas(50, names, [same, other, same])
     assert found.ranks == [1] and found.details["tensors"] == {1: ["b"]} and "at step 50" in found.summary
+
+
+class _Reader:
+    """What the launcher's rank channel holds: each rank's latest `steps` publication."""
+
+    def __init__(self, world: int, host: str = "h"):
+        self.payloads = {r: {"host": host, "rows": []} for r in range(world)}
+
+    def all(self, world: int, kind: str) -> dict:
+        assert kind == "steps"
+        return self.payloads
+
+
+def test_a_scripts_late_arrivals_make_the_straggler_and_gaps_and_hosts_are_handled():
+    """distval launch (health/steps.py): rank 1 creates each step's last collective 20 ms after
+    rank 0 from step 30 (its backward is slower); rank 0 waits those 20 ms. Published 64 rows at
+    a time, with a step rank 0's recorder never resolved; the rule names rank 1 from step 30."""
+    from distval.health.steps import KEEP, StragglerWatch, aligned_rows
+
+    reader, found = _Reader(2), []
+    watch = StragglerWatch(2, on_finding=found.append)
+    rng = random.Random(0)
+    for step in range(200):
+        late = 0.02 if step >= 30 else 0.0
+        t0 = 1000.0 + step * 0.05 + rng.gauss(0, 0.0005)
+        for rank, t in ((0, t0), (1, t0 + late + rng.gauss(0, 0.0005))):
+            if (rank, step) != (0, 77):  # a step this rank published no row for
+                rows = reader.payloads[rank]["rows"]
+                rows.append([step, 0.05, "0", step * 2 + 1, int(t * 1e9)])
+                del rows[:-KEEP]
+        if step % 10 == 9:
+            watch.tick(reader)
+    watch.tick(reader)
+    assert len(found) == 1 and found[0].ranks == [1] and 28 <= found[0].step <= 34, found
+    check = watch.check()
+    assert check.status.value == "WARN" and check.where["rank"] == 1 and "steps/s" in check.summary
+    assert watch.steps_seen == 199  # step 77 skipped once every rank had moved past it
+    assert aligned_rows([{5: [5, 0.05, "0", 11, 10**9]}, {5: [5, 0.05, "0", 12, 10**9]}], 5) is None  # desync
+    two = StragglerWatch(2)
+    two.tick(_Reader(2))
+    two.hosts = {"a", "b"}
+    assert two.check().status.value == "SKIP" and "ranks on 2 hosts" in two.check().summary

@@ -4,6 +4,7 @@ collective jobs (comm check, comm bench) as one call each."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -52,6 +53,7 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
                trace: Any = None) -> Report:
     """`distval launch`: a user's script on local workers under the watchdog (launch/local.py);
     `trace` (a TraceConfig): its optimizer steps recorded, then analysed (trace/report.py)."""
+    from distval.health.steps import StragglerWatch
     from distval.launch.local import run_script as run_local_script
     from distval.trace.capture import ENV
 
@@ -62,8 +64,10 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
     traced = trace is not None and trace.enabled
     if traced:  # the shim of every worker reads it (inherited through torchrun's agent)
         os.environ[ENV] = f"{trace.skip}:{trace.active}:{trace.dir}"
+    live = lambda f: print(f"distval: health {f.status}: {f.summary}", file=sys.stderr, flush=True)  # noqa: E731
+    stragglers = StragglerWatch(info["world_size"] or 1, on_finding=live)
     try:
-        ranks = run_local_script(script, args, opts, module=module)
+        ranks = run_local_script(script, args, opts, watchers=[stragglers], module=module)
     except CannotRun as e:
         report.add(failure_check("launch", e))
         return report
@@ -71,6 +75,7 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
         os.environ.pop(ENV, None)
     report.add(Check("launch script", Status.OK, f"{script} ended on all {ranks} ranks in "
                      f"{time.monotonic() - started:.1f} s, no hang"))
+    report.add(stragglers.check())
     if traced:
         from distval.trace.report import add_summary
 

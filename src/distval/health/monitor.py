@@ -90,7 +90,8 @@ class Stragglers:
         self.streak: dict[int, int] = {}  # rank -> consecutive steps its window has met the rule
         self.findings: list[Finding] = []
 
-    def update(self, step: int, ranks: list[dict[str, float]], tokens: float) -> Finding | None:
+    def update(self, step: int, ranks: list[dict[str, float]], tokens: float | None) -> Finding | None:
+        """`tokens`: the job's tokens per step (None for a script: rates in steps/s)."""
         if len(ranks) < 2:
             return None
         self.rows.append((step, ranks))
@@ -115,13 +116,15 @@ class Stragglers:
             since = self.current[r].step if r in self.current else self._onset(r)
             waiting = statistics.median(statistics.mean(x["blocked_s"] / max(x["step_s"], 1e-9)
                                                         for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
-            now, fixed = tokens / step_s, tokens / max(step_s - max(excess, 0.0), 1e-9)
+            work, unit = (tokens, "tokens/s") if tokens is not None else (1.0, "steps/s")  # a script: no tokens
+            now, fixed = work / step_s, work / max(step_s - max(excess, 0.0), 1e-9)
+            rate = "tokens_per_s" if tokens is not None else "steps_per_s"
             details = {"slowdown": round(slowdown, 3), "since_step": since, "others_waiting_share": round(waiting, 3),
-                       "tokens_per_s": round(now, 1), "tokens_per_s_at_median": round(fixed, 1),
+                       rate: round(now, 2), f"{rate}_at_median": round(fixed, 2),
                        "throughput_lost": round(1 - now / fixed, 3), "window": len(self.rows)}
             text = (f"rank {r} is a straggler: {slowdown:.2f}x the compute time of its peers since step {since}; "
-                    f"the others wait {waiting:.0%} of each step for it; {now:,.0f} tokens/s instead of "
-                    f"{fixed:,.0f} ({1 - now / fixed:.0%} lost)")
+                    f"the others wait {waiting:.0%} of each step for it; {_rate(now)} {unit} instead of "
+                    f"{_rate(fixed)} ({1 - now / fixed:.0%} lost)")
             if r in self.current:  # still one: the figures follow the window, since stays
                 found = self.current[r]
                 found.summary = text.replace(f"since step {since}", f"since step {found.step}")
@@ -147,6 +150,10 @@ class Stragglers:
 
         split = min(range(1, len(ratios)), key=lambda i: (spread(ratios[:i]) + spread(ratios[i:]), i))
         return self.history[split][0]
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.2f}"
 
 
 def _ratio(rows: list[dict[str, float]], r: int) -> float:

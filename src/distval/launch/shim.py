@@ -6,7 +6,8 @@
 Before the script starts: the Flight Recorder is switched on (so every collective the script's
 process groups issue — its own dist.* calls, DDP's and FSDP's from C++ — is recorded) and the
 heartbeat thread starts publishing this rank's progress on the rank channel of distval's
-launcher, which runs the hang watchdog. The script runs as `__main__` with its own argv; an
+launcher, which runs the hang watchdog, and a step clock follows the script's optimizer steps
+for the straggler rule (health/steps.py). The script runs as `__main__` with its own argv; an
 exception it raises is published as this rank's `state` (for the failure diagnosis), then the
 worker exits as Python would. Under `distval launch --trace SKIP:N` a profiler records N of the
 script's optimizer steps after SKIP (trace/capture.py).
@@ -21,6 +22,7 @@ import traceback
 
 from distval import channel as channels
 from distval.health.heartbeat import Heartbeat, enable_flight_recorder
+from distval.health.steps import StepClock
 from distval.rank import state_payload
 from distval.trace.capture import from_env
 
@@ -35,6 +37,7 @@ def main(argv: list[str]) -> None:
     status = f"running {script if module else os.path.basename(script)}"
     channel.publish("status", {"status": status}, flush=True)
     heartbeat = Heartbeat(channel, lambda: (status, {})).start()
+    steps = StepClock(channel).start()  # the script's optimizer steps, for the straggler rule (health/steps.py)
     _beat_before_destroy(heartbeat)
     tracer = from_env(rank)  # `distval launch --trace`: the script's optimizer steps are the steps
     sys.argv = [script, *args]
@@ -57,6 +60,7 @@ def main(argv: list[str]) -> None:
     finally:
         if tracer:
             tracer.close()
+        steps.close()
         heartbeat.close()
         channel.flush()
 

@@ -64,18 +64,10 @@ class Tracer:
 
     def follow_optimizer(self) -> Any:
         """For a script of the user's: a step is one `step()` of the first optimizer that steps
-        (a global post-hook of torch.optim); returns the hook's handle."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        (health/steps.py); returns the hook's handle."""
+        from distval.health.steps import follow_first_optimizer
 
-        first: list[int] = []
-
-        def stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if not first:
-                first.append(id(optimizer))
-            if id(optimizer) == first[0]:
-                self.step()
-
-        return register_optimizer_step_post_hook(stepped)
+        return follow_first_optimizer(self.step)
 
 
 ENV = "DISTVAL_TRACE"  # `distval launch --trace`: SKIP:N:DIR for the shim of every worker
