@@ -8,9 +8,12 @@ runs the same items on CPU ranks: a dry run of this script itself where no GPU i
     bash benchmarks/gpu_check.sh --only resume     # one item (comma-separated names)
     python benchmarks/gpu_check.py --backend gloo --nproc 2 --model tiny   # CPU dry run
 
-Items: check, bench, train (every strategy), compare (every strategy), resume (SIGKILL after the
-first checkpoint, restart, losses bitwise equal to an uninterrupted run: a full-form and a
-sharded-form strategy), drill (needs 2 ranks), doctor, run. Exit 0 when nothing FAILed.
+Items: check, bench, timing (all_reduce latency by each timing method: blocking, burst, burst
+from a CUDA graph; and comm bench's burst against a bare torch.distributed burst loop), harness
+(distval train against a bare loop of the same model, eager and compiled), train (every
+strategy), compare (every strategy and dp), resume (SIGKILL after the first checkpoint, restart,
+losses bitwise equal to an uninterrupted run: a full-form and a sharded-form strategy), drill
+(needs 2 ranks), doctor, run. Exit 0 when nothing FAILed.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Callable
 STRATEGIES = ["simple_ddp", "simple_ddp_ga", "simple_ddp_hook", "simple_ddp_async", "bucket_ddp_async", "pytorch_ddp",
               "zero1", "zero2", "zero3", "pytorch_zero1", "fsdp2"]
 RESUMED = ["pytorch_ddp", "zero2"]  # the full form (rank 0 writes) and the sharded DCP form (every rank)
-ITEMS = ["check", "bench", "train", "compare", "resume", "drill", "doctor", "run"]
+ITEMS = ["check", "bench", "timing", "harness", "train", "compare", "resume", "drill", "doctor", "run"]
 
 
 class Item(Exception):
@@ -98,6 +101,36 @@ class Checker:
                 f"{large['time_us_p50']:.1f} us, busbw {large['busbw_gbps']:.2f} GB/s; alpha {fit['alpha_us']:.1f} us, "
                 f"beta {fit['beta_gbps']:.2f} GB/s; {counts(report)}")
 
+    def timing(self) -> str:
+        """all_reduce p50 per op at 8 B and 1 MiB by each method (the issue: 55-70 us blocking vs 25 us
+        as a burst between CUDA events on one H100), then the bench's burst against a bare loop."""
+        methods = [("blocking", ["--timing", "blocking"]), ("burst", ["--timing", "burst"])]
+        if self.args.backend == "nccl":
+            methods.append(("graph", ["-G"]))
+        parts = []
+        for label, flags in methods:
+            report = self.run_ok("comm", "bench", *self.common, "-b", "8", "-e", "1M", "-f", "131072", "-n", "200",
+                                 "-w", "20", *flags, name=f"timing-{label}")
+            ar = {r["bytes"]: r for r in rows(report, "bench") if r["op"] == "all_reduce"}
+            parts.append(f"{label} " + ", ".join(f"{b} B {r['time_us_p50']:.1f} us" for b, r in sorted(ar.items())))
+        proc = subprocess.run([sys.executable, "benchmarks/overhead_vs_bare.py", "--nproc", str(self.args.nproc),
+                               "-b", "8", "-e", "64M", "-f", "8", "--timing", "burst", "--min-ratio", "0.95"],
+                              capture_output=True, text=True, timeout=900)
+        ratios = [line.split()[4] for line in proc.stdout.splitlines() if line[:6].strip()[:1].isdigit()]
+        parts.append(f"bench/bare burst busbw ratio per size (8 B..64 MiB): {', '.join(ratios) or proc.stderr[-200:]}")
+        return "; ".join(parts)
+
+    def harness(self) -> str:
+        """The issue's case: smollm2-135m bf16 micro-batch 8 on one GPU, harness against a bare loop."""
+        out = []
+        for flags in ([], ["--compile"]):
+            proc = subprocess.run([sys.executable, "benchmarks/harness_vs_bare.py", "--model", "smollm2-135m",
+                                   "--precision", "bf16", "--micro-batch", "8", "--steps", "20", "--rounds", "2",
+                                   *flags], capture_output=True, text=True, timeout=1800)
+            last = [line for line in proc.stdout.splitlines() if line.strip()]
+            out.append(("compiled: " if flags else "eager: ") + " | ".join(last[-3:]) if last else proc.stderr[-300:])
+        return "; ".join(out)
+
     def train(self, strategy: str) -> str:
         report = self.run_ok("train", *self.common, "--model", self.args.model, "--steps", "6", "--strategy", strategy,
                              name=f"train-{strategy}")
@@ -110,12 +143,14 @@ class Checker:
 
     def compare(self) -> str:
         report = self.run_ok("compare", *self.common, "--model", self.args.model, "--steps", "6", "--strategies",
-                             ",".join(STRATEGIES), name="compare", timeout=1200)
+                             ",".join([*STRATEGIES, "dp"]), name="compare", timeout=1200)
+        dp = next((c for c in report.get("checks", []) if c["name"].startswith("compare dp")), None)
         table = rows(report, "strategies")
         worst = max(table, key=lambda r: r["max_rel_param_diff"] or 0.0)
         bitwise = [r["strategy"] for r in table if r["bitwise_equal"]]
         return (f"{len(table)} strategies, {counts(report)}; worst parity {worst['max_rel_param_diff']:.1e} "
-                f"({worst['strategy']}); bitwise equal to the reference: {', '.join(bitwise) or 'none'}")
+                f"({worst['strategy']}); bitwise equal to the reference: {', '.join(bitwise) or 'none'}"
+                + (f"; dp: {dp['status']} {dp['summary']}" if dp else ""))
 
     def resume(self, strategy: str) -> str:
         """SIGKILL rank 0 at step 7 (after the synchronous checkpoint at 5: an async save still
@@ -196,6 +231,10 @@ def main() -> int:
             c.item("comm check", c.check)
         if "bench" in only:
             c.item("comm bench", c.bench)
+        if "timing" in only:
+            c.item("comm bench timing", c.timing)
+        if "harness" in only:
+            c.item("harness vs bare loop", c.harness)
         if "train" in only:
             for s in STRATEGIES:
                 c.item(f"train {s}", lambda s=s: c.train(s))

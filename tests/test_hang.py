@@ -307,19 +307,19 @@ def test_launch_runs_a_plain_ddp_script_and_names_its_hangs(tmp_path):
     (tmp_path / "ddp_script.py").write_text(SCRIPT)
     # a stopped rank: "module" (distval train under launch) and the two-node test below; a user
     # script's line in the verdict: "mismatch" and "spin"
-    cases = {"ok": ("2", "40"), "mismatch": ("3", "3000", "mismatch"),
-             "skip": ("2", "3000", "skip"), "kill": ("2", "3000", "kill"), "reshape": ("3", "3000", "reshape"),
+    cases = {"mismatch": ("3", "3000", "mismatch"),
+             "skip": ("2", "200", "skip"), "kill": ("2", "3000", "kill"), "reshape": ("3", "3000", "reshape"),
              "spin": ("2", "3000", "spin"), "module": ("2",), "slow": ("2", "150", "slow")}
     with ThreadPoolExecutor(len(cases)) as pool:
         runs = dict(zip(cases, pool.map(lambda n: _launch(tmp_path, n, *cases[n]), cases)))
-    code, out, text = runs["ok"]
-    assert code == 0 and "rank 0 done" in text and "rank 1 done" in text, text[-2000:]  # the script's own output
+    # the script runs to its end (its own output on the terminal), slower on rank 1 from step 20 (40 ms more per
+    # step): no hang, and rank 1 named a straggler from its arrivals at each step's collectives
+    code, out, text = runs["slow"]
+    assert code == 0 and "rank 0 done" in text and "rank 1 done" in text, text[-2000:]
     checks = json.loads(out.read_text())["checks"]
-    assert [c["name"] for c in checks] == ["launch script", "launch stragglers"]
-    assert checks[1]["status"] == "SKIP" and "40 optimizer step(s) with a collective seen" in checks[1]["summary"]
-    code, out, text = runs["slow"]  # rank 1 sleeps 40 ms more per step from step 20: named from its arrivals
-    (check,) = [c for c in json.loads(out.read_text())["checks"] if c["name"] == "launch stragglers"]
-    assert code == 0 and check["status"] == "WARN" and check["where"]["rank"] == 1, check
+    assert [c["name"] for c in checks] == ["launch script", "launch stragglers"], checks
+    check = checks[1]
+    assert check["status"] == "WARN" and check["where"]["rank"] == 1, check
     assert 15 <= check["where"]["step"] <= 40 and "distval: health WARN: rank 1 is a straggler" in text
     code, out, text = runs["mismatch"]
     assert code == 3, text[-3000:]

@@ -129,6 +129,12 @@ def test_a_scripts_late_arrivals_make_the_straggler_and_gaps_and_hosts_are_handl
     assert check.status.value == "WARN" and check.where["rank"] == 1 and "steps/s" in check.summary
     assert watch.steps_seen == 199  # step 77 skipped once every rank had moved past it
     assert aligned_rows([{5: [5, 0.05, "0", 11, 10**9]}, {5: [5, 0.05, "0", 12, 10**9]}], 5) is None  # desync
+    short = _Reader(2)
+    for rank in (0, 1):
+        short.payloads[rank]["rows"] = [[step, 0.05, "0", step, 10**9 * step] for step in range(10)]
+    few = StragglerWatch(2)
+    few.tick(short)
+    assert few.check().status.value == "SKIP" and "10 optimizer step(s) with a collective seen" in few.check().summary
     two = StragglerWatch(2)
     two.tick(_Reader(2))
     two.hosts = {"a", "b"}

@@ -80,7 +80,7 @@ def test_compare_command_from_the_issue(tmp_path):
         "--grad-accum",
         "2",
         "--strategies",
-        "simple_ddp,simple_ddp_ga,simple_ddp_hook,simple_ddp_async,bucket_ddp_async,pytorch_ddp,dp",
+        "simple_ddp,simple_ddp_ga,pytorch_ddp,dp",  # every strategy's parity: test_strategies.py
         "--json",
         str(out),
         timeout=300,
@@ -90,14 +90,7 @@ def test_compare_command_from_the_issue(tmp_path):
     (dp,) = [c for c in doc["checks"] if c["name"] == "compare dp"]  # no GPU here: said, not run
     assert dp["status"] == "SKIP" and "2 or more local GPUs; this host has 0" in dp["summary"]
     rows = {r["strategy"]: r for r in doc["tables"]["strategies"]["rows"]}
-    assert list(rows) == [
-        "simple_ddp",
-        "simple_ddp_ga",
-        "simple_ddp_hook",
-        "simple_ddp_async",
-        "bucket_ddp_async",
-        "pytorch_ddp",
-    ]
+    assert list(rows) == ["simple_ddp", "simple_ddp_ga", "pytorch_ddp"]
     for name, r in rows.items():
         assert r["max_rel_param_diff"] <= 1e-5, name
         assert r["comm_bytes_per_step"] == r["expected_comm_bytes_per_step"], name
@@ -105,7 +98,7 @@ def test_compare_command_from_the_issue(tmp_path):
     assert rows["simple_ddp"]["comm_bytes_per_step"] == 2 * rows["simple_ddp_ga"]["comm_bytes_per_step"]  # K = 2
     assert rows["simple_ddp"]["comm_hidden_frac"] == 0 and 0 <= rows["pytorch_ddp"]["comm_hidden_frac"] <= 1
     parity = [c for c in doc["checks"] if c["name"].endswith("parity")]
-    assert len(parity) == 6 and all(c["status"] == "OK" for c in parity)
+    assert len(parity) == 3 and all(c["status"] == "OK" for c in parity)
     assert "strategies on 2 ranks against a single-process reference" in res.stdout  # the compact view
     assert "parity" in res.stdout and "tokens/s" in res.stdout and "max_rel_param_diff" not in res.stdout
 

@@ -122,8 +122,8 @@ class BenchConfig:
         """How the numbers were produced, for the table's title and the report's meta."""
         warm = f"after {self.warmup} warm-up"
         if self.method(device) == "blocking":
-            return (f"{self.iters} iterations {warm}, blocking per op (barrier, issue, wait), time = p50 over "
-                    "iterations of the max over ranks (nccl-tests conventions)")
+            return (f"{self.iters} iterations {warm}, blocking per op, time = p50 over iterations of the max over "
+                    "ranks (nccl-tests conventions)")
         clock = ("captured once in a CUDA graph and replayed, timed with CUDA events" if self.graph
                  else "timed with CUDA events" if device.type == "cuda" else "timed with the host clock, one wait at "
                  "the end")
