@@ -1,6 +1,7 @@
 """Job health: the heartbeat and the hang watchdog (heartbeat.py, hang.py), collective
-fingerprints (fingerprints.py), the training health monitor (monitor.py), naming the rank that
-broke a job (diagnose.py) and the test/drill faults (faults.py)."""
+fingerprints (fingerprints.py), the training health monitor (monitor.py), a script's steps and
+its stragglers under `distval launch` (steps.py), naming the rank that broke a job (diagnose.py)
+and the test/drill faults (faults.py)."""
 
 from __future__ import annotations
 
