@@ -125,10 +125,10 @@ class _Clock:
     """A clock whose bursts take 8 s, then 4 s."""
 
     def __init__(self):
-        self.spans = [8.0, 4.0]
+        self.spans, self.starts = [8.0, 4.0], 0
 
     def start(self):
-        pass
+        self.starts += 1
 
     def stop(self):
         return self.spans.pop(0)
@@ -138,8 +138,10 @@ def test_burst_arithmetic_per_op_time_is_burst_time_over_ops():
     calls, barriers = [], []
     ctx = SimpleNamespace(device=torch.device("cpu"),
                           control_comm=SimpleNamespace(barrier=lambda: barriers.append(1)))
-    times = burst_times(ctx, lambda: calls.append(1), ops=4, bursts=2, clock=_Clock())
+    clock = _Clock()
+    times = burst_times(ctx, lambda: calls.append(1), ops=4, bursts=2, clock=clock)
     assert times.tolist() == [2.0, 1.0] and len(calls) == 8 and len(barriers) == 2  # one barrier per burst
+    assert clock.starts == 2 and clock.spans == []  # the clock spans each burst, once
 
 
 def test_timing_choices_and_the_graph_needs_cuda(cli):

@@ -43,6 +43,7 @@ import torch
 from distval.health import ranks_text
 
 MIB = 1 << 20
+RANK_WINDOW = 1000  # steps of each rank's compute and waiting kept for the per-rank table
 FIELDS = ("step_s", "compute_s", "blocked_s", "loss", "mem_current", "mem_peak")  # what each rank contributes
 
 
@@ -287,15 +288,20 @@ class HealthMonitor:
         self.stragglers, self.numerics, self.memory = Stragglers(cfg), Numerics(cfg), Memory(cfg)
         self.replicas: list[Finding] = []
         self.replica_checks = 0
-        self.per_rank: list[dict[str, list[float]]] = []  # rank -> field -> every step's value
+        self.per_rank: list[dict[str, Any]] = []  # rank -> its recent compute and waiting, peak, current memory
 
     def update(self, step: int, ranks: list[dict[str, float]], grad_norm: float, bad_param: str | None,
                tokens: float) -> list[Finding]:
-        if not self.per_rank:
-            self.per_rank = [{k: [] for k in FIELDS} for _ in ranks]
+        if not self.per_rank:  # the first step (warm-up) is kept apart: used only if it stays the only one
+            self.per_rank = [{"first": (r["compute_s"], r["blocked_s"]), "peak": 0.0,
+                              "compute": collections.deque(maxlen=RANK_WINDOW),
+                              "blocked": collections.deque(maxlen=RANK_WINDOW)} for r in ranks]
+        else:
+            for mine, row in zip(self.per_rank, ranks):
+                mine["compute"].append(row["compute_s"])
+                mine["blocked"].append(row["blocked_s"])
         for mine, row in zip(self.per_rank, ranks):
-            for k in FIELDS:
-                mine[k].append(row[k])
+            mine["peak"], mine["current"] = max(mine["peak"], row["mem_peak"]), row["mem_current"]
         found = [self.numerics.update(step, [r["loss"] for r in ranks], grad_norm, bad_param),
                  self.stragglers.update(step, ranks, tokens),
                  self.memory.update(step, [r["mem_current"] for r in ranks], [r["mem_peak"] for r in ranks])]
@@ -310,14 +316,16 @@ class HealthMonitor:
         return None
 
     def rank_rows(self) -> list[dict[str, Any]]:
-        """Each rank over the run: median compute and waiting per step (the first step, warm-up,
-        left out when there are others), its peak and its last current memory."""
+        """Each rank over the run: median compute and waiting per step over its last RANK_WINDOW
+        steps (the first step, warm-up, left out when there are others), its peak and its last
+        current memory. Bounded: a long run keeps no more than the window."""
         rows = []
         for r, mine in enumerate(self.per_rank):
-            steady = slice(1, None) if len(mine["step_s"]) > 1 else slice(None)
-            rows.append({"rank": r, "compute_ms": statistics.median(mine["compute_s"][steady]) * 1e3,
-                         "waiting_ms": statistics.median(mine["blocked_s"][steady]) * 1e3,
-                         "peak_mem_bytes": max(mine["mem_peak"]), "current_mem_bytes": mine["mem_current"][-1]})
+            compute, blocked = (mine["compute"], mine["blocked"]) if mine["compute"] else \
+                ([mine["first"][0]], [mine["first"][1]])
+            rows.append({"rank": r, "compute_ms": statistics.median(compute) * 1e3,
+                         "waiting_ms": statistics.median(blocked) * 1e3,
+                         "peak_mem_bytes": mine["peak"], "current_mem_bytes": mine["current"]})
         return rows
 
     def findings(self) -> list[Finding]:

@@ -62,6 +62,7 @@ class StepClock:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="distval-steps", daemon=True)
         self._handle: Any = None
+        self.errors = 0  # publications that failed (a destroyed process group, a store gone)
 
     def start(self) -> StepClock:
         self._handle = follow_first_optimizer(self.stepped)
@@ -97,14 +98,14 @@ class StepClock:
         try:
             self.publish()
         except Exception:  # noqa: BLE001 (the script's end must never fail on its last publication)
-            pass
+            self.errors += 1
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
                 self.publish()
-            except Exception:  # noqa: BLE001 (never take the rank down)
-                continue
+            except Exception:  # noqa: BLE001 (never take the rank down; counted, as the heartbeat's)
+                self.errors += 1
 
 
 def aligned_rows(rows_by_rank: list[dict[int, list[Any]]], step: int) -> list[dict[str, float]] | None:

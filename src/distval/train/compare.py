@@ -236,10 +236,11 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
             report.checks += result.checks
             continue
         row = compare_row(label, result, reference)
-        row["predicted_step_time_s"] = predicted_step_time(
-            run_cfg, name, world, reference, result["peak_flops"], calibration
-        )
-        row.update(predicted_memory(run_cfg, name, world))
+        if not strategies.REGISTRY[name].single_process:  # the planner models one process per device, not dp
+            row["predicted_step_time_s"] = predicted_step_time(
+                run_cfg, name, world, reference, result["peak_flops"], calibration
+            )
+            row.update(predicted_memory(run_cfg, name, world))
         table.add(**row)
         report.add(parity_check(label, row))
         report.add(memory_check(label, row))
