@@ -123,12 +123,13 @@ class Checker:
     def harness(self) -> str:
         """The issue's case: smollm2-135m bf16 micro-batch 8 on one GPU, harness against a bare loop."""
         out = []
-        for flags in ([], ["--compile"]):
+        for label, flags in (("eager", []), ("eager, figures read every step", ["--readback", "now"]),
+                             ("compiled", ["--compile"])):
             proc = subprocess.run([sys.executable, "benchmarks/harness_vs_bare.py", "--model", "smollm2-135m",
                                    "--precision", "bf16", "--micro-batch", "8", "--steps", "20", "--rounds", "2",
                                    *flags], capture_output=True, text=True, timeout=1800)
             last = [line for line in proc.stdout.splitlines() if line.strip()]
-            out.append(("compiled: " if flags else "eager: ") + " | ".join(last[-3:]) if last else proc.stderr[-300:])
+            out.append(f"{label}: " + " | ".join(last[-3:]) if last else proc.stderr[-300:])
         return "; ".join(out)
 
     def train(self, strategy: str) -> str:

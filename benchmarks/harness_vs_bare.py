@@ -31,6 +31,7 @@ from distval.rank import RankContext
 from distval.train import data as data_mod
 from distval.train.config import TrainConfig
 from distval.train.loop import loss_of, optimizer_impl, train_rank
+from distval.train.metrics import MetricsConfig
 from distval.train.model import build_model
 
 
@@ -79,10 +80,12 @@ def main() -> int:
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--readback", default="auto", choices=("auto", "now", "late"),
+                   help="the harness's --metrics-readback (on a GPU: late by default; now reads every step)")
     p.add_argument("--min-ratio", type=float, default=0.95)
     a = p.parse_args()
     cfg = TrainConfig(model=a.model, strategy=a.strategy, steps=a.steps, micro_batch=a.micro_batch,
-                      precision=a.precision, compile=a.compile)
+                      precision=a.precision, compile=a.compile, metrics=MetricsConfig(readback=a.readback))
     job = run(rank_fn, (cfg, a.rounds, a.warmup), LaunchOptions(nproc=1, timeout_s=600))
     res = job.results[0]
     bare, harness = statistics.median(res["bare"]), statistics.median(res["harness"])
@@ -90,7 +93,8 @@ def main() -> int:
     print(f"{a.model}, {a.precision}{', compiled' if a.compile else ''}, micro-batch {a.micro_batch}, 1 rank "
           f"({job.backend}), {a.rounds} alternating rounds of {a.steps} steps ({a.warmup} warm-up dropped each)")
     print(f"bare loop  step p50 {bare * 1e3:8.2f} ms  ({len(res['bare'])} steps)")
-    print(f"harness    step p50 {harness * 1e3:8.2f} ms  ({len(res['harness'])} steps, {a.strategy})")
+    print(f"harness    step p50 {harness * 1e3:8.2f} ms  ({len(res['harness'])} steps, {a.strategy}, "
+          f"readback {a.readback})")
     ok = ratio >= a.min_ratio
     print(f"ratio bare/harness {ratio:.3f}; goal >= {a.min_ratio} -> {'met' if ok else 'NOT met'}")
     return 0 if ok else 1

@@ -46,6 +46,7 @@ def main() -> None:
     p.add_argument("--models", default="tiny")
     p.add_argument("--worlds", default="2,3")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed+seeds-1")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--fault-step", type=int, default=50)
     args = p.parse_args()
@@ -53,14 +54,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
             print(f"{model}: {args.steps} steps, slowed rank = the last, from step {args.fault_step}; "
-                  f"worlds {args.worlds}, {args.seeds} seed(s) each")
+                  f"worlds {args.worlds}, seeds {args.first_seed}..{args.first_seed + args.seeds - 1}")
             print(f"  {'slowdown':>8} {'runs':>5} {'recall':>7} {'precision':>9} {'steps to detect':>16} "
                   f"{'onset error':>12} {'measured x':>11}")
             for percent in SLOWDOWNS:
                 runs = found = true = named = 0
                 delays, onsets, measured = [], [], []
                 for nproc in map(int, args.worlds.split(",")):
-                    for seed in range(args.seeds):
+                    for seed in range(args.first_seed, args.first_seed + args.seeds):
                         findings = run(model, nproc, seed, args.steps, percent, args.fault_step,
                                        os.path.join(tmp, "r.json"))
                         runs += 1

@@ -114,3 +114,28 @@ def test_sharded_checkpoint_resumes_on_three_ranks(tmp_path):
     for a, b in zip(three["steps"][3:], two["steps"][3:]):
         assert abs(a["loss"] - b["loss"]) < 1e-4
     assert three["steps"][3]["loss"] != 0 and len(three["steps"]) == 6
+
+
+def _now_late_and_resumed(ctx: RankContext, cfg: TrainConfig) -> tuple[dict, dict, dict]:
+    now = train_rank(ctx, dataclasses.replace(cfg, ckpt=with_ckpt(cfg, dir=str(Path(cfg.ckpt.dir) / "now"))))
+    late_cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, readback="late"),
+                                   ckpt=with_ckpt(cfg, dir=str(Path(cfg.ckpt.dir) / "late")))
+    late = train_rank(ctx, late_cfg)
+    resumed = train_rank(ctx, dataclasses.replace(late_cfg, ckpt=with_ckpt(
+        late_cfg, dir=None, resume=str(Path(late_cfg.ckpt.dir) / "step-00000003"))))
+    return now, late, resumed
+
+
+def test_figures_read_one_step_late_are_the_same_and_every_checkpoint_holds_them(tmp_path):
+    """The GPU's readback (a step's figures read while the next runs), here on Gloo: the same
+    records as read at once, and a checkpoint taken while a step's figures were still on their way
+    holds that step's record (the resumed run carries all of them)."""
+    (tmp_path / "now").mkdir()
+    (tmp_path / "late").mkdir()
+    cfg = dataclasses.replace(BASE, strategy="simple_ddp", grad_accum=2, ckpt=with_ckpt(BASE, dir=str(tmp_path)))
+    now, late, resumed = run(_now_late_and_resumed, cfg, LaunchOptions(nproc=2, timeout_s=60)).results[0]
+    keys = ("step", "loss", "grad_norm", "lr", "comm_calls", "comm_bytes", "model_state_bytes")
+    assert [[s[k] for k in keys] for s in late["steps"]] == [[s[k] for k in keys] for s in now["steps"]]
+    assert [s["step"] for s in resumed["steps"]] == list(range(8))
+    assert [s["loss"] for s in resumed["steps"]] == [s["loss"] for s in late["steps"]]
+    assert all(s["step_time_s"] > 0 and s["tokens_per_s"] > 0 for s in late["steps"])

@@ -15,6 +15,7 @@ CASES = {  # name: (fault, ranks, steps)
     "clean": ("", "2", "140"),
     "slow": ("step=30,rank=1,action=slow,percent=100", "2", "140"),  # onset: within 15 steps (5 jobs share 2 cores)
     "desync": ("step=20,rank=2,action=perturb", "3", "40"),
+    "grad_desync": ("step=15,rank=0,action=grad_drift", "3", "30"),  # figures read one step late, as on a GPU
     "nan": ("step=15,rank=1,action=nan", "2", "20"),
     "leak": ("step=10,rank=0,action=leak,mib=8", "2", "80"),
     "nan_stop": ("step=7,rank=1,action=nan", "2", "20"),  # with --on-nan stop and a checkpoint every 5 steps
@@ -26,7 +27,7 @@ def test_each_health_finding_names_the_rank_and_the_step_and_a_clean_run_is_quie
         fault, nproc, steps = CASES[name]
         out, log = tmp_path / f"{name}.json", tmp_path / f"{name}.jsonl"
         stop = ("--on-nan", "stop", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "5") \
-            if name == "nan_stop" else ()
+            if name == "nan_stop" else ("--metrics-readback", "late") if name == "grad_desync" else ()
         res = run_cli("train", "--nproc", nproc, "--model", "tiny", "--strategy", "simple_ddp", "--steps", steps,
                       "--check-replicas-every", "10", "--log-jsonl", str(log), "--json", str(out), *stop,
                       env={"DISTVAL_FAULT": fault} if fault else {}, timeout=300)
@@ -49,7 +50,11 @@ def test_each_health_finding_names_the_rank_and_the_step_and_a_clean_run_is_quie
 
     desync = findings["desync"]["replicas"]
     assert runs["desync"][0] == 1 and desync["ranks"] == [2] and desync["step"] == 29  # the first check after 20
-    assert "tok_emb.weight" in desync["summary"]
+    assert "tok_emb.weight" in desync["summary"] and "(gradient)" not in desync["summary"]
+    grads = findings["grad_desync"]["replicas"]  # the gradients as synchronised differ: named as such
+    assert runs["grad_desync"][0] == 1 and grads["ranks"] == [0] and grads["step"] == 19, grads
+    assert "tok_emb.weight (gradient)" in grads["summary"]
+    assert [s["step"] for s in runs["grad_desync"][1]["tables"]["steps"]["rows"]] == list(range(30))
 
     nan = findings["nan"]["nonfinite"]
     assert runs["nan"][0] == 1 and nan["ranks"] == [1] and nan["step"] == 15 and "tok_emb.weight" in nan["summary"]

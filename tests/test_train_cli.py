@@ -18,6 +18,7 @@ from conftest import run_cli
         (["train", "--data", "/nonexistent/corpus.jsonl"], "/nonexistent/corpus.jsonl"),
         (["train", "--model", "gpt9"], "gpt9"),
         (["train", "--precision", "fp8"], "--precision must be fp32 or bf16"),
+        (["train", "--metrics-readback", "sometimes"], "--metrics-readback must be auto, now or late"),
         (["compare", "--strategies", "simple_ddp,zero9"], "unknown strategy 'zero9'"),
     ],
 )

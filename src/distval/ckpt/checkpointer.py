@@ -33,6 +33,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,7 @@ class Checkpointer:
         self.fingerprint = ckpt_state.fingerprint(self.fields)
         self.attempt = attempt_number()
         self.history: list[dict[str, Any]] = []
+        self.settle: Callable[[], None] = lambda: None  # the loop's: every finished step's record into history
         self.stop_requested = False
         self._step: int | None = None  # the step this attempt is in, and when it started
         self._step_time: float | None = None
@@ -277,6 +279,7 @@ class Checkpointer:
         if self.dir is None:
             return None
         self.ctx.status(f"saving checkpoint step {step}", busy=True)  # long, and not a hang
+        self.settle()
         start = time.perf_counter()
         self.wait()  # at most one save in flight
         background = self.cfg.async_save and not final
@@ -351,7 +354,7 @@ class Checkpointer:
                         merged.update(store.describe_files(tmp, DCP_DIR))
                     store.commit(tmp, self.dir, job.step, merged, {
                         "fingerprint": self.fingerprint, "fields": self.fields, "world_size": self.ctx.world_size,
-                        "strategy": self.strategy.name, "layout": self.layout,
+                        "strategy": self.strategy.name, "layout": self.layout, "attempt": self.attempt,
                         "form": "full" if job.sharded is None else "sharded", "time": time.time()})
                     store.prune(self.dir, self.cfg.keep)
                 except OSError as e:

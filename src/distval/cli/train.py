@@ -61,6 +61,10 @@ def train_cmd(
     on_nan: Annotated[str, option(
         "--on-nan", help="warn: a non-finite loss or gradient is a FAIL in the report; stop: stop every rank before "
         "the update, naming the rank (nothing non-finite is saved).")] = "warn",
+    metrics_readback: Annotated[str, option(
+        "--metrics-readback", help="When a step's loss, gradient norm and times reach the host: late (one step on, "
+        "so nothing in a step waits for the GPU), now (every step: a host sync on a GPU), auto (late on a GPU, now "
+        "on CPU).")] = "auto",
     trace: TraceSteps = None, trace_dir: TraceDir = Path("distval-report/traces"),
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
     deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
@@ -78,7 +82,8 @@ def train_cmd(
                        ckpt=CheckpointConfig(dir=str(ckpt_dir) if ckpt_dir else None, every=ckpt_every, keep=ckpt_keep,
                                              async_save=ckpt_async, resume=resume),
                        metrics=MetricsConfig(log_jsonl=str(log_jsonl) if log_jsonl else None,
-                                             tensorboard=str(tensorboard) if tensorboard else None),
+                                             tensorboard=str(tensorboard) if tensorboard else None,
+                                             readback=metrics_readback),
                        health=HealthConfig(slow_ratio=straggler_ratio, every=check_replicas_every, on_nan=on_nan))
     opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, max_restarts=max_restarts)
     check_training(cfg, opts)

@@ -178,7 +178,7 @@ class Driller:
         first, second = attempts[0], attempts[1]
         out.detected = first["outcome"] == "failed"
         out.resumed_from_step = second["resumed_from_step"] or 0
-        out.expected_resume = committed_before(run.journal, attempt=0)
+        out.expected_resume = committed_before(run.journal, ckpt, attempt=0)
         out.steps_lost = (first["last_step"] or 0) - out.resumed_from_step
         out.recovery_s = second["recovery_s"]
         return out
@@ -310,7 +310,7 @@ class Driller:
         if not out.detected:
             out.notes.append(f"expected rank 1 named ({kind}), exit 3: exit {first.code}, "
                              f"{errors[0]['summary'] if errors else first.stderr[-300:]}")
-        out.expected_resume = committed_before(first.journal, attempt=0)
+        out.expected_resume = committed_before(first.journal, ckpt, attempt=0)
         second = self.train(f"{name}_2", ckpt, "--resume", "auto")
         out = self.rerun_outcome(out, first, second)
         at = max((row["step"] for row in hang.get("ranks", []) if row.get("step") is not None), default=None)
@@ -383,7 +383,7 @@ class Driller:
                 out.recovery_s = attempts[1]["recovery_s"]
             else:
                 out.notes.append(f"expected a restart after the kill: exit {run.code}")
-            out.expected_resume = committed_before(run.journal, attempt=0)
+            out.expected_resume = committed_before(run.journal, mount, attempt=0)
             return out
         finally:
             subprocess.run(["umount", "-l", str(mount)], capture_output=True)
@@ -438,9 +438,20 @@ class Driller:
         )
 
 
-def committed_before(journal: dict[str, Any] | None, attempt: int) -> int:
-    """The newest checkpoint attempt `attempt` committed: where a restart must resume."""
+def committed_before(journal: dict[str, Any] | None, ckpt: Path, attempt: int) -> int:
+    """The newest checkpoint attempt `attempt` committed: where a restart must resume. The journal
+    says so, and so does the disk: a kill can land between a background save's commit and its line
+    in the journal (the checkpoint is in place and intact; the journal never heard of it)."""
+    from distval.ckpt import store
+
     saves = [s["step"] for s in (journal or {}).get("saves", []) if s.get("attempt") == attempt and s.get("ok")]
+    for path in store.candidates(ckpt):
+        try:
+            manifest = store.verify(path)
+        except store.CorruptCheckpoint:
+            continue
+        if manifest.get("attempt") == attempt:
+            saves.append(manifest["step"])
     return max(saves, default=0)
 
 

@@ -35,6 +35,9 @@ The catalogue (ACTIONS: where each applies):
                        (a sleep inside the step: a straggler slowed by a known factor)
   perturb       step   after step N's update, 1e-3 is added to this rank's first parameter (a
                        replica that drifted: a desync)
+  grad_drift    step   from step N on, after the gradients' synchronisation, 1e-3 is added to this
+                       rank's first gradient (a synchronisation that leaves the replicas'
+                       gradients apart)
   nan           step   this rank's loss at step N is NaN (a bad batch, an overflow)
   leak          step   from step N on, this rank keeps `mib` MiB more every step (a memory leak)
   reshape       both   op: the `nth` all_reduce, step: the first all_reduce of step N, is issued
@@ -65,8 +68,10 @@ ENV = "DISTVAL_FAULT"
 ACTIONS = {"corrupt": ("op",), "raise": ("op", "step"), "hang": ("op", "step"), "kill": ("op", "step"),
            "sigterm": ("step",), "sigterm_job": ("step",), "kill_in_save": ("step",), "stop": ("op", "step"),
            "spin": ("op", "step"), "skip": ("op", "step"), "slow_save": ("step",), "reshape": ("op", "step"),
-           "kill_in_op": ("step",), "slow": ("step",), "perturb": ("step",), "nan": ("step",), "leak": ("step",)}
-_IN_STEP = ("slow", "perturb", "nan", "leak")  # faults the training step asks about, not fired at its start
+           "kill_in_op": ("step",), "slow": ("step",), "perturb": ("step",), "nan": ("step",), "leak": ("step",),
+           "grad_drift": ("step",)}
+# faults the training step asks about, not fired at its start
+_IN_STEP = ("slow", "perturb", "nan", "leak", "grad_drift")
 _AT_ISSUE = ("skip", "reshape", "kill_in_op")  # faults that act as the op is issued
 _INT_FIELDS = ("rank", "index", "nth", "step", "attempt", "seconds", "percent", "mib")
 
@@ -193,6 +198,13 @@ class Faults:
     def poisoned(self, step: int) -> bool:
         """This step's loss is to be NaN (a `nan` fault)."""
         return self._in_step("nan", step) is not None
+
+    def after_sync(self, step: int, module: torch.nn.Module) -> None:
+        """After the gradients' synchronisation: a `grad_drift` fault's nudge."""
+        if self._in_step("grad_drift", step, from_on=True):
+            grad = next((p.grad for p in module.parameters() if p.grad is not None), None)
+            if grad is not None:
+                grad.view(-1)[0] += 1e-3
 
     def after_update(self, step: int, module: torch.nn.Module) -> None:
         """After the optimizer step: a `perturb` fault's drift, a `leak` fault's kept memory."""

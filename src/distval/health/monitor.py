@@ -253,8 +253,8 @@ def replica_checksums(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[s
         t = p.detach()
         bits = t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
         names.append(name)
-        sums.append(torch.sum(bits, dtype=torch.int64).cpu())  # accumulated in int64, no int64 copy
-    return names, torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+        sums.append(torch.sum(bits, dtype=torch.int64))  # accumulated in int64, no int64 copy
+    return names, torch.stack(sums).cpu() if sums else torch.zeros(0, dtype=torch.int64)  # one read from a GPU
 
 
 def compare_replicas(step: int, names: list[str], sums: list[torch.Tensor]) -> Finding | None:

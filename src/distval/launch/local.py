@@ -98,6 +98,7 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         rdzv_backend="c10d", rdzv_endpoint=opts.rdzv_endpoint or "127.0.0.1:0",
         rdzv_configs={"timeout": int(max(opts.timeout_s, 30))}, max_restarts=opts.max_restarts, monitor_interval=0.05,
         start_method="spawn", local_addr=None if opts.nnodes > 1 else "127.0.0.1", logs_specs=logs,
+        log_line_prefix_template="[rank${rank}]: ",  # a worker's lines name its global rank (torch: its role)
     )
     # The monitor stops the job the way a user's Ctrl-C would: SIGTERM to this process, whose
     # handler (torch's agent's, or ours until the agent has installed its own) stops every worker.

@@ -84,6 +84,7 @@ class Strategy:
     call_per_tensor: ClassVar[bool] = False  # one all-reduce per parameter tensor, not per bucket
     layout_options: ClassVar[tuple[str, ...]] = ()  # StrategyConfig fields that shape the sharded form
     params_sharded: ClassVar[bool] = False  # each rank holds a shard of the parameters, no replica
+    grads_replicated: ClassVar[bool] = True  # after sync_gradients every rank holds the same full gradients
     fused_optimizer: ClassVar[bool] = True  # on CUDA its parameters take the fused AdamW (else foreach)
     single_process: ClassVar[bool] = False  # one process drives every local GPU (dp): compare runs it at --nproc 1
     compiles: ClassVar[bool] = True  # --compile: torch.compile of the model's forward works under it

@@ -80,6 +80,8 @@ class ShardedStrategy(Strategy):
     """A strategy whose optimizer updates this rank's flat shards (`self.shards[i]` of
     `self.groups[i]`, one fp32 Parameter each) instead of the model's parameters."""
 
+    grads_replicated = False  # each rank keeps the reduced gradients of its shard only
+
     groups: list[FlatGroup]
     shards: list[nn.Parameter]
 

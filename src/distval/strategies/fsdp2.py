@@ -28,6 +28,7 @@ from distval.strategies.base import Strategy, StrategyConfig, host_flat, initial
 class FSDP2(Strategy):
     name = "fsdp2"
     params_sharded = True
+    grads_replicated = False
     fused_optimizer = False  # its parameters are DTensor shards: the foreach AdamW
     counts_all_comm = False
     plan_model = "fsdp"

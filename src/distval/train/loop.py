@@ -1,4 +1,5 @@
-"""The training loop: train() -> train_step() -> forward_backward(), strategy-agnostic.
+"""The training loop: train_rank() -> train_step() -> forward_backward(), then finish_step(),
+strategy-agnostic.
 
 Each rank builds the same model (deterministic init from the seed), the strategy named in the
 config, AdamW with linear warm-up and cosine decay, and its shard of the data. Per optimizer step
@@ -8,6 +9,8 @@ tokens/s, step time (max over ranks), MFU (DESIGN.md convention: 6·N + 12·L·H
 token against a device peak, measured on CPU), peak memory (RSS on CPU, CUDA peak on GPU), and
 the collectives the strategy issued (calls, bytes, time, exposed time) from the collective layer.
 Metrics bookkeeping goes over the control group, never counted as the strategy's traffic.
+A step is issued (train_step) and its figures read back (finish_step) at once on CPU ranks and one
+step later on a GPU, so that nothing in the step waits for the GPU (train/readback.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,6 +38,7 @@ from distval.train import data as data_mod
 from distval.train.config import TrainConfig
 from distval.train.metrics import MetricsLogger
 from distval.train.model import build_model
+from distval.train.readback import Readback, StepClock, lag_for, to_host
 
 
 def loss_of(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -67,10 +72,23 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     ctx.comm.reset_totals()
     logger = MetricsLogger(cfg.metrics if ctx.rank == 0 else None)
     health = HealthMonitor(cfg.health) if ctx.rank == 0 else None
-    tokens_per_rank = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1) / ctx.world_size
+    tokens = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1)  # per step, every rank's
+    tokens_per_rank = tokens / ctx.world_size
     tracer = Tracer(cfg.trace, ctx.rank, ctx.device, {
         "strategy": cfg.strategy, "model": cfg.model, "world_size": ctx.world_size, "first_step": start,
         "flops_per_step": tokens_per_rank * flops_per_token, "peak_flops": peak}) if cfg.trace.enabled else None
+    lag = lag_for(cfg.metrics.readback, ctx.device)
+
+    def finished_step(pending: PendingStep) -> None:
+        steps.append(finish_step(ctx, cfg, pending, tokens, flops_per_token, peak, health))
+        logger.log(steps[-1], pending.step)
+        if ctx.rank == 0:  # the live progress view (train/progress.py)
+            ctx.channel.publish("step", {"step": pending.step, "loss": steps[-1]["loss"],
+                                         "step_time_s": steps[-1]["step_time_s"]})
+
+    readback: Readback[PendingStep] = Readback(lag, finished_step)
+    if ckpt:
+        ckpt.settle = readback.flush  # a checkpoint holds the record of every step before it
     finished = False
     try:
         for step in range(start, cfg.steps):
@@ -79,21 +97,18 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
                 ckpt.before_step(step)  # the journal, this step's test/drill fault, a stop asked by SIGTERM
             else:
                 ctx.faults.at_step(step)
-            steps.append(train_step(ctx, cfg, strategy, optimizer, loader, step, flops_per_token, peak, health,
-                                    tracer))
-            if cfg.health.every and (step + 1) % cfg.health.every == 0 and not strategy.params_sharded:
+            pending = train_step(ctx, cfg, strategy, optimizer, loader, step, lag, tracer)
+            if replicas_due(cfg, strategy, step):
                 began = time.perf_counter()
-                check_replicas(ctx, strategy, step, health)
-                steps[-1]["health_s"] += time.perf_counter() - began
-            logger.log(steps[-1], step)
-            if ctx.rank == 0:  # the live progress view (train/progress.py)
-                ctx.channel.publish("step", {"step": step, "loss": steps[-1]["loss"],
-                                             "step_time_s": steps[-1]["step_time_s"]})
+                check_replicas(ctx, strategy, step, health, pending.grad_sums)
+                pending.health_s += time.perf_counter() - began
+            readback.push(pending)  # with lag 1: the previous step's figures, read while this one runs
             if ckpt:
                 with phase("checkpoint"):
                     ckpt.after_step(step + 1)
             if tracer:
                 tracer.step()
+        readback.flush()
         finished = True
     finally:
         if tracer:
@@ -126,50 +141,93 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     return result
 
 
+@dataclass
+class PendingStep:
+    """One step as issued: its marks, its loss and gradient norm on their way to the host, and
+    what the host knew at once. `finish_step` reads it back."""
+
+    step: int
+    clock: StepClock
+    values: torch.Tensor  # [this rank's loss, the gradient norm], float64, in host memory once read
+    comm: dict[str, Any]
+    memory: tuple[int, int]  # (current, peak) bytes when the step was issued
+    held: int
+    bad_param: str | None  # named only where the norm was read at once
+    grad_sums: tuple[list[str], torch.Tensor] | None  # the synchronised gradients' checksums, on check steps
+    checked_s: float  # the time taking them, inside the step: left out of its step time
+    health_s: float = 0.0  # the replica check's time after the step
+
+
 def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer,
-               loader: Any, step: int, flops_per_token: float, peak: float,
-               health: HealthMonitor | None = None, tracer: Tracer | None = None) -> dict[str, Any]:
-    """One optimizer step. Every rank's own figures (step time, compute, waiting, loss, memory,
-    model state) are gathered in one collective over the control group; rank 0 gives them to
-    the health monitor (`health`). Under `--trace`, the timed region is marked distval:step."""
+               loader: Any, step: int, lag: int = 0, tracer: Tracer | None = None) -> PendingStep:
+    """Issue one optimizer step. With `lag` 1 nothing in it waits for a GPU: the gradient norm is
+    read at once only where `--on-nan stop` needs it before the update. Under `--trace`, the
+    timed region is marked distval:step."""
     for group in optimizer.param_groups:
         group["lr"] = cfg.optim.lr_at(step, cfg.steps)
     ctx.control_comm.barrier()  # start together, so step time measures this step only
+    clock = StepClock(ctx.device)
     with tracer.timed() if tracer else contextlib.nullcontext():
+        clock.mark("start")
         start = time.perf_counter()
         faults = ctx.faults
         loss = forward_backward(cfg, strategy, loader, ctx.device, poison=bool(faults and faults.poisoned(step)))
         stretch = faults.slowdown(step) if faults else 0.0
         if stretch:  # test/drill: a straggler, slowed by a known factor
             time.sleep(stretch * (time.perf_counter() - start))
+        clock.mark("computed")
         with phase("grad_sync"):
             strategy.sync_gradients()
+            if faults:
+                faults.after_sync(step, strategy.module)
+        clock.mark("synced")
+        grad_sums, checked_s = None, 0.0
+        if strategy.grads_replicated and replicas_due(cfg, strategy, step):  # (a host read: every K steps)
+            began = time.perf_counter()
+            grad_sums = replica_checksums((name, p.grad) for name, p in strategy.module.named_parameters()
+                                          if p.grad is not None)
+            checked_s = time.perf_counter() - began
         with phase("optimizer"):
-            grad_norm = strategy.clip_grad_norm(cfg.optim.clip)  # a tensor on the device, read below
-            norm = float(grad_norm)  # read once (on a GPU, a host sync)
-            bad_param = None if math.isfinite(norm) else first_nonfinite_grad(strategy)
-            if not math.isfinite(norm) and cfg.health.on_nan == "stop":  # every rank sees the same norm: all stop
-                stop_on_nonfinite(ctx, step, loss, norm, bad_param)
+            grad_norm = strategy.clip_grad_norm(cfg.optim.clip)  # a tensor on the device
+            values = to_host(torch.stack([loss, grad_norm.detach().reshape(()).to(torch.float64)]))
+            bad_param = None
+            if not lag or cfg.health.on_nan == "stop":  # read at once (on a GPU, a host sync)
+                norm = float(values[1])
+                bad_param = None if math.isfinite(norm) else first_nonfinite_grad(strategy)
+                if not math.isfinite(norm) and cfg.health.on_nan == "stop":  # every rank sees the same norm: all stop
+                    stop_on_nonfinite(ctx, step, float(values[0]), norm, bad_param)
             optimizer.step()
             if faults:
                 faults.after_update(step, strategy.module)
             held = held_bytes(strategy.model_state_tensors(optimizer))  # everything of the model state exists now
             optimizer.zero_grad(set_to_none=True)
         strategy.after_step()
-        elapsed = time.perf_counter() - start
-    comm = {op: t for op, t in ctx.comm.totals.items()}
+        clock.mark("end")
+    comm = dict(ctx.comm.totals)
     ctx.comm.reset_totals()
-    blocked = sum(t.blocked_s for t in comm.values())
-    peak_mem = devices.peak_memory_bytes(ctx.device)
-    mine = [elapsed, elapsed - blocked, blocked, loss, devices.current_memory_bytes(ctx.device), peak_mem, held]
+    memory = (devices.current_memory_bytes(ctx.device), devices.peak_memory_bytes(ctx.device))
+    return PendingStep(step, clock, values, comm, memory, held, bad_param, grad_sums, checked_s)
+
+
+def finish_step(ctx: RankContext, cfg: TrainConfig, pending: PendingStep, tokens: float, flops_per_token: float,
+                peak: float, health: HealthMonitor | None = None) -> dict[str, Any]:
+    """A step's record, once its work is done. Every rank's own figures (step time, compute,
+    waiting, loss, memory, model state) are gathered in one collective over the control group;
+    rank 0 gives them to the health monitor (`health`). Compute is the step less its waiting: on
+    the host, the time the layer saw this thread blocked in collectives; on a GPU, the stream's
+    time in the gradient synchronisation (the peers' arrival included)."""
+    clock, comm = pending.clock, pending.comm
+    elapsed = clock.seconds("start", "end") - pending.checked_s
+    blocked = clock.seconds("computed", "synced") if clock.cuda else sum(t.blocked_s for t in comm.values())
+    loss, norm = pending.values.tolist()
+    mine = [elapsed, elapsed - blocked, blocked, loss, *pending.memory, pending.held]
     everyone = torch.zeros(ctx.world_size * len(mine), dtype=torch.float64)
     ctx.control_comm.all_gather(everyone, torch.tensor(mine, dtype=torch.float64))
     ranks = [dict(zip((*FIELDS, "held"), row)) for row in everyone.view(ctx.world_size, -1).tolist()]
-    tokens = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1)
-    step_s = max(r["step_s"] for r in ranks)  # the step ends when the slowest rank ends
+    step, step_s = pending.step, max(r["step_s"] for r in ranks)  # the step ends when the slowest rank ends
     compute = [r["compute_s"] for r in ranks]
     began = time.perf_counter()
-    found = health.update(step, ranks, norm, bad_param, tokens) if health is not None else []
+    found = health.update(step, ranks, norm, pending.bad_param, tokens) if health is not None else []
     for f in found:
         ctx.channel.publish("health", {"status": f.status, "summary": f.summary}, flush=True)
     return {
@@ -186,11 +244,12 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
         "comm_wire_bytes": round(sum(t.bytes * busbw_factor(op, ctx.world_size) for op, t in comm.items())),
         "comm_time_s": sum(t.time_s for t in comm.values()),
         "comm_blocked_s": sum(t.blocked_s for t in comm.values()),
-        "peak_mem_bytes": peak_mem,
+        "peak_mem_bytes": pending.memory[1],
         "model_state_bytes": int(max(r["held"] for r in ranks)),  # the rank holding the most
         "slowest_rank": compute.index(max(compute)),
         "compute_skew": max(compute) / max(statistics.median(compute), 1e-9),  # the slowest over the median
-        "health_s": time.perf_counter() - began,  # the monitor's own time on this rank (rank 0 decides)
+        # the monitor's own time on this rank (rank 0 decides), with the replica check's
+        "health_s": pending.checked_s + pending.health_s + time.perf_counter() - began,
     }
 
 
@@ -216,10 +275,19 @@ def first_nonfinite_grad(strategy: strategies.Strategy) -> str | None:
     return None
 
 
-def check_replicas(ctx: RankContext, strategy: strategies.Strategy, step: int, health: HealthMonitor | None) -> None:
-    """Every rank's exact per-parameter checksums, gathered on the control group and compared on
-    rank 0 (health/monitor.py)."""
+def replicas_due(cfg: TrainConfig, strategy: strategies.Strategy, step: int) -> bool:
+    """Replicas are compared after every `--check-replicas-every` K-th step where there are any."""
+    return bool(cfg.health.every) and (step + 1) % cfg.health.every == 0 and not strategy.params_sharded
+
+
+def check_replicas(ctx: RankContext, strategy: strategies.Strategy, step: int, health: HealthMonitor | None,
+                   grad_sums: tuple[list[str], torch.Tensor] | None = None) -> None:
+    """Every rank's exact per-parameter checksums (and, where the strategy keeps full gradients,
+    those of the gradients as synchronised: `grad_sums`), gathered on the control group and
+    compared on rank 0 (health/monitor.py)."""
     names, sums = replica_checksums(strategy.module.named_parameters())
+    if grad_sums is not None:
+        names, sums = names + [f"{n} (gradient)" for n in grad_sums[0]], torch.cat([sums, grad_sums[1]])
     everyone = torch.zeros(ctx.world_size * len(sums), dtype=torch.int64)
     ctx.control_comm.all_gather(everyone, sums)
     if health is not None:
@@ -229,10 +297,11 @@ def check_replicas(ctx: RankContext, strategy: strategies.Strategy, step: int, h
 
 
 def forward_backward(cfg: TrainConfig, strategy: strategies.Strategy, loader: Any, device: torch.device,
-                     poison: bool = False) -> float:
-    """K micro-batches; returns this rank's mean loss over them. `poison` (a test/drill fault):
-    the loss is NaN."""
-    total = 0.0
+                     poison: bool = False) -> torch.Tensor:
+    """K micro-batches; returns this rank's mean loss over them, a float64 scalar on the device
+    (not read here: on a GPU a read waits for the GPU). `poison` (a test/drill fault): the loss
+    is NaN."""
+    total = torch.zeros((), dtype=torch.float64, device=device)
     for k in range(cfg.grad_accum):
         with phase("data"):
             batch = {key: t.to(device) for key, t in next(loader).items()}
@@ -245,7 +314,7 @@ def forward_backward(cfg: TrainConfig, strategy: strategies.Strategy, loader: An
                 loss = loss * float("nan")
             with phase("backward"):
                 loss.backward()
-        total += float(loss.detach())
+        total += loss.detach()
     return total
 
 

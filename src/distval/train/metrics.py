@@ -14,13 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+READBACKS = ("auto", "now", "late")  # train/readback.py
+
 
 @dataclass(frozen=True)
 class MetricsConfig:
     log_jsonl: str | None = None  # rank 0 appends one JSON line per step
     tensorboard: str | None = None  # rank 0 writes TensorBoard scalars into this folder
+    readback: str = "auto"  # when a step's figures reach the host: now, late (one step on), auto (late on a GPU)
 
     def __post_init__(self) -> None:
+        if self.readback not in READBACKS:
+            raise ValueError(f"--metrics-readback must be auto, now or late (got {self.readback!r})")
         if self.tensorboard:
             try:
                 import tensorboard  # noqa: F401
@@ -29,9 +34,8 @@ class MetricsConfig:
 
     def resolved(self) -> MetricsConfig:
         """The paths made absolute: the workers may start in another folder."""
-        return dataclasses.replace(
-            self, **{k: str(Path(v).resolve()) for k, v in dataclasses.asdict(self).items() if v}
-        )
+        paths = {k: getattr(self, k) for k in ("log_jsonl", "tensorboard")}
+        return dataclasses.replace(self, **{k: str(Path(v).resolve()) for k, v in paths.items() if v})
 
 
 class MetricsLogger:
