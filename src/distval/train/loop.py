@@ -189,13 +189,14 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
             checked_s = time.perf_counter() - began
         with phase("optimizer"):
             grad_norm = strategy.clip_grad_norm(cfg.optim.clip)  # a tensor on the device
-            values = to_host(torch.stack([loss, grad_norm.detach().reshape(()).to(torch.float64)]))
+            on_device = torch.stack([loss, grad_norm.detach().reshape(()).to(torch.float64)])
+            values = to_host(on_device)
             bad_param = None
             if not lag or cfg.health.on_nan == "stop":  # read at once (on a GPU, a host sync)
-                norm = float(values[1])
+                norm = float(on_device[1])  # (not `values`: on a GPU its copy may still be on its way)
                 bad_param = None if math.isfinite(norm) else first_nonfinite_grad(strategy)
                 if not math.isfinite(norm) and cfg.health.on_nan == "stop":  # every rank sees the same norm: all stop
-                    stop_on_nonfinite(ctx, step, float(values[0]), norm, bad_param)
+                    stop_on_nonfinite(ctx, step, float(on_device[0]), norm, bad_param)
             optimizer.step()
             if faults:
                 faults.after_update(step, strategy.module)
