@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from distval.train.metrics import MetricsConfig
-from distval.train.readback import Readback, StepClock, lag_for, to_host
+from distval.train.readback import Readback, StepMarks, lag_for, to_host
 
 
 def test_lag_one_finishes_the_previous_step_when_the_next_is_issued():
@@ -38,7 +38,7 @@ def test_late_on_a_gpu_at_once_on_the_host_unless_asked():
 
 
 def test_host_marks_time_the_interval_and_values_stay_put():
-    clock = StepClock(torch.device("cpu"))
+    clock = StepMarks(torch.device("cpu"))
     clock.mark("start")
     sum(range(10000))
     clock.mark("end")

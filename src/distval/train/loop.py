@@ -38,7 +38,7 @@ from distval.train import data as data_mod
 from distval.train.config import TrainConfig
 from distval.train.metrics import MetricsLogger
 from distval.train.model import build_model
-from distval.train.readback import Readback, StepClock, lag_for, to_host
+from distval.train.readback import Readback, StepMarks, lag_for, to_host
 
 
 def loss_of(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -97,8 +97,10 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
                 ckpt.before_step(step)  # the journal, this step's test/drill fault, a stop asked by SIGTERM
             else:
                 ctx.faults.at_step(step)
-            pending = train_step(ctx, cfg, strategy, optimizer, loader, step, lag, tracer)
-            if replicas_due(cfg, strategy, step):
+            due = replicas_due(cfg, strategy, step)
+            pending = train_step(ctx, cfg, strategy, optimizer, loader, step, lag, tracer,
+                                 checksum_grads=due and strategy.grads_replicated)
+            if due:
                 began = time.perf_counter()
                 check_replicas(ctx, strategy, step, health, pending.grad_sums)
                 pending.health_s += time.perf_counter() - began
@@ -147,7 +149,7 @@ class PendingStep:
     what the host knew at once. `finish_step` reads it back."""
 
     step: int
-    clock: StepClock
+    clock: StepMarks
     values: torch.Tensor  # [this rank's loss, the gradient norm], float64, in host memory once read
     comm: dict[str, Any]
     memory: tuple[int, int]  # (current, peak) bytes when the step was issued
@@ -159,14 +161,16 @@ class PendingStep:
 
 
 def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy, optimizer: torch.optim.Optimizer,
-               loader: Any, step: int, lag: int = 0, tracer: Tracer | None = None) -> PendingStep:
+               loader: Any, step: int, lag: int = 0, tracer: Tracer | None = None,
+               checksum_grads: bool = False) -> PendingStep:
     """Issue one optimizer step. With `lag` 1 nothing in it waits for a GPU: the gradient norm is
-    read at once only where `--on-nan stop` needs it before the update. Under `--trace`, the
-    timed region is marked distval:step."""
+    read at once only where `--on-nan stop` needs it before the update. `checksum_grads`: take the
+    synchronised gradients' checksums for this step's replica check. Under `--trace`, the timed
+    region is marked distval:step."""
     for group in optimizer.param_groups:
         group["lr"] = cfg.optim.lr_at(step, cfg.steps)
     ctx.control_comm.barrier()  # start together, so step time measures this step only
-    clock = StepClock(ctx.device)
+    clock = StepMarks(ctx.device)
     with tracer.timed() if tracer else contextlib.nullcontext():
         clock.mark("start")
         start = time.perf_counter()
@@ -182,7 +186,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
                 faults.after_sync(step, strategy.module)
         clock.mark("synced")
         grad_sums, checked_s = None, 0.0
-        if strategy.grads_replicated and replicas_due(cfg, strategy, step):  # (a host read: every K steps)
+        if checksum_grads:  # (a host read: every K steps)
             began = time.perf_counter()
             grad_sums = replica_checksums((name, p.grad) for name, p in strategy.module.named_parameters()
                                           if p.grad is not None)

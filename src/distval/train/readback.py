@@ -3,7 +3,7 @@
 On a GPU the host only queues a step's work; reading a loss or a gradient norm (`float(t)`) or a
 host clock around the step waits for the GPU, and the GPU then idles while the host queues the
 next step. So a step's figures are taken without waiting: its instants are CUDA events on the
-current stream (`StepClock`), its loss and gradient norm are copied into pinned host memory in
+current stream (`StepMarks`), its loss and gradient norm are copied into pinned host memory in
 stream order (`to_host`), and the whole record is read back one step later (`Readback`, lag 1),
 when the GPU has finished that step while already working on the next. On the host (CPU ranks)
 the same marks are the host clock and nothing is late (lag 0): reading costs nothing there.
@@ -27,7 +27,7 @@ def lag_for(readback: str, device: torch.device) -> int:
     return int(readback == "late" or (readback == "auto" and device.type == "cuda"))
 
 
-class StepClock:
+class StepMarks:
     """Named instants of one step: CUDA events on a GPU (recorded on the current stream; marking
     never waits), the host clock elsewhere. `seconds(a, b)` is read back later: on a GPU it waits
     for `b`'s event, which by then has long passed when read one step late."""
