@@ -11,9 +11,13 @@ from typing import Any, Callable
 from distval import launch, meta
 from distval.comm import bench, check
 from distval.health.diagnose import WorkerFailure
+from distval.health.pauses import Pause, check_rows
 from distval.launch import JobResult, LaunchOptions, RankFn, Watcher
 from distval.results import CannotRun, Check, Report, Status
 
+_PAUSE_HINT = ("expected for an evaluation or a save on one rank; the others' wait is time lost on every rank: "
+               "evaluate on every rank (each its share of the batches) or less often, save with "
+               "torch.distributed.checkpoint (every rank writes its part). Not expected: details.pauses says where")
 _FAILURE_HINT = ("see each rank's last status, progress and log lines in details; rerun with a larger --timeout if "
                  "the job is just slow, or check that rank's host (memory, network) if it died")
 
@@ -26,8 +30,9 @@ def execute(command: str, rank_fn: RankFn, cfg: Any, opts: LaunchOptions,
     reports in one line (CannotRun) and leaves the report to rank 0, which names the rank that
     caused the failure from what every rank published on the rank channel."""
     mode = launch.detect_mode()
+    pauses: list[Pause] = []
     try:
-        job = launch.run(rank_fn, cfg, opts, watchers)
+        job = launch.run(rank_fn, cfg, opts, watchers, pauses)
     except CannotRun as e:
         if mode != "local" and isinstance(e, WorkerFailure) and os.environ.get("RANK", "0") != "0":
             raise
@@ -37,7 +42,10 @@ def execute(command: str, rank_fn: RankFn, cfg: Any, opts: LaunchOptions,
         return report
     if job is None:
         return None
-    return build(job)
+    report = build(job)
+    if pauses:
+        report.add(pause_check(command, pauses))
+    return report
 
 
 def failure_check(command: str, e: CannotRun) -> Check:
@@ -47,6 +55,15 @@ def failure_check(command: str, e: CannotRun) -> Check:
     return Check(f"{command} ranks" if failure else f"{command} launch", e.status if failure else Status.ERROR, str(e),
                  details=e.details if failure else {}, hint=(e.hint or _FAILURE_HINT) if failure else "",
                  where={"rank": e.rank, "status": e.last_status} if failure else {})
+
+
+def pause_check(command: str, pauses: list[Pause]) -> Check:
+    """A WARN for the pauses a job survived: ranks that ran outside any collective while the
+    others waited for longer than the hang threshold (health/pauses.py)."""
+    summary, details = check_rows(pauses)
+    longest = max(pauses, key=lambda p: p.length_s)
+    return Check(f"{command} pauses", Status.WARN, summary, details=details,
+                 where={"rank": longest.culprits[0], "at": longest.place()}, hint=_PAUSE_HINT)
 
 
 def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool = False,
@@ -66,8 +83,9 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
         os.environ[ENV] = f"{trace.skip}:{trace.active}:{trace.dir}"
     live = lambda f: print(f"distval: health {f.status}: {f.summary}", file=sys.stderr, flush=True)  # noqa: E731
     stragglers = StragglerWatch(info["world_size"] or 1, on_finding=live)
+    pauses: list[Pause] = []
     try:
-        ranks = run_local_script(script, args, opts, watchers=[stragglers], module=module)
+        ranks = run_local_script(script, args, opts, watchers=[stragglers], module=module, pauses=pauses)
     except CannotRun as e:
         report.add(failure_check("launch", e))
         return report
@@ -76,6 +94,8 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
     report.add(Check("launch script", Status.OK, f"{script} ended on all {ranks} ranks in "
                      f"{time.monotonic() - started:.1f} s, no hang"))
     report.add(stragglers.check())
+    if pauses:
+        report.add(pause_check("launch", pauses))
     if traced:
         from distval.trace.report import add_summary
 

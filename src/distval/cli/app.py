@@ -68,15 +68,25 @@ Deadline = Annotated[Optional[str], option(
     "--deadline", help="Stop the whole local job after this long, naming each rank's last status, e.g. 10m.")]
 JsonOut = Annotated[Optional[Path], option("--json", help="Write the report as JSON (schema distval.report/1).")]
 HangAfter = Annotated[str, option(
-    "--hang-after", help="Declare a hang when no rank progresses for this long (at least; learned from the gaps "
-    "between progress, x10), then name the culprit with every rank's stack; off: no watchdog (local workers).")]
+    "--hang-after", help="Look for a hang when no rank progresses for this long (at least; learned from the gaps "
+    "between progress, x10), then name the culprit with every rank's stack. A stopped or dead rank, a skipped or "
+    "mismatched collective, every rank waiting: ended at once. Ranks running outside any collective while the "
+    "others wait (an evaluation or a save on rank 0 looks the same): named live, ended only past --hang-kill-after. "
+    "off: no watchdog (local workers).")]
+HangKillAfter = Annotated[str, option(
+    "--hang-kill-after", help="End a job whose ranks have run outside any collective while the others waited for "
+    "this long (default 10m, NCCL's own collective timeout: a healthy job's evaluation or save on one rank must "
+    "not be killed; raised where this job already survived a longer pause at the same line).")]
 
 
-def launch_options(nproc, backend, expect_world, timeout, deadline, hang_after: str = "8s", **extra):
+def launch_options(nproc, backend, expect_world, timeout, deadline, hang_after: str = "8s",
+                   hang_kill_after: str = "10m", **extra):
     from distval.health.hang import HangPolicy
     from distval.launch import LaunchOptions
 
-    hang = None if hang_after == "off" else HangPolicy(floor_s=parse_duration(hang_after, "--hang-after"))
+    hang = None if hang_after == "off" else HangPolicy(
+        floor_s=parse_duration(hang_after, "--hang-after"),
+        kill_after_s=parse_duration(hang_kill_after, "--hang-kill-after"))
     return LaunchOptions(nproc=nproc, backend=backend, expect_world=expect_world,
                          timeout_s=parse_duration(timeout, "--timeout"),
                          deadline_s=parse_duration(deadline, "--deadline") if deadline else None, hang=hang, **extra)

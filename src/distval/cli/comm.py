@@ -11,6 +11,7 @@ from distval.cli.app import (
     Deadline,
     ExpectWorld,
     HangAfter,
+    HangKillAfter,
     JsonOut,
     Nproc,
     Timeout,
@@ -46,7 +47,7 @@ def comm_check(
     expect_world: ExpectWorld = None,
     timeout: Timeout = "60s",
     deadline: Deadline = None,
-    hang_after: HangAfter = "8s",
+    hang_after: HangAfter = "8s", hang_kill_after: HangKillAfter = "10m",
     json: JsonOut = None,
 ) -> int:
     """Exact correctness of every collective, dtype, reduce op and odd size; names the bad rank and index."""
@@ -55,7 +56,7 @@ def comm_check(
 
     sizes = dict(check.SIZES) if counts is None else {c: _count(c) for c in split_list(counts)}
     cfg = check.CheckConfig(ops=split_list(ops), dtypes=split_list(dtypes), sizes=sizes, iters=check_iters, seed=seed)
-    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after)
+    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, hang_kill_after)
     check_outputs({"--json": json})
     return finish(run_check(cfg, opts), json, make_console())
 
@@ -93,7 +94,8 @@ def comm_bench(
     bursts: Annotated[int, option("--bursts", help="Burst timing: timed bursts per size.")] = 5,
     csv: Annotated[Optional[Path], option("--csv", help="Write the sweep as CSV.")] = None,
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
-    deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
+    deadline: Deadline = None, hang_after: HangAfter = "8s", hang_kill_after: HangKillAfter = "10m",
+    json: JsonOut = None,
 ) -> int:
     """nccl-tests-compatible sweep: algbw, busbw, in/out-of-place, p50/p95, #wrong, α–β fit per op."""
     from distval.comm import bench
@@ -105,7 +107,7 @@ def comm_bench(
         ops=split_list(ops), dtype=dtype, min_bytes=parse_size(minbytes, "-b"), max_bytes=parse_size(maxbytes, "-e"),
         factor=stepfactor, step_bytes=parse_size(stepbytes, "-i") if stepbytes else None, iters=iters, warmup=warmup,
         check_iters=check, redop=redop, root=root, inplace=inplace, timing=timing, graph=graph, bursts=bursts)
-    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after)
+    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, hang_kill_after)
     if graph and (backend if backend != "auto" else default_backend()) != "nccl":
         raise ValueError(bench.GRAPH_NEEDS_CUDA)
     world_size = planned_world_size(opts)

@@ -11,6 +11,7 @@ import typer
 
 from distval.cli.app import (
     HangAfter,
+    HangKillAfter,
     JsonOut,
     Timeout,
     TraceDir,
@@ -63,7 +64,7 @@ def launch_cmd(
         "records N; one Kineto trace per rank, analysed at the end (docs/trace.md).")] = None,
     trace_dir: TraceDir = Path("distval-report/traces"),
     timeout: Timeout = "60s",
-    hang_after: HangAfter = "8s",
+    hang_after: HangAfter = "8s", hang_kill_after: HangKillAfter = "10m",
     json: JsonOut = None,
 ) -> int:
     """Run your own torch.distributed script under distval's watchdog: hangs, dead and stopped ranks named
@@ -90,8 +91,9 @@ def launch_cmd(
         raise ValueError(f"--nnodes must be a whole number of nodes (got {nnodes!r}); elastic MIN:MAX ranges are "
                          f"not supported")
     ids = {"run_id": rdzv_id or ("distval-launch" if int(nnodes) > 1 else None)}
-    opts = launch_options(nproc_per_node, "auto", None, timeout, None, hang_after, max_restarts=max_restarts,
-                          nnodes=int(nnodes), rdzv_endpoint=rdzv_endpoint, **{k: v for k, v in ids.items() if v})
+    opts = launch_options(nproc_per_node, "auto", None, timeout, None, hang_after, hang_kill_after,
+                          max_restarts=max_restarts, nnodes=int(nnodes), rdzv_endpoint=rdzv_endpoint,
+                          **{k: v for k, v in ids.items() if v})
     check_outputs({"--json": json})
     traced = trace_config(trace, 10**9, trace_dir, script.stem if not module else str(script))
     return finish(run_script(str(script), list(ctx.args), opts, module=module, trace=traced), json, make_console())

@@ -15,6 +15,7 @@ from distval.cli.app import (
     Deadline,
     ExpectWorld,
     HangAfter,
+    HangKillAfter,
     JsonOut,
     Nproc,
     Timeout,
@@ -43,7 +44,8 @@ def run_cmd(
                                 "(created when missing).")] = Path("distval-report"),
     model: Annotated[str, option("--model", help="Model preset of the plan, compare, drills and traced run.")] = "tiny",
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
-    deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
+    deadline: Deadline = None, hang_after: HangAfter = "8s", hang_kill_after: HangKillAfter = "10m",
+    json: JsonOut = None,
 ) -> int:
     """The acceptance ladder: doctor, comm check, comm bench, plan, compare, drills, a traced run, its health."""
     from distval import ladder
@@ -51,7 +53,7 @@ def run_cmd(
 
     presets.model(model)
     stages = ladder.select(split_list(only) if only else None, split_list(skip) if skip else None)
-    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after)
+    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, hang_kill_after)
     check_outputs({"--json": json})
     out_dir = output_dir(out, "--out")
     console = make_console()

@@ -13,6 +13,7 @@ from distval.cli.app import (
     Deadline,
     ExpectWorld,
     HangAfter,
+    HangKillAfter,
     JsonOut,
     Nproc,
     Timeout,
@@ -67,7 +68,8 @@ def train_cmd(
         "on CPU).")] = "auto",
     trace: TraceSteps = None, trace_dir: TraceDir = Path("distval-report/traces"),
     nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
-    deadline: Deadline = None, hang_after: HangAfter = "8s", json: JsonOut = None,
+    deadline: Deadline = None, hang_after: HangAfter = "8s", hang_kill_after: HangKillAfter = "10m",
+    json: JsonOut = None,
 ) -> int:
     """Train the built-in decoder with one data-parallel strategy; per-step metrics; checkpoints, resume, restarts."""
     from distval.ckpt import command as ckpt_cmd
@@ -85,7 +87,8 @@ def train_cmd(
                                              tensorboard=str(tensorboard) if tensorboard else None,
                                              readback=metrics_readback),
                        health=HealthConfig(slow_ratio=straggler_ratio, every=check_replicas_every, on_nan=on_nan))
-    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, max_restarts=max_restarts)
+    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, hang_kill_after,
+                          max_restarts=max_restarts)
     check_training(cfg, opts)
     check_outputs({"--json": json, "--log-jsonl": log_jsonl})
     cfg = dataclasses.replace(cfg, trace=trace_config(trace, cfg.steps, trace_dir, cfg.strategy))

@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 from distval.health import fingerprints, ranks_text
 from distval.health.heartbeat import KIND as HEARTBEAT
+from distval.health.pauses import LOOK_EVERY_S, Pause, Sites, due, kill_limit, user_frames
 from distval.stats import percentile
 
 STACK_TIMEOUT_S = 10.0
@@ -53,10 +54,17 @@ class HangPolicy:
     factor: float = 10.0
     startup_s: float = 120.0
     busy_s: float = 600.0
+    # a pause (ranks outside any collective while the others wait: health/pauses.py) is ended
+    # past this (--hang-kill-after): NCCL's default collective timeout, after which the backend
+    # would end the job anyway
+    kill_after_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not self.floor_s > 0:
             raise ValueError(f"--hang-after must be positive (got {self.floor_s:g} s), e.g. 30s")
+        if not self.kill_after_s >= self.floor_s:
+            raise ValueError(f"--hang-kill-after must be at least --hang-after ({self.floor_s:g} s; got "
+                             f"{self.kill_after_s:g} s), e.g. 10m")
 
     def threshold(self, gaps: list[float], busy: bool, slop_s: float = 1.0, running: bool = False) -> float:
         """`gaps`: seconds between progress seen lately, each up to `slop_s` longer than the real
@@ -93,6 +101,17 @@ class Hang:
     stacks: dict[int, str] = field(default_factory=dict)
     stacks_note: str = ""
     hung: bool = True  # False: a mismatch the fingerprint check found while every rank still ran
+
+    @property
+    def certain(self) -> bool:
+        """Whether the evidence alone proves a hang: a stopped or dead rank, a mismatch, a skipped
+        collective, every rank waiting. Not so when the culprits run outside any collective while
+        the others wait (an evaluation or a save on one rank looks the same): a pause."""
+        if self.kind != "outside":
+            return True
+        rows = {row["rank"]: row for row in self.ranks}
+        return not self.culprits or any(rows.get(r, {}).get("waiting_in") or not rows.get(r, {}).get("pid")
+                                        for r in self.culprits)
 
     def details(self) -> dict[str, Any]:
         return {"hang": self.kind, "hung": self.hung, "culprits": self.culprits, "stalled_s": round(self.stalled_s, 1),
@@ -358,13 +377,17 @@ def summary(hang: Hang) -> str:
 
 class Watchdog:
     """A monitor-loop watcher (launch/monitor.py): reads every rank's heartbeat each `every_s`,
-    learns the gaps between progress, and when none comes for the threshold diagnoses the hang
-    and calls `on_hang(hang)` once (which stops the job). On the way it compares the ranks'
-    collective fingerprints (health/fingerprints.py): a mismatch is reported the same way, at
-    once."""
+    learns the gaps between progress, and when none comes for the threshold diagnoses the hang.
+    A certain hang is reported at once through `on_hang(hang)` (which stops the job); ranks
+    running outside any collective while the others wait are a pause (health/pauses.py): named
+    live through `say`, looked at again every few seconds, ended only when the evidence turns
+    certain or the pause outlasts its kill limit. Pauses that ended are kept in `pauses`. On the
+    way it compares the ranks' collective fingerprints (health/fingerprints.py): a mismatch is
+    reported like a hang, at once."""
 
-    def __init__(self, world_size: int, policy: HangPolicy, on_hang: Callable[[Hang], None], every_s: float = 0.5):
-        self.world_size, self.policy, self.on_hang, self.every_s = world_size, policy, on_hang, every_s
+    def __init__(self, world_size: int, policy: HangPolicy, on_hang: Callable[[Hang], None], every_s: float = 0.5,
+                 say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)):
+        self.world_size, self.policy, self.on_hang, self.every_s, self.say = world_size, policy, on_hang, every_s, say
         self.gaps: collections.deque[float] = collections.deque(maxlen=20)
         self._progress: Any = None
         self._ready = False
@@ -375,6 +398,10 @@ class Watchdog:
         self._compared: dict[int, Any] = {}
         self._reader: Any = None
         self.hang: Hang | None = None  # set once, by the monitor thread; read after it stopped
+        self.pause: Pause | None = None  # the pause in progress
+        self._looked = 0.0  # when the pause in progress was last diagnosed
+        self.pauses: list[Pause] = []  # the pauses the job survived, in order
+        self.sites = Sites()
 
     def tick(self, reader: Any) -> None:
         now = time.monotonic()
@@ -390,26 +417,94 @@ class Watchdog:
         # data loading) is not a gap between steps
         ready = len(progress) == self.world_size and all(groups for groups, _ in progress.values())
         if progress != self._progress:
-            if ready and self._ready:
+            if self.pause is not None:
+                self._pause_ended(now)  # a pause is remembered by its site, not learned as a gap
+            elif ready and self._ready:
                 self.gaps.append(now - self._changed)
             self._running = self._running or (ready and self._progress is not None)
             self._progress, self._changed, self._ready = progress, now, ready
             return
         busy = any(b and b.get("busy") for b in beats.values()) or now < self._compiling_until
         stalled = now - self._changed
-        if progress and stalled >= self.policy.threshold(list(self.gaps), busy, running=self._running):
-            statuses = reader.all(self.world_size, "status")  # written at once: fresher than a heartbeat
-            if all((statuses.get(r) or {}).get("done") for r in range(self.world_size)):
-                return  # every rank's script has returned: the workers are exiting, not hung
-            for r, b in beats.items():
-                if b and statuses.get(r):
-                    b.update(status=statuses[r].get("status", b["status"]), step=statuses[r].get("step", b["step"]))
-            hang = diagnose_hang(beats, stalled)
-            if hang.kind not in ("stopped", "dead") and compiling(hang) and stalled < self.policy.busy_s:
-                self._compiling_until = now + COMPILE_RECHECK_S  # real work: look again later
+        if self.pause is None and not (progress and stalled >= self.policy.threshold(list(self.gaps), busy,
+                                                                                      running=self._running)):
+            return
+        if self.pause is not None and now - self._looked < LOOK_EVERY_S:
+            self._pause_live(stalled)
+            return
+        statuses = reader.all(self.world_size, "status")  # written at once: fresher than a heartbeat
+        if all((statuses.get(r) or {}).get("done") for r in range(self.world_size)):
+            return  # every rank's script has returned: the workers are exiting, not hung
+        for r, b in beats.items():
+            if b and statuses.get(r):
+                b.update(status=statuses[r].get("status", b["status"]), step=statuses[r].get("step", b["step"]))
+        hang = diagnose_hang(beats, stalled)
+        if hang.kind not in ("stopped", "dead") and compiling(hang) and stalled < self.policy.busy_s:
+            self._compiling_until = now + COMPILE_RECHECK_S  # real work: look again later
+            return
+        if hang.certain:
+            self._declare(hang)
+        else:
+            self._pause_seen(hang, now)
+
+    def _declare(self, hang: Hang) -> None:
+        if self.pause is not None:  # it began as a pause, which turned certain
+            hang.verdict += f" (after {self.pause.length_s:.0f} s outside any collective)"
+            self.pause = None
+        self.hang = hang
+        self.on_hang(hang)
+
+    def _pause_seen(self, hang: Hang, now: float) -> None:
+        """Ranks run outside any collective while the others wait: a pause begins, or goes on."""
+        self._looked = now
+        stalled = now - self._changed
+        pause = self.pause
+        if pause is None or pause.culprits != hang.culprits:
+            rows = [row for row in hang.ranks if not row["culprit"]]
+            waits = sorted({row["waiting_in"] for row in rows if row["waiting_in"]})
+            verb = "waits" if len(rows) == 1 else "wait"
+            waiting = (f"{ranks_text([row['rank'] for row in rows])} {verb} in {', '.join(waits)}" if waits
+                       else "the others wait")
+            pause = self.pause = Pause(hang.culprits, waiting, self._changed, time.time() - stalled)
+        culprit = hang.culprits[0]
+        stack = hang.stacks.get(culprit)
+        if stack:
+            pause.samples.append(user_frames(main_frames(stack)))
+        row = next(row for row in hang.ranks if row["rank"] == culprit)
+        pause.where = row["where"] or row["status"] or ""
+        if len(pause.samples) <= 1:
+            pause.expected_s = self.sites.expected(pause.samples[0] if pause.samples else ())
+        self._pause_live(stalled, hang)
+
+    def _pause_live(self, stalled: float, hang: Hang | None = None) -> None:
+        """The pause's live line when due; past its kill limit, the hang."""
+        pause = self.pause
+        assert pause is not None
+        pause.length_s = stalled
+        limit = kill_limit(self.policy.kill_after_s, pause.expected_s)
+        if stalled >= limit:
+            if hang is None:  # the last look is too old to end the job on: look now
+                self._looked = 0.0
                 return
-            self.hang = hang
-            self.on_hang(self.hang)
+            hang.verdict += (f"; it has run outside any collective for {stalled:.0f} s, past the kill limit of "
+                             f"{limit:.0f} s (--hang-kill-after)")
+            self.pause = None
+            self._declare(hang)
+            return
+        if due(pause, stalled):
+            pause.announced_s = stalled
+            self.say(pause.line(stalled, limit))
+
+    def _pause_ended(self, now: float) -> None:
+        pause = self.pause
+        assert pause is not None
+        pause.length_s = now - pause.started
+        self.pause = None
+        self.sites.survived(pause)
+        self.pauses.append(pause)
+        if pause.announced_s:
+            self.say(f"distval: pause over: {ranks_text(pause.culprits)} back in collectives after "
+                     f"{pause.length_s:.0f} s (at {pause.place()})")
 
     def _mismatch(self, beats: dict[int, dict[str, Any] | None], reader: Any) -> bool:
         """Compare the fingerprint digests of every rank's newest windows (when they changed);
@@ -428,7 +523,9 @@ class Watchdog:
     def close(self) -> None:
         """After the job: a last compare, of the fingerprints the ranks left as they ended (a
         mismatch in a job's last collectives stops nothing, but fails the job). The diagnosis,
-        if any, stays in `hang`."""
+        if any, stays in `hang`; a pause still in progress joins `pauses`."""
+        if self.pause is not None:
+            self._pause_ended(time.monotonic())
         if self.hang is None and self._reader is not None:
             self._mismatch(self._reader.all(self.world_size, HEARTBEAT), self._reader)
 

@@ -21,15 +21,17 @@ from distval.launch.modes import check_world, detect_mode, first_slurm_host, pla
 from distval.launch.monitor import Watcher
 
 
-def run(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] | tuple = ()) -> JobResult | None:
+def run(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] | tuple = (),
+        pauses: list | None = None) -> JobResult | None:
     """Run `rank_fn(ctx, cfg)` on every rank. `watchers` are fed by the monitor loop (the
-    launching process locally, rank 0 under an outer launcher): live views such as progress."""
+    launching process locally, rank 0 under an outer launcher): live views such as progress.
+    `pauses`: where the local watchdog appends the pauses the job survived (health/pauses.py)."""
     mode = detect_mode()
     if mode == "local":
         from distval.launch.local import run_local
 
         check_world(opts.nproc or devices.default_nproc(), opts.expect_world, {})
-        return run_local(rank_fn, cfg, opts, watchers)
+        return run_local(rank_fn, cfg, opts, watchers, pauses)
     from distval.launch.worker import run_worker
 
     env = dict(os.environ)

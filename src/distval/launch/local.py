@@ -25,6 +25,7 @@ from distval.health.diagnose import WorkerFailure, diagnose
 from distval.health.hang import HINTS, Hang, Watchdog, stop_ranks, summary
 from distval.health.heartbeat import FR_ENV, enable_flight_recorder
 from distval.health.heartbeat import KIND as HEARTBEAT
+from distval.health.pauses import Pause
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
 from distval.results import Status
@@ -54,29 +55,33 @@ def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult | 
     return run_worker(rank_fn, cfg, opts, "local")
 
 
-def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] | tuple = ()) -> JobResult:
+def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] | tuple = (),
+              pauses: list[Pause] | None = None) -> JobResult:
     """`rank_fn(ctx, cfg)` on `opts.nproc` local workers; rank 0's gathered results."""
     devices.check_local_workers(opts.nproc or devices.default_nproc(), opts.backend)
-    results = run_agent(_local_entry, (rank_fn, cfg, opts), opts, watchers, show_output=False)
+    results = run_agent(_local_entry, (rank_fn, cfg, opts), opts, watchers, show_output=False, pauses=pauses)
     return results[0]
 
 
 def run_script(script: str, args: list[str], opts: LaunchOptions, watchers: list[Watcher] | tuple = (),
-               module: bool = False) -> int:
+               module: bool = False, pauses: list[Pause] | None = None) -> int:
     """A user's own script on `opts.nproc` local workers, as torchrun runs it (its output on this
     terminal), with the heartbeat and the hang watchdog attached (launch/shim.py). Returns the
     number of ranks; a failure or hang raises WorkerFailure naming the culprit."""
     target = ("-m", script) if module else (script,)
     devices.check_local_workers(opts.nproc or devices.default_nproc(), "any")  # the script picks its backend
-    run_agent(sys.executable, ("-m", "distval.launch.shim", *target, *args), opts, watchers, show_output=True)
+    run_agent(sys.executable, ("-m", "distval.launch.shim", *target, *args), opts, watchers, show_output=True,
+              pauses=pauses)
     return (opts.nproc or devices.default_nproc()) * opts.nnodes
 
 
 def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[Watcher] | tuple,
-              show_output: bool) -> dict[int, Any]:
+              show_output: bool, pauses: list[Pause] | None = None) -> dict[int, Any]:
     """torchrun's elastic agent in this process: `entrypoint(*args)` on every worker (a function,
     or a program), the rank channel's store, the monitor loop (deadline, no-restart notes, the
-    hang watchdog, `watchers`); a failed or hung job becomes a WorkerFailure naming its cause."""
+    hang watchdog, `watchers`); a failed or hung job becomes a WorkerFailure naming its cause.
+    The pauses the watchdog saw the job survive (ranks outside any collective while the others
+    waited: health/pauses.py) are appended to `pauses`."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -130,6 +135,8 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
             results = elastic_launch(config, entrypoint)(*args)
         finally:
             monitor.close()
+            if watchdog and pauses is not None:
+                pauses.extend(watchdog.pauses)
             for sig, handler in saved_handlers.items():
                 signal.signal(sig, handler)
         _raise_hang(watchdog)  # a mismatch in the job's last collectives, found as it ended
