@@ -99,11 +99,13 @@ class RankContext:
 
     def publish_state(self, error: str | None = None, traceback_text: str = "") -> None:
         """What this rank was doing when it failed or was stopped, written now (read by
-        health/diagnose.py)."""
+        health/diagnose.py), with the fingerprints of its last collectives."""
+        from distval.health.heartbeat import last_collectives
+
         comms = [c for c in (self.comm, self.control_comm) if c is not None]
-        self.channel.publish(
-            "state", state_payload(self.rank, self.last_status, comms, error, traceback_text), flush=True
-        )
+        state = {**state_payload(self.rank, self.last_status, comms, error, traceback_text),
+                 "recent": last_collectives()}
+        self.channel.publish("state", state, flush=True)
 
 
 def state_payload(

@@ -1,6 +1,10 @@
 """Name the rank that caused a failed job, from what every rank published on the rank channel
 (`state` when it failed or was stopped, its last `status`) and, in local mode, how each process
 exited. In order:
+  0. a collective mismatch that made the backend abort a rank (Gloo: "Received data size doesn't
+     match expected size"): the aborting rank is the victim, not the cause; the survivors' last
+     collectives (their `state`'s `recent` fingerprints) and the sizes in the backend's message
+     name the rank whose collective differed (a FAIL);
   1. a rank with an error of its own (not a timeout, closed connection or PeerFailed: those are
      what the others get when a peer fails); the earliest;
   2. a rank that left no state at all while its peers saw their connections close or the agent
@@ -13,10 +17,17 @@ exited. In order:
 
 from __future__ import annotations
 
+import re
 import signal
 from typing import Any
 
+from distval.health import fingerprints, ranks_text
 from distval.results import CannotRun, Status
+
+_SIZE_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
+MISMATCH_HINT = ("the ranks issued different collectives at the same point: a rank-dependent branch (a metric "
+                 "all_reduce inside `if rank ...`, an early `continue`) or a rank-dependent tensor shape; make every "
+                 "rank issue the same collectives in the same order")
 
 
 class WorkerFailure(CannotRun):
@@ -56,6 +67,9 @@ def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[
                              "issued": (states[r] or {}).get("issued"), "exitcode": exitcodes.get(r),
                              "pending": [p["op"] for p in (states[r] or {}).get("pending", [])],
                              "log_tail": log_tails.get(r, [])} for r in ranks}}
+    aborted = backend_mismatch(states, exitcodes, log_tails, details)
+    if aborted is not None:
+        return aborted
     errors = {r: st["error"] for r, st in states.items() if st and st.get("error")}
     own = sorted((states[r]["time"], r) for r, e in errors.items() if not secondary(e))
     if own:
@@ -90,6 +104,65 @@ def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[
         return WorkerFailure(r, errors[r], states[r]["status"], details)
     r = next(iter(exitcodes), None)
     return WorkerFailure(r, f"exited with code {exitcodes.get(r)}", status.get(r, ""), details)
+
+
+def backend_mismatch(states: dict[int, dict[str, Any] | None], exitcodes: dict[int, int],
+                     log_tails: dict[int, list[str]], details: dict[str, Any]) -> WorkerFailure | None:
+    """A rank the backend aborted on a collective mismatch, turned into the mismatch: which rank's
+    collective differed, from the survivors' last collectives and the message's sizes."""
+    victim, sizes = None, None
+    for r, lines in sorted(log_tails.items()):
+        found = next((m for line in lines if (m := _SIZE_MISMATCH.search(line))), None)
+        if found and (exitcodes.get(r) == -signal.SIGABRT or states.get(r) is None):
+            victim, sizes = r, (int(found.group(1)), int(found.group(2)))
+            break
+    if victim is None or sizes is None:
+        return None
+    received, expected = sizes
+    how = (f"the backend aborted rank {victim} on mismatched sizes (it received {received} bytes where its own "
+           f"collective expected {expected})")
+    recents = {r: st["recent"] for r, st in states.items() if st and st.get("recent")}
+    found = fingerprints.first_difference(recents)
+    if found is None:
+        return WorkerFailure(victim, f"collective mismatch: {how}; the other ranks left no record of their last "
+                             f"collectives, so the rank that issued a different one is not known", "", details,
+                             MISMATCH_HINT, Status.FAIL)
+    pg, seq, prints = found
+    sides: dict[str, list[int]] = {}
+    for r, fp in sorted(prints.items()):
+        sides.setdefault(fp, []).append(r)
+    # the victim's own collective was smaller than what it received: it sides with the ranks
+    # whose collective is, and the ranks that sent more are the others
+    smaller = [fp for fp in sides if (n := fingerprints.nbytes(fp)) is not None and n < received]
+    if len(smaller) == 1:
+        sides[smaller[0]].append(victim)
+    ranked = sorted(sides.items(), key=lambda kv: -len(kv[1]))
+    if len(ranked[0][1]) > len(ranked[1][1]):
+        usual, odd = ranked[0], ranked[1:]
+    elif len(smaller) == 1:
+        usual, odd = (smaller[0], sides[smaller[0]]), [(fp, rs) for fp, rs in ranked if fp != smaller[0]]
+    else:
+        usual, odd = None, ranked
+    culprits = sorted(r for _, rs in odd for r in rs)
+    if usual is None:
+        text = (f"collective #{seq} of group {pg} differs: "
+                + "; ".join(f"{ranks_text(rs)} issued {fp}" for fp, rs in odd) + " (no majority decides)")
+    else:
+        parts = []
+        for fp, rs in odd:
+            history = {f for r in usual[1] for f in recents.get(r, {}).get(pg, {}).values()}
+            if fp in history:  # a collective the others issue too, one early: it skipped theirs
+                parts.append(f"{ranks_text(rs)} skipped {usual[0]} (#{seq} of group {pg}): it went on to {fp} while "
+                             f"{ranks_text(usual[1])} issued {usual[0]}")
+            else:
+                parts.append(f"{ranks_text(rs)} issued {fp} as #{seq} of group {pg} while {ranks_text(usual[1])} "
+                             f"issued {usual[0]}")
+        text = "; ".join(parts)
+    details["mismatch"] = {"group": pg, "seq": seq, "fingerprints": {str(r): fp for r, fp in prints.items()},
+                           "aborted": victim, "received_bytes": received, "expected_bytes": expected}
+    return WorkerFailure(culprits[0] if len(culprits) == 1 else None, f"collective mismatch: {text}; {how}",
+                         (states.get(culprits[0]) or {}).get("status", "") if culprits else "", details,
+                         MISMATCH_HINT, Status.FAIL)
 
 
 def fewer_collectives(rank: int, beats: dict[int, dict[str, Any] | None]) -> str:

@@ -28,6 +28,7 @@ compared (the stacks taken at a hang show the call sites).
 
 from __future__ import annotations
 
+import ast
 import collections
 import hashlib
 from typing import Any, Callable
@@ -137,3 +138,46 @@ def _name(pg: str, w: int, every: int, sides: list[list[int]], prints: dict[int,
     elif tie:
         text += " (no majority decides)"
     return culprits, text, min(f["times"][at] for f in found)
+
+
+def recent(entries: list[dict[str, Any]], n: int = 8) -> dict[str, dict[str, str]]:
+    """The fingerprints of each group's last `n` collectives in the recorder, completed or not:
+    {pg: {seq: fingerprint}} (what a failing rank leaves in its `state`)."""
+    out: dict[str, dict[str, str]] = collections.defaultdict(dict)
+    for e in entries:
+        if not e.get("is_p2p"):
+            out[e["process_group"][0]][str(e["collective_seq_id"])] = fingerprint(e)
+    return {pg: dict(sorted(seqs.items(), key=lambda kv: int(kv[0]))[-n:]) for pg, seqs in out.items()}
+
+
+def first_difference(recents: dict[int, dict[str, dict[str, str]]]) -> tuple[str, int, dict[int, str]] | None:
+    """The first collective (group, sequence number) that two or more ranks recorded differently:
+    (pg, seq, {rank: fingerprint}), or None."""
+    keys = {(pg, int(seq)) for doc in recents.values() for pg, seqs in doc.items() for seq in seqs}
+    for pg, seq in sorted(keys, key=lambda k: (k[1], k[0] != "0", k[0])):
+        prints = {r: doc[pg][str(seq)] for r, doc in recents.items() if str(seq) in doc.get(pg, {})}
+        if len(set(prints.values())) > 1:
+            return pg, seq, prints
+    return None
+
+
+_DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Short": 2, "Char": 1,
+                "Byte": 1, "Bool": 1}
+
+
+def nbytes(fp: str) -> int | None:
+    """The bytes of a fingerprint's tensors ("all_reduce [[1, 4]] Float" -> 16), None if unknown."""
+    try:
+        _, sizes, dtypes = fp.split(" ", 2)
+        shapes, kinds = ast.literal_eval(sizes), dtypes.split(",")
+    except (ValueError, SyntaxError):
+        return None
+    total = 0
+    for shape, kind in zip(shapes, kinds):
+        if kind not in _DTYPE_BYTES:
+            return None
+        count = 1
+        for dim in shape:
+            count *= dim
+        total += count * _DTYPE_BYTES[kind]
+    return total

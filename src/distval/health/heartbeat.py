@@ -62,6 +62,16 @@ def recorded() -> list[dict[str, Any]]:
     return json.loads(_dump_fr_trace_json(includeCollectives=True, onlyActive=False)).get("entries", [])
 
 
+def last_collectives(n: int = 8) -> dict[str, dict[str, str]]:
+    """The fingerprints of each group's last `n` collectives (health/fingerprints.py `recent`):
+    what a failing rank leaves behind, so that the diagnosis can name the rank whose collective
+    differed when the backend aborted another. Empty without a process group or the recorder."""
+    try:
+        return fingerprints.recent(recorded(), n)
+    except Exception:  # noqa: BLE001 (a rank on its way out: whatever the recorder still gives)
+        return {}
+
+
 def pending_collectives(groups: dict[str, list[int]], entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The recorder's entries of collectives enqueued but not completed, per group."""
     out = []

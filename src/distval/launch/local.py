@@ -203,7 +203,7 @@ def _local_logs(run_dir: str) -> set[str]:
     return {p.parent.name for p in Path(run_dir, "logs").rglob("attempt_*/*/stderr.log")}
 
 
-def _log_tail(run_dir: str, rank: int, lines: int = 5) -> list[str]:
+def _log_tail(run_dir: str, rank: int, lines: int = 8) -> list[str]:
     # the last attempt's log (the agent numbers attempts 0, 1, ... when it restarts workers)
     for path in sorted(Path(run_dir, "logs").rglob(f"attempt_*/{rank}/stderr.log"),
                        key=lambda p: int(p.parent.parent.name.split("_")[1]), reverse=True):

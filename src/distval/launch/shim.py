@@ -17,14 +17,69 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
+import threading
+import time
 import traceback
 
 from distval import channel as channels
-from distval.health.heartbeat import Heartbeat, enable_flight_recorder
+from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives
 from distval.health.steps import StepClock
 from distval.rank import state_payload
 from distval.trace.capture import from_env
+
+TERM_GRACE_S = 1.0  # a SIGTERM the main thread cannot take (blocked in C) is answered from a thread after this
+
+
+class LastWords:
+    """This rank's `state`, published once, as it fails: the error, the traceback, and the
+    fingerprints of its last collectives (the Flight Recorder's, a few ms).
+
+    SIGTERM (torch's agent stopping the job after another rank failed) is taken by a handler
+    that publishes and exits 128 + 15, as the default action would. A Python handler runs on
+    the main thread only, once it is back in Python; a rank blocked in C (a collective that
+    never returns, a CUDA synchronisation) would hold on until the agent's SIGKILL 30 s later,
+    so a thread woken by the signal (the interpreter's wakeup fd) answers for it after
+    TERM_GRACE_S. A script that installs its own SIGTERM handler keeps it: then neither acts."""
+
+    def __init__(self, channel: channels.RankChannel, rank: int, status: str):
+        self.channel, self.rank, self.status = channel, rank, status
+        self._lock = threading.Lock()
+        self._said = False
+
+    def say(self, error: str | None, traceback_text: str = "") -> None:
+        """`error`: None for a rank stopped from outside (SIGTERM), as a distval worker says it."""
+        with self._lock:
+            if self._said:
+                return
+            self._said = True
+        state = {**state_payload(self.rank, self.status, [], error, traceback_text), "recent": last_collectives()}
+        self.channel.publish("state", state, flush=True)
+
+    def install(self) -> LastWords:
+        signal.signal(signal.SIGTERM, self._on_term)
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(read,), name="distval-last-words", daemon=True).start()
+        return self
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self._term()
+
+    def _term(self) -> None:
+        try:
+            self.say(None)
+        finally:
+            os._exit(128 + signal.SIGTERM)
+
+    def _watch(self, read: int) -> None:
+        while True:
+            got = os.read(read, 64)
+            if signal.SIGTERM in got and signal.getsignal(signal.SIGTERM) == self._on_term:
+                time.sleep(TERM_GRACE_S)  # the main thread's handler ends the process first if it can
+                self._term()
 
 
 def main(argv: list[str]) -> None:
@@ -36,6 +91,7 @@ def main(argv: list[str]) -> None:
     channel = channels.for_worker(rank)
     status = f"running {script if module else os.path.basename(script)}"
     channel.publish("status", {"status": status}, flush=True)
+    last_words = LastWords(channel, rank, status).install()
     heartbeat = Heartbeat(channel, lambda: (status, {})).start()
     steps = StepClock(channel).start()  # the script's optimizer steps, for the straggler rule (health/steps.py)
     _beat_before_destroy(heartbeat)
@@ -54,8 +110,7 @@ def main(argv: list[str]) -> None:
             _finished(channel, status)
         raise
     except BaseException as e:
-        error = f"{type(e).__name__}: {e}".strip()
-        channel.publish("state", state_payload(rank, status, [], error, traceback.format_exc(limit=8)), flush=True)
+        last_words.say(f"{type(e).__name__}: {e}".strip(), traceback.format_exc(limit=8))
         raise
     finally:
         if tracer:
