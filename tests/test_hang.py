@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from distval.health.diagnose import fewer_collectives
+from distval.health import fingerprints
+from distval.health.diagnose import diagnose, fewer_collectives
 from distval.health.hang import Hang, HangPolicy, Watchdog, compiling, decide, where
+from distval.health.pauses import Pause, Sites, kill_limit, site_of
 
 from conftest import free_port, run_cli
 
@@ -112,35 +115,109 @@ class _Reader:
         return self.beats if kind == "heartbeat" else self.statuses
 
 
-def test_the_watchdog_fires_once_when_progress_stops(monkeypatch):
-    clock = [0.0]
-    monkeypatch.setattr("distval.health.hang.time.monotonic", lambda: clock[0])
-    monkeypatch.setattr("distval.health.hang.time.sleep", lambda s: None)
-    fired = []
-    dog, reader = Watchdog(2, HangPolicy(floor_s=3.0), fired.append), _Reader()
-    for step in range(10):  # progress every 0.5 s (every rank's process group is up)
+def _progressing(dog: Watchdog, reader: _Reader, clock: list[float], steps: int = 10, start: int = 0) -> None:
+    for step in range(start, start + steps):  # progress every 0.5 s (every rank's process group is up)
         clock[0] += 0.5
         reader.beats = {0: beat(step + 1, step), 1: beat(step + 1, step)}
         dog.tick(reader)
-    reader.beats = {0: beat(11, 10, pending(11)), 1: beat(10, 10)}
-    dog.tick(reader)
-    for _ in range(7):
-        clock[0] += 0.5
+
+
+def _ticks(dog: Watchdog, reader: _Reader, clock: list[float], seconds: float, every: float = 0.5) -> None:
+    for _ in range(int(seconds / every)):
+        clock[0] += every
         dog.tick(reader)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr("distval.health.hang.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("distval.health.hang.time.sleep", lambda s: None)
+    return now
+
+
+def test_a_certain_hang_is_declared_once_when_progress_stops(clock):
+    """Rank 1 went on to another group's collective without issuing the one rank 0 waits in: a
+    skipped collective is certain, declared at the threshold."""
+    fired, said = [], []
+    dog, reader = Watchdog(2, HangPolicy(floor_s=3.0), fired.append, say=said.append), _Reader()
+    _progressing(dog, reader, clock)
+    reader.beats = {0: beat(11, 10, pending(11)), 1: beat(10, 10, pending(3, pg="1"), **{"1": [3, 2]})}
+    dog.tick(reader)
+    _ticks(dog, reader, clock, 3.5)
     assert not fired  # 3.5 s: under the 4 s threshold
-    clock[0] += 0.6
-    dog.tick(reader)
-    clock[0] += 1.0
-    dog.tick(reader)
-    assert len(fired) == 1 and fired[0].culprits == [1] and fired[0].kind == "outside"
-    assert "train step 7" in fired[0].verdict  # the status kind, fresher than the heartbeat's
+    _ticks(dog, reader, clock, 1.5)
+    assert len(fired) == 1 and fired[0].culprits == [1] and fired[0].kind == "outside" and fired[0].certain
+    assert "it skipped a collective" in fired[0].verdict and not said
 
 
-def test_ranks_whose_script_returned_are_exiting_not_hung(monkeypatch):
+def test_a_rank_outside_any_collective_is_a_pause_named_live_and_the_job_goes_on(clock):
+    """Rank 0 evaluates alone (no collective) while rank 1 waits: named at the threshold, not
+    ended; when it ends it is remembered, and the next pause at the same site is expected."""
+    fired, said = [], []
+    dog, reader = Watchdog(2, HangPolicy(floor_s=3.0, kill_after_s=60.0), fired.append, say=said.append), _Reader()
+    _progressing(dog, reader, clock)
+    reader.beats = {0: beat(10, 10), 1: beat(11, 10, pending(11))}
+    dog.tick(reader)
+    _ticks(dog, reader, clock, 20.0)
+    assert not fired and dog.pause is not None and dog.pause.culprits == [0]
+    assert len(said) == 1 and said[0].startswith("distval: pause: rank 0 outside any collective for 4 s")
+    assert "at train step 7; rank 1 waits in all_reduce #11 of group 0" in said[0]  # the status kind: fresher
+    assert "ended at 60 s (--hang-kill-after)" in said[0]
+    _progressing(dog, reader, clock, start=10)  # rank 0 is back: the pause is over
+    assert dog.pause is None and [round(p.length_s) for p in dog.pauses] == [20]
+    assert said[-1].startswith("distval: pause over: rank 0 back in collectives after 20 s")
+    assert max(dog.gaps) < 1  # a pause is not learned as a gap: the next certain hang is named as fast
+    said.clear()
+    reader.beats = {0: beat(20, 20), 1: beat(21, 20, pending(21))}
+    dog.tick(reader)
+    _ticks(dog, reader, clock, 15.0)
+    assert not said and not fired and dog.pause.expected_s == pytest.approx(20, abs=1)  # the same site: expected
+    _ticks(dog, reader, clock, 6.0)
+    assert len(said) == 1 and "longer than the 20 s it took before there" in said[0]
+
+
+def test_a_pause_is_ended_past_the_kill_limit_or_once_it_turns_certain(clock):
+    fired, said = [], []
+    dog, reader = Watchdog(2, HangPolicy(floor_s=3.0, kill_after_s=12.0), fired.append, say=said.append), _Reader()
+    _progressing(dog, reader, clock)
+    reader.beats = {0: beat(10, 10), 1: beat(11, 10, pending(11))}
+    dog.tick(reader)
+    _ticks(dog, reader, clock, 11.0)
+    assert not fired and len(said) == 1
+    _ticks(dog, reader, clock, 5.0)
+    assert len(fired) == 1 and fired[0].culprits == [0] and "past the kill limit of 12 s" in fired[0].verdict
+    # a pause whose culprit goes on to wait in another group's collective (progress, so the pause
+    # is over): at the next threshold it skipped one, which is certain
+    fired.clear()
+    dog, reader = Watchdog(2, HangPolicy(floor_s=3.0), fired.append, say=said.append), _Reader()
+    _progressing(dog, reader, clock)
+    reader.beats = {0: beat(10, 10), 1: beat(11, 10, pending(11))}
+    dog.tick(reader)
+    _ticks(dog, reader, clock, 6.0)
+    assert not fired and dog.pause is not None
+    reader.beats[0] = beat(10, 10, pending(1, pg="1"), **{"1": [1, 0]})
+    _ticks(dog, reader, clock, 5.0)
+    assert len(fired) == 1 and "it skipped a collective" in fired[0].verdict and len(dog.pauses) == 1
+
+
+def test_a_pause_site_is_the_part_of_the_script_every_look_shares():
+    a = ("<module> (train.py:255)", "estimate_loss (train.py:215)", "forward (model.py:90)")
+    b = ("<module> (train.py:255)", "estimate_loss (train.py:212)", "get_batch (train.py:120)")
+    assert site_of([a]) == site_of([a, b]) == ("<module> (train.py:255)", "estimate_loss (train.py)")
+    assert site_of([("<module> (train.py:270)",)]) == ("<module> (train.py:270)",)  # a lone frame keeps its line
+    sites = Sites()
+    sites.survived(Pause([0], "", 0.0, 0.0, samples=[a, b], length_s=18.0))
+    assert sites.expected(("<module> (train.py:255)", "estimate_loss (train.py:230)")) == 18.0
+    assert sites.expected(("<module> (train.py:270)",)) is None  # the save: another site
+    sites.survived(Pause([0], "", 0.0, 0.0, samples=[b], length_s=25.0))
+    assert list(sites.longest.values()) == [25.0]
+    assert kill_limit(600, 25.0) == 600 and kill_limit(600, 400.0) == 800 and kill_limit(600, None) == 600
+
+
+def test_ranks_whose_script_returned_are_exiting_not_hung(clock):
     """`distval launch`: every rank's script has returned (the shim says `done`) and the
     interpreters take their time to exit on a busy host: no hang; one rank not done: a hang."""
-    clock = [0.0]
-    monkeypatch.setattr("distval.health.hang.time.monotonic", lambda: clock[0])
     fired = []
     dog, reader = Watchdog(2, HangPolicy(floor_s=3.0), fired.append), _Reader()
     for step in range(10):
@@ -156,6 +233,28 @@ def test_ranks_whose_script_returned_are_exiting_not_hung(monkeypatch):
     clock[0] += 1.0
     dog.tick(reader)
     assert len(fired) == 1
+
+
+def test_a_size_mismatch_that_made_gloo_abort_a_rank_names_the_rank_that_skipped():
+    """Rank 2 skipped a metric all_reduce and went on to the next gradient all_reduce; Gloo
+    aborted rank 1, which received the gradient's bytes where it expected the metric's."""
+    recent = {"0": {"20": "all_reduce [[765]] Float", "21": "all_reduce [[1]] Float"}}
+    states = {0: {"rank": 0, "error": "RuntimeError: Connection closed by peer", "status": "running s.py",
+                  "time": 1.0, "recent": recent},
+              1: None,
+              2: {"rank": 2, "error": None, "status": "running s.py", "time": 1.0,
+                  "recent": {"0": {"20": "all_reduce [[765]] Float", "21": "all_reduce [[765]] Float"}}}}
+    tails = {1: ["terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+                 "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 512 vs 4. Received data "
+                 "size doesn't match expected size. Is there a distributed collective mismatch in your code?"]}
+    failure = diagnose(states, {}, {0: 143, 1: -6, 2: 143}, tails)
+    assert failure.rank == 2 and failure.status.name == "FAIL", failure
+    assert failure.message.startswith("collective mismatch: rank 2 skipped all_reduce [[1]] Float (#21 of group 0): "
+                                      "it went on to all_reduce [[765]] Float while ranks 0, 1 issued")
+    assert "aborted rank 1 on mismatched sizes (it received 512 bytes" in failure.message
+    # without the abort in the log, a rank killed by a signal is still that rank's death
+    assert diagnose({0: states[0], 1: None}, {}, {1: -9}, {}).message == "killed by SIGKILL"
+    assert fingerprints.nbytes("all_reduce [[1, 4], [2]] Float,Double") == 32
 
 
 def test_a_rank_inside_torch_compile_is_compiling_not_hung():
@@ -188,7 +287,10 @@ def test_where_is_the_innermost_frame_outside_torch_and_the_collective_layer():
 # -- real jobs --------------------------------------------------------------------------------------
 
 def _error(path: Path, status: str = "ERROR") -> dict:
-    doc = json.loads(path.read_text())
+    return _error_in(json.loads(path.read_text()), status)
+
+
+def _error_in(doc: dict, status: str = "ERROR") -> dict:
     (check,) = [c for c in doc["checks"] if c["status"] == status]
     return check
 
@@ -207,13 +309,15 @@ def _train(tmp_path: Path, name: str, fault: str, *args: str) -> tuple[int, Path
 def test_train_hangs_deaths_and_mismatches_are_named_with_the_culprit(tmp_path):
     hangs = {  # name: (fault, ranks, the culprit's kind, a word of the verdict)
         "stopped": ("step=25,rank=1,action=stop", "2", "stopped", "stopped (SIGSTOP"),
-        "spin": ("step=25,rank=2,action=spin", "3", "outside", "waits in no collective"),
+        "spin": ("step=25,rank=2,action=spin", "3", "outside", "past the kill limit of 8 s"),
         "skip": ("op=all_reduce,rank=1,action=skip,nth=600", "2", "outside", "skipped a collective"),
     }
     others = {"reshape": ("step=25,rank=1,action=reshape", "2"), "killed": ("step=25,rank=1,action=kill_in_op", "2")}
     cases = {**{n: c[:2] for n, c in hangs.items()}, **others}
+    kill = {"spin": ("--hang-kill-after", "8s")}  # a rank outside any collective is a pause until then
     with ThreadPoolExecutor(len(cases)) as pool:
-        runs = dict(zip(cases, pool.map(lambda n: _train(tmp_path, n, cases[n][0], "--nproc", cases[n][1]), cases)))
+        runs = dict(zip(cases, pool.map(lambda n: _train(tmp_path, n, cases[n][0], "--nproc", cases[n][1],
+                                                         *kill.get(n, ())), cases)))
     for name, (fault, _, kind, words) in hangs.items():
         code, out, text = runs[name]
         assert code == 3, (name, text[-3000:])
@@ -278,9 +382,6 @@ for step in range(int(sys.argv[1])):
             os.kill(os.getpid(), signal.SIGSTOP if fault == "stop" else signal.SIGKILL)
         elif fault == "skip":
             continue
-        elif fault == "spin":  # busy in Python, in no collective, forever: the watchdog must name it
-            while True:
-                sum(range(100))
     if fault == "slow" and rank == 1 and step >= 20:  # a straggler: twice the others' time per step
         time.sleep(0.04)
     model(torch.randn(8, 16)).sum().backward()
@@ -310,10 +411,10 @@ def _launch(tmp_path: Path, name: str, nproc: str, *script_args: str) -> tuple[i
 def test_launch_runs_a_plain_ddp_script_and_names_its_hangs(tmp_path):
     (tmp_path / "ddp_script.py").write_text(SCRIPT)
     # a stopped rank: "module" (distval train under launch) and the two-node test below; a user
-    # script's line in the verdict: "mismatch" and "spin"
+    # script's line in the verdict: "mismatch"; a spinning rank, a pause: the test above
     cases = {"mismatch": ("3", "3000", "mismatch"),
              "skip": ("2", "200", "skip"), "kill": ("2", "3000", "kill"), "reshape": ("3", "3000", "reshape"),
-             "spin": ("2", "3000", "spin"), "module": ("2",), "slow": ("2", "150", "slow")}
+             "module": ("2",), "slow": ("2", "150", "slow")}
     with ThreadPoolExecutor(len(cases)) as pool:
         runs = dict(zip(cases, pool.map(lambda n: _launch(tmp_path, n, *cases[n]), cases)))
     # the script runs to its end (its own output on the terminal), slower on rank 1 from step 20 (40 ms more per
@@ -342,14 +443,121 @@ def test_launch_runs_a_plain_ddp_script_and_names_its_hangs(tmp_path):
     check = _error(out, "FAIL")
     assert code == 1 and check["where"]["rank"] == 1 and not check["details"]["hung"], check["summary"]
     assert "rank 1 issued all_reduce [[1, 4]] Float, while ranks 0, 2 issued all_reduce [[4]] Float" in check["summary"]
-    code, out, text = runs["spin"]  # a rank looping in Python, outside any collective, named with its line
-    check = _error(out)
-    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "outside", check["summary"]
-    assert check["details"]["diagnosed_s"] < 15 and "ddp_script.py:" in check["summary"], check["summary"]
     code, out, text = runs["module"]  # distval train under distval launch: its own status, the same verdict
     check = _error(out)
     assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
     assert "train simple_ddp step 25" in check["summary"]
+
+
+# A script as people write them (nanoGPT's shape): its own DDP loop, rank 0 alone evaluates and
+# saves a checkpoint while the other ranks go on into the next step's all_reduce, a metric
+# all_reduced by hand. Faults: rank 1 stops or spins after the evaluation; rank 2 skips the metric.
+EVAL_SCRIPT = """\
+import os, signal, sys, time
+import torch, torch.distributed as dist
+from torch import nn
+
+iters, eval_s, save_s, fault = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+master_process = rank == 0
+torch.manual_seed(0)
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(32, 20), nn.GELU(), nn.Linear(20, 5)))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+@torch.no_grad()
+def estimate_loss():
+    model.eval()
+    losses, started = [], time.time()
+    while time.time() - started < eval_s:
+        losses.append(model.module(torch.randn(256, 32)).pow(2).mean().item())
+    model.train()
+    return sum(losses) / len(losses)
+
+
+class SlowDisk:  # a checkpoint written to a slow network file system
+    def __init__(self, path):
+        self.f, self.waited = open(path, "wb"), False
+
+    def write(self, data):
+        if not self.waited:
+            time.sleep(save_s)
+            self.waited = True
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
+for it in range(iters):
+    if it == 10 and master_process and eval_s:
+        print(f"iter {it}: val loss {estimate_loss():.4f}", flush=True)
+    if it == 20 and master_process and save_s:
+        torch.save({"model": model.module.state_dict(), "iter": it}, SlowDisk(os.devnull))
+    if it == 13 and rank == 1 and fault == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    while it == 13 and rank == 1 and fault == "spin":
+        sum(range(100))
+    loss = model(torch.randn(8, 32)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    metric = loss.detach().reshape(1)
+    if not (fault == "skip" and rank == 2 and it == 7):
+        dist.all_reduce(metric)
+    time.sleep(0.02)
+print(f"rank {rank} done", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_launch_never_kills_a_healthy_script_and_blames_the_right_rank(tmp_path):
+    """Rank 0 alone evaluates for 12 s and saves for about 8 s: named live, never ended (exit 0,
+    a WARN); rank 1 stopped after the evaluation: named and ended at once; rank 1 spinning
+    outside any collective: named live, ended at --hang-kill-after; rank 2 skipping a metric
+    all_reduce, which makes Gloo abort rank 1: rank 2 named, a mismatch (FAIL)."""
+    script = tmp_path / "train.py"
+    script.write_text(EVAL_SCRIPT)
+    cases = {"healthy": ("2", "30", "12", "8", "-"), "stop": ("2", "3000", "6", "0", "stop"),
+             "spin": ("2", "3000", "0", "0", "spin"), "skip": ("3", "30", "0", "0", "skip")}
+
+    def run(name: str) -> tuple[int, dict, str, float]:
+        nproc, *args = cases[name]
+        out = tmp_path / f"{name}.json"
+        started = time.monotonic()
+        kill = ("--hang-kill-after", "12s") if name == "spin" else ()
+        res = run_cli("launch", "--nproc", nproc, "--hang-after", "3s", *kill, "--json", str(out), str(script), *args,
+                      timeout=240)
+        return res.returncode, json.loads(out.read_text()), res.stdout + res.stderr, time.monotonic() - started
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        runs = dict(zip(cases, pool.map(run, cases)))
+    code, doc, text, _ = runs["healthy"]
+    assert code == 0 and "[rank1]: rank 1 done" in text, text[-3000:]
+    lines = [line for line in text.splitlines() if line.startswith("distval: pause: rank 0 outside any collective")]
+    save = next(n for n, line in enumerate(EVAL_SCRIPT.splitlines(), 1) if "torch.save" in line)
+    assert len(lines) == 2 and "at estimate_loss (train.py:" in lines[0], lines
+    assert f"at SlowDisk.write (train.py:{save - 12}), within <module> (train.py:{save})" in lines[1], lines
+    (check,) = [c for c in doc["checks"] if c["name"] == "launch pauses"]
+    pauses = check["details"]["pauses"]
+    assert check["status"] == "WARN" and [p["ranks"] for p in pauses] == [[0], [0]], check
+    assert pauses[0]["length_s"] >= 10 and pauses[1]["length_s"] >= 7, pauses
+    code, doc, text, _ = runs["stop"]  # a pause first (the evaluation), then a stopped rank: certain
+    check = _error_in(doc)
+    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
+    assert check["details"]["diagnosed_s"] < 15, check["details"]
+    code, doc, text, _ = runs["spin"]  # named live, then ended at the kill limit
+    check = _error_in(doc)
+    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "outside", check["summary"]
+    assert "past the kill limit of 12 s (--hang-kill-after)" in check["summary"], check["summary"]
+    assert "[rank 1: <module> (train.py:" in check["summary"] and 12 <= check["details"]["diagnosed_s"] < 20
+    assert "distval: pause: rank 1 outside any collective for" in text
+    code, doc, text, _ = runs["skip"]
+    check = _error_in(doc, "FAIL")
+    assert code == 1 and check["where"]["rank"] == 2, check["summary"]
+    assert "collective mismatch: rank 2 skipped all_reduce [[1]] Float" in check["summary"], check["summary"]
+    assert "aborted rank 1 on mismatched sizes" in check["summary"] or "aborted rank 0" in check["summary"]
 
 
 def test_launch_across_two_nodes_names_the_culprit_on_every_node(tmp_path):

@@ -168,7 +168,7 @@ _DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Lo
 def nbytes(fp: str) -> int | None:
     """The bytes of a fingerprint's tensors ("all_reduce [[1, 4]] Float" -> 16), None if unknown."""
     try:
-        _, sizes, dtypes = fp.split(" ", 2)
+        sizes, _, dtypes = fp.split(" ", 1)[1].rpartition(" ")
         shapes, kinds = ast.literal_eval(sizes), dtypes.split(",")
     except (ValueError, SyntaxError):
         return None

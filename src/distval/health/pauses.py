@@ -110,12 +110,12 @@ class Pause:
         return site_of(self.samples)
 
     def place(self) -> str:
-        """Where the culprit is: its innermost frame, and the stable frame around it when that
-        differs ("MLP.forward (model.py:90), within estimate_loss (train.py:215)")."""
-        site = self.site
-        if site and self.where and not _same(site[-1], self.where):
-            return f"{self.where}, within {site[-1]}"
-        return self.where or (site[-1] if site else "an unknown point")
+        """Where the culprit is: its innermost frame, and the deepest stable frame around it
+        ("MLP.forward (model.py:90), within estimate_loss (train.py)")."""
+        around = [f for f in self.site if not (self.where and _same(f, self.where))]
+        if self.where and around:
+            return f"{self.where}, within {around[-1]}"
+        return self.where or (self.site[-1] if self.site else "an unknown point")
 
     def line(self, stalled_s: float, kill_s: float) -> str:
         """The live line on stderr."""
@@ -161,12 +161,12 @@ def kill_limit(kill_after_s: float, expected_s: float | None) -> float:
 
 
 def due(pause: Pause, stalled_s: float) -> bool:
-    """Whether the live line is due: at once, then each time the pause has doubled (a line per
-    doubling keeps a long pause's log short); an expected pause only once it outlasts the
-    longest survived at its site."""
+    """Whether the live line is due: at once, then from a minute on each time the pause has
+    doubled (one line for an evaluation's pause; a few for a long one, not one a second); an
+    expected pause only once it outlasts the longest survived at its site."""
     if pause.expected_s is not None and stalled_s <= pause.expected_s:
         return False
-    return pause.announced_s == 0 or stalled_s >= 2 * pause.announced_s
+    return pause.announced_s == 0 or stalled_s >= max(60.0, 2 * pause.announced_s)
 
 
 def check_rows(pauses: list[Pause]) -> tuple[str, dict[str, Any]]:
