@@ -1,25 +1,46 @@
 """Precision and recall of the straggler detector (health/monitor.py) in real `distval train`
-jobs: one rank's compute stretched by 10%, 20%, 50%, 100% and 200% from step `--fault-step`
-(the `slow` fault), and clean runs, on 2 and 3 ranks, several seeds.
+jobs: one rank slowed by 10%, 20%, 50%, 100% and 200% from step `--fault-step`, and clean runs,
+on 2 and 3 ranks, several seeds. The rank is slowed one of two ways (`--how`):
+
+  fault    from inside: the `slow` fault (DISTVAL_FAULT step=N,rank=R,action=slow,percent=P)
+           stretches the rank's compute by P% (a sleep after its forward/backward)
+  sigstop  from outside, as a CPU quota or a throttled device slows a process: once rank 0 has
+           finished step N, the rank's process is stopped (SIGSTOP) s ms of every p ms and
+           continued (SIGCONT); stopping s of every p slows the rank by p/(p-s)-1, so
+           s = p·P/(100+P) gives an effective slowdown of P% (p = `--period-ms`, 100 ms).
+           The stops land anywhere in the step, in its compute as in its collectives.
+  cgroup   from outside: the rank's process moved into a cpu cgroup (v1 `cpu` or v2) whose
+           quota is its CPU use before the onset over (1+P/100): needs root and a mounted
+           cpu controller
+
+The rank's pid is the one its heartbeat publishes on the job's rank channel (the channel's
+address is in the workers' environment, DISTVAL_CHANNEL); the onset is the step rank 0 had
+finished when the slowing began (read from the same channel).
 
 Per slowdown: recall = runs whose slowed rank was named / runs; precision = findings naming the
 slowed rank / all straggler findings (clean runs: every finding is a false positive); steps to
-detection = the step the finding was raised at minus the fault step (median); the onset error =
-the "since" step minus the fault step (median). Runs go one after the other (no timing overlap).
+detection = the step the finding was raised at minus the onset (median); the onset error = the
+"since" step minus the onset (median); `by` = which score(s) decided it (relative, individual,
+waited; counted over the runs). Runs go one after the other (no timing overlap).
 
     python benchmarks/straggler_detection.py --models tiny --seeds 3 --steps 200
+    python benchmarks/straggler_detection.py --how sigstop --models tiny --seeds 3 --steps 400 --fault-step 100
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from pathlib import Path
 
 SLOWDOWNS = (0, 10, 20, 50, 100, 200)
 
@@ -28,17 +49,129 @@ def med(xs: list) -> str:
     return f"{statistics.median(xs):g}" if xs else "-"
 
 
-def run(model: str, nproc: int, seed: int, steps: int, percent: int, fault_step: int, out: str) -> list[dict]:
+def worker_channel(launcher: int, timeout_s: float = 60.0) -> str | None:
+    """The rank channel's address, from the environment of the launcher's first spawned worker."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+        except OSError:
+            return None  # the launcher ended
+        for child in children:
+            try:
+                text = Path(f"/proc/{child}/environ").read_text()
+                env = dict(kv.split("=", 1) for kv in text.split("\0") if "=" in kv)
+            except OSError:
+                continue
+            if "DISTVAL_CHANNEL" in env:
+                return env["DISTVAL_CHANNEL"]
+        time.sleep(0.2)
+    return None
+
+
+class Slower(threading.Thread):
+    """Slows rank `rank` of the job launched as `proc` from outside, from the moment rank 0 has
+    finished step `fault_step`, until the job ends. `onset`: that step (None: it never came)."""
+
+    def __init__(self, proc: subprocess.Popen, rank: int, fault_step: int, percent: int, how: str, period_ms: float):
+        super().__init__(daemon=True)
+        self.proc, self.rank, self.fault_step, self.percent, self.how = proc, rank, fault_step, percent, how
+        self.period_s = period_ms / 1e3
+        self.onset: int | None = None
+        self.note = ""
+
+    def run(self) -> None:
+        from distval.channel import ChannelReader  # the job's own TCPStore client
+
+        address = worker_channel(self.proc.pid)
+        if address is None:
+            self.note = "no worker channel"
+            return
+        reader, pid = ChannelReader(address), None
+        while self.proc.poll() is None:
+            beat, step = reader.latest(self.rank, "heartbeat"), reader.latest(0, "step")
+            pid = pid or (beat or {}).get("pid")
+            if pid and step and step["step"] >= self.fault_step:
+                self.onset = step["step"]
+                break
+            time.sleep(0.005)
+        else:
+            return
+        (self.sigstop if self.how == "sigstop" else self.cgroup)(pid)
+
+    def sigstop(self, pid: int) -> None:
+        stop_s = self.period_s * self.percent / (100 + self.percent)
+        try:
+            while self.proc.poll() is None:
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(stop_s)
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(self.period_s - stop_s)
+        except ProcessLookupError:
+            pass  # the rank ended
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def cgroup(self, pid: int) -> None:
+        """CPU quota: the rank's CPU use over the last second before the onset, over 1+P/100."""
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def cpu_s() -> float:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+
+        used0, t0 = cpu_s(), time.monotonic()
+        time.sleep(1.0)
+        share = (cpu_s() - used0) / (time.monotonic() - t0)  # cores it used
+        v1 = Path("/sys/fs/cgroup/cpu")
+        group = (v1 if v1.is_dir() else Path("/sys/fs/cgroup")) / f"distval_slow_{pid}"
+        group.mkdir(exist_ok=True)
+        period_us = 100_000
+        quota_us = max(1000, int(period_us * share / (1 + self.percent / 100)))
+        if v1.is_dir():
+            (group / "cpu.cfs_period_us").write_text(str(period_us))
+            (group / "cpu.cfs_quota_us").write_text(str(quota_us))
+        else:
+            (group / "cpu.max").write_text(f"{quota_us} {period_us}")
+        self.note = f"{share:.2f} cores -> quota {quota_us / period_us:.2f}"
+        for tid in os.listdir(f"/proc/{pid}/task"):  # every thread (v1 moves tasks one by one)
+            try:
+                (group / "tasks" if v1.is_dir() else group / "cgroup.threads").write_text(tid)
+            except OSError:
+                pass
+        self.proc.wait()
+        try:
+            group.rmdir()
+        except OSError:
+            pass
+
+
+def run(model: str, nproc: int, seed: int, steps: int, percent: int, fault_step: int, how: str, period_ms: float,
+        out: str) -> tuple[list[dict], int]:
+    """One job; returns its straggler findings and the onset step (the fault step for `fault`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTVAL_FAULT", "RANK", "MASTER_"))}
-    if percent:
+    if percent and how == "fault":
         env["DISTVAL_FAULT"] = f"step={fault_step},rank={nproc - 1},action=slow,percent={percent}"
-    subprocess.run([sys.executable, "-m", "distval", "train", "--nproc", str(nproc), "--model", model, "--strategy",
-                    "simple_ddp", "--steps", str(steps), "--seed", str(seed), "--check-replicas-every", "0", "--json",
-                    out], env=env, capture_output=True, timeout=1800, check=False)
+    proc = subprocess.Popen([sys.executable, "-m", "distval", "train", "--nproc", str(nproc), "--model", model,
+                             "--strategy", "simple_ddp", "--steps", str(steps), "--seed", str(seed),
+                             "--check-replicas-every", "0", "--json", out], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    slower = Slower(proc, nproc - 1, fault_step, percent, how, period_ms) if percent and how != "fault" else None
+    if slower:
+        slower.start()
+    proc.wait(timeout=1800)
+    if slower:
+        slower.join(timeout=10)
+    onset = fault_step if slower is None else slower.onset
     doc = json.load(open(out))
     rows = [c for c in doc["checks"] if c["name"] == "health stragglers" and c["status"] == "WARN"]
-    return [{"rank": c["where"]["rank"], "since": c["where"]["step"], "detected": c["details"].get("detected_step"),
-             "slowdown": c["details"].get("slowdown")} for c in rows]
+    findings = [{"rank": c["where"]["rank"], "since": c["where"]["step"], "detected": c["details"].get("detected_step"),
+                 "slowdown": c["details"].get("slowdown"), "by": c["details"].get("decided_by", ["relative"])}
+                for c in rows]
+    return findings, onset if onset is not None else fault_step
 
 
 def main() -> None:
@@ -49,35 +182,48 @@ def main() -> None:
     p.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed+seeds-1")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--fault-step", type=int, default=50)
+    p.add_argument("--how", default="fault", help="fault, sigstop or cgroup (comma-separated: each in turn)")
+    p.add_argument("--period-ms", type=float, default=100.0, help="the SIGSTOP duty cycle's period")
+    p.add_argument("--slowdowns", default=",".join(map(str, SLOWDOWNS)), help="percent; 0 is the clean run")
+    p.add_argument("--jsonl", help="append one line per run (findings, onset) to this file")
     args = p.parse_args()
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        for model in args.models.split(","):
-            print(f"{model}: {args.steps} steps, slowed rank = the last, from step {args.fault_step}; "
-                  f"worlds {args.worlds}, seeds {args.first_seed}..{args.first_seed + args.seeds - 1}")
-            print(f"  {'slowdown':>8} {'runs':>5} {'recall':>7} {'precision':>9} {'steps to detect':>16} "
-                  f"{'onset error':>12} {'measured x':>11}")
-            for percent in SLOWDOWNS:
-                runs = found = true = named = 0
-                delays, onsets, measured = [], [], []
-                for nproc in map(int, args.worlds.split(",")):
-                    for seed in range(args.first_seed, args.first_seed + args.seeds):
-                        findings = run(model, nproc, seed, args.steps, percent, args.fault_step,
-                                       os.path.join(tmp, "r.json"))
-                        runs += 1
-                        found += len(findings)
-                        mine = [f for f in findings if f["rank"] == nproc - 1] if percent else []
-                        true += len(mine)
-                        named += bool(mine)
-                        for f in mine[:1]:
-                            delays.append(f["detected"] - args.fault_step)
-                            onsets.append(f["since"] - args.fault_step)
-                            measured.append(f["slowdown"])
-                recall = f"{named / runs:.2f}" if percent else "-"
-                precision = f"{true / found:.2f}" if found else ("1.00" if percent else "-")
-                print(f"  {str(percent) + '%' if percent else 'clean':>8} {runs:>5} {recall:>7} {precision:>9} "
-                      f"{med(delays):>16} {med(onsets):>12} {med(measured):>11}"
-                      + (f"   false positives: {found}" if not percent else ""))
+        for how in args.how.split(","):
+            for model in args.models.split(","):
+                seeds = f"{args.first_seed}..{args.first_seed + args.seeds - 1}"
+                print(f"{model}, slowed by {how}: {args.steps} steps, slowed rank = the last, from step "
+                      f"{args.fault_step}; worlds {args.worlds}, seeds {seeds}")
+                print(f"  {'slowdown':>8} {'runs':>5} {'recall':>7} {'precision':>9} {'steps to detect':>16} "
+                      f"{'onset error':>12} {'measured x':>11}  decided by")
+                for percent in map(int, args.slowdowns.split(",")):
+                    runs = found = true = named = 0
+                    delays, onsets, measured, by = [], [], [], collections.Counter()
+                    for nproc in map(int, args.worlds.split(",")):
+                        for seed in range(args.first_seed, args.first_seed + args.seeds):
+                            findings, onset = run(model, nproc, seed, args.steps, percent, args.fault_step, how,
+                                                  args.period_ms, os.path.join(tmp, "r.json"))
+                            if args.jsonl:
+                                with open(args.jsonl, "a") as f:
+                                    f.write(json.dumps({"how": how, "model": model, "world_size": nproc,
+                                                        "seed": seed, "percent": percent, "onset": onset,
+                                                        "findings": findings}) + "\n")
+                            runs += 1
+                            found += len(findings)
+                            mine = [f for f in findings if f["rank"] == nproc - 1] if percent else []
+                            true += len(mine)
+                            named += bool(mine)
+                            for f in mine[:1]:
+                                delays.append(f["detected"] - onset)
+                                onsets.append(f["since"] - onset)
+                                measured.append(f["slowdown"])
+                                by["+".join(f["by"])] += 1
+                    recall = f"{named / runs:.2f}" if percent else "-"
+                    precision = f"{true / found:.2f}" if found else ("1.00" if percent else "-")
+                    print(f"  {str(percent) + '%' if percent else 'clean':>8} {runs:>5} {recall:>7} {precision:>9} "
+                          f"{med(delays):>16} {med(onsets):>12} {med(measured):>11}  "
+                          + ", ".join(f"{k} {v}" for k, v in by.most_common())
+                          + (f"false positives: {found}" if not percent else ""), flush=True)
     print(f"({time.monotonic() - started:.0f} s)")
 
 
