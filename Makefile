@@ -34,7 +34,7 @@ run: setup
 	$(VENV)/bin/distval run
 
 test: setup browser
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 bench: setup
