@@ -440,7 +440,7 @@ class Watchdog:
                 b.update(status=statuses[r].get("status", b["status"]), step=statuses[r].get("step", b["step"]))
         hang = diagnose_hang(beats, stalled)
         if hang.kind not in ("stopped", "dead") and compiling(hang) and stalled < self.policy.busy_s:
-            self._compiling_until = now + COMPILE_RECHECK_S  # real work: look again later
+            self._compiling_until = self._looked = now + COMPILE_RECHECK_S  # real work: look again later
             return
         if hang.certain:
             self._declare(hang)
