@@ -51,7 +51,7 @@ class HealthConfig:
     window: int = 50  # steps the straggler and leak statistics look at (and a straggler must persist)
     slow_ratio: float = 1.15  # a rank's compute over its peers' median, as a window median: a straggler ...
     min_loss: float = 0.05  # ... that costs the job at least this share of its step time, for `window` steps
-    min_wait: float = 0.03  # or: its peers wait at least this share of the step longer than it, as it arrives last most
+    min_wait: float = 0.10  # or: its peers wait at least this share of the step longer than it, as it arrives last most
     spike: float = 5.0  # a gradient norm above this × its running median: a WARN
     every: int = 50  # replica checksums compared every this many steps (0: never)
     imbalance: float = 0.25  # a rank's peak memory above the ranks' median by this share: a WARN
