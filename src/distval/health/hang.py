@@ -181,10 +181,8 @@ def where(stack: str | None) -> str:
     if not stack:
         return ""
     frames = main_frames(stack)
-    for frame in frames:
-        if not any(part in frame for part in ("torch/", "threading.py", "/lib/python3", "distval/comm/")):
-            return frame
-    return frames[0] if frames else ""
+    own = user_frames(frames)
+    return own[-1] if own else (frames[0] if frames else "")
 
 
 # -- the decision ----------------------------------------------------------------------------------

@@ -32,8 +32,8 @@ _NOT_USER = ("torch/", "/lib/python3", "threading.py", "<frozen ", "runpy.py", "
 
 def user_frames(main_frames: list[str]) -> tuple[str, ...]:
     """The main thread's frames (innermost first, as py-spy prints them) that belong to the
-    user's program — not torch, not the standard library, not distval's launch shim —
-    outermost first."""
+    user's program (or distval's training loop) — not torch, not the standard library, not
+    distval's launch shim or collective layer — outermost first."""
     return tuple(f for f in reversed(main_frames) if not any(part in f for part in _NOT_USER))
 
 
@@ -59,7 +59,7 @@ def site_of(samples: list[tuple[str, ...]]) -> tuple[str, ...]:
     if not samples or not samples[0]:
         return ()
     own = _split(samples[0][0])[1]
-    cut = [tuple(f for f in _own_prefix(s, own)) for s in samples]
+    cut = [_own_prefix(s, own) for s in samples]
     site = cut[0]
     for s in cut[1:]:
         site = common_prefix(site, s)
