@@ -73,6 +73,9 @@ class RankContext:
     channel: RankChannel
     control_comm: Comm | None = None
     faults: Faults | None = None  # test/drill-only (health/faults.py), set by the worker (empty when none is armed)
+    # the fingerprints of this rank's last collectives, for its `state` (health/heartbeat.py
+    # last_collectives, set by the worker: the recorder is read there, not below comm)
+    last_collectives: Callable[[], dict[str, Any]] = field(default=lambda: {})
     last_status: str = "started"
     status_fields: dict[str, Any] = field(default_factory=dict)  # of the last status: step, busy
     signals: Signals = field(init=False)
@@ -100,11 +103,9 @@ class RankContext:
     def publish_state(self, error: str | None = None, traceback_text: str = "") -> None:
         """What this rank was doing when it failed or was stopped, written now (read by
         health/diagnose.py), with the fingerprints of its last collectives."""
-        from distval.health.heartbeat import last_collectives
-
         comms = [c for c in (self.comm, self.control_comm) if c is not None]
         state = {**state_payload(self.rank, self.last_status, comms, error, traceback_text),
-                 "recent": last_collectives()}
+                 "recent": self.last_collectives()}
         self.channel.publish("state", state, flush=True)
 
 

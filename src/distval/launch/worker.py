@@ -25,7 +25,7 @@ from distval import device as devices
 from distval.comm.layer import Comm
 from distval.health.diagnose import WorkerFailure, diagnose
 from distval.health.faults import Faults
-from distval.health.heartbeat import Heartbeat, enable_flight_recorder, running
+from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives, running
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
 from distval.rank import RankContext, state_payload
@@ -57,7 +57,8 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         # Gloo group, so it can never pair with, or be counted as, the traffic being measured.
         control = dist.new_group(backend="gloo", timeout=timeout)
         ctx = RankContext(rank, dist.get_world_size(), local_rank, opts.backend, device, Comm(), control,
-                          socket.gethostname(), channel, control_comm=Comm(group=control, name="control"))
+                          socket.gethostname(), channel, control_comm=Comm(group=control, name="control"),
+                          last_collectives=last_collectives)
         ctx.signals.install(signal.SIGTERM)
         ctx.faults = faults = Faults.from_env(rank)
         if faults:  # the measured group only: bookkeeping is never faulted
