@@ -7,13 +7,15 @@ minus the time it waited in collectives: `comm_blocked_s`), the wait itself, its
 current and peak memory. Rank 0 feeds the gathered rows to the detectors; each returns at most one
 new `Finding` per step (a live line on the terminal) and keeps its findings for the report:
 
-  stragglers   three scores per rank over the last `window` steps (`Stragglers`): its compute over
-               its peers' (relative), over its own earlier level (individual), and the share of
-               the step its peers wait for it (waited); a rank meeting one of them in most of the
-               last `window` steps is a straggler (a one-off hiccup, a scheduling streak of a
-               shared host are not). Reported: the rank, its slowdown (×), since which step, the
-               share of each step the others wait for it, the throughput lost (tokens/s now
-               against the step without it), and which score(s) decided it
+  stragglers   per step each rank's compute time over the median of its peers'; a rank is a
+               straggler when the median of that ratio over the last `window` steps reaches
+               `slow_ratio` (a one-off hiccup moves a median by nothing) and its excess compute
+               costs the job at least `min_loss` of the step time (a 20% slower compute that is
+               2% of a communication-bound step is noise, not a straggler), and has done so for
+               `window` steps in a row (on a shared host one rank can be descheduled for streaks
+               of ten steps; those are not stragglers). Reported: the rank, its
+               slowdown (×), since which step, the share of each step the others wait for it, and
+               the throughput lost (tokens/s now against the step with the straggler at the median)
   numerics     the first non-finite local loss (the rank(s) named) or, with every loss finite, the
                first non-finite gradient norm (the first parameter with a non-finite gradient
                named): a FAIL; a gradient norm above `spike` × its running median: a WARN
@@ -41,7 +43,6 @@ import torch
 from distval.health import ranks_text
 
 MIB = 1 << 20
-PERSIST = 0.8  # a straggler's window meets the rule in this share of the last `window` steps (a duty cycle flickers)
 RANK_WINDOW = 1000  # steps of each rank's compute and waiting kept for the per-rank table
 FIELDS = ("step_s", "compute_s", "blocked_s", "loss", "mem_current", "mem_peak")  # what each rank contributes
 
@@ -51,7 +52,6 @@ class HealthConfig:
     window: int = 50  # steps the straggler and leak statistics look at (and a straggler must persist)
     slow_ratio: float = 1.15  # a rank's compute over its peers' median, as a window median: a straggler ...
     min_loss: float = 0.05  # ... that costs the job at least this share of its step time, for `window` steps
-    min_wait: float = 0.10  # or: its peers wait at least this share of the step longer than it, as it arrives last most
     spike: float = 5.0  # a gradient norm above this × its running median: a WARN
     every: int = 50  # replica checksums compared every this many steps (0: never)
     imbalance: float = 0.25  # a rank's peak memory above the ranks' median by this share: a WARN
@@ -62,8 +62,6 @@ class HealthConfig:
             raise ValueError(f"the health window must be at least 4 steps (got {self.window})")
         if self.slow_ratio <= 1.0:
             raise ValueError(f"--straggler-ratio must be above 1 (got {self.slow_ratio:g}), e.g. 1.1")
-        if not 0 < self.min_wait < 1:
-            raise ValueError(f"the straggler wait share must be in (0, 1) (got {self.min_wait:g})")
         if self.every < 0:
             raise ValueError(f"--check-replicas-every must be 0 (off) or more (got {self.every})")
         if self.on_nan not in ("warn", "stop"):
@@ -85,38 +83,13 @@ class Finding:
 
 
 class Stragglers:
-    """Names a rank that slows the job, from three scores over the last `window` steps, each
-    taken per chunk of `window // 5` steps (sums within a chunk, so a slowdown that hits one step
-    in four, as a duty cycle of a throttled process does, still counts) and as the median over
-    the chunks (so one slow chunk, a hiccup, moves it by nothing):
-
-      relative    the rank's compute over the median of its peers' (nvidia-resiliency-ext's
-                  relative score, inverted): ≥ `slow_ratio`, its excess ≥ `min_loss` of the step
-      individual  the rank's compute over its own earlier level (its baseline: the median of its
-                  past windows' relative scores; the straggler extension's individual score),
-                  divided by its peers' own: ≥ `slow_ratio`, the excess ≥ `min_loss` of the step
-                  (a whole host slowing is nobody's fault, so the peers' own change is divided out)
-      waited      the share of the step the others wait for it: per step, how much longer its
-                  peers waited in collectives than it did (it arrived last), summed over the
-                  chunk over the chunk's step time: ≥ `min_wait`, ≥ `wait_factor` × every other
-                  rank's, and it is the last to arrive in more steps than any other rank
-
-    A rank meeting any of them for `window` steps in a row is a straggler (on a shared host one
-    rank is descheduled for streaks of tens of steps; those are not stragglers). The waited score
-    sees what the compute ratio misses: a rank stopped from outside (SIGSTOP, a CPU quota) is
-    stopped inside a collective as often as in its compute, and there the stop is everybody's
-    wait, its own included; only the stops in its compute make it arrive last, and those are
-    seen by its peers' wait for it."""
-
     def __init__(self, cfg: HealthConfig):
         self.cfg = cfg
         self.rows: collections.deque[tuple[int, list[dict[str, float]]]] = collections.deque(maxlen=cfg.window)
         self.history: collections.deque[tuple[int, list[dict[str, float]]]] = collections.deque(maxlen=3 * cfg.window)
-        self.baseline: dict[int, collections.deque[float]] = {}  # rank -> its past windows' relative scores
         self.current: dict[int, Finding] = {}  # rank -> its finding while it is a straggler
-        self.held: dict[int, collections.deque[bool]] = {}  # rank -> its window met the rule? (last `window` steps)
+        self.streak: dict[int, int] = {}  # rank -> consecutive steps its window has met the rule
         self.findings: list[Finding] = []
-        self.updates = 0  # windows decided on: every `window`-th adds to the ranks' baselines
 
     def update(self, step: int, ranks: list[dict[str, float]], tokens: float | None) -> Finding | None:
         """`tokens`: the job's tokens per step (None for a script: rates in steps/s)."""
@@ -126,136 +99,58 @@ class Stragglers:
         self.history.append((step, ranks))
         if len(self.rows) < self.cfg.window // 2:
             return None
-        scores = self.scores(len(ranks))
-        self.updates += 1
         new = None
-        for r, score in enumerate(scores):
-            decided = self.decide(r, scores)
-            if self.updates % self.cfg.window == 0 and not decided and r not in self.current:
-                self.baseline.setdefault(r, collections.deque(maxlen=20)).append(score["relative"])
-            held = self.held.setdefault(r, collections.deque(maxlen=self.cfg.window))
-            held.append(bool(decided))
-            if r in self.current and sum(held) < (1 - PERSIST) * self.cfg.window:  # it has recovered
-                self.current.pop(r).details["until_step"] = step
-            if sum(held) < PERSIST * self.cfg.window and r not in self.current:
+        for r in range(len(ranks)):
+            ratios = [_ratio(rows, r) for _, rows in self.rows]
+            slowdown = statistics.median(ratios)
+            step_s = statistics.median(max(x["step_s"] for x in rows) for _, rows in self.rows)  # the slowest's
+            excess = statistics.median(rows[r]["compute_s"] - statistics.median(
+                x["compute_s"] for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
+            if slowdown < self.cfg.slow_ratio or excess < self.cfg.min_loss * step_s:
+                self.streak[r] = 0
+                if r in self.current:
+                    self.current.pop(r).details["until_step"] = step
+                continue
+            self.streak[r] = self.streak.get(r, 0) + 1
+            if self.streak[r] < self.cfg.window and r not in self.current:
                 continue  # not yet persistent: a streak of a busy host's scheduling is not a straggler
-            if not decided:
-                continue  # one window short of it: the rank stays a straggler, nothing new to say
-            found = self.report(step, r, score, decided, tokens)
+            since = self.current[r].step if r in self.current else self._onset(r)
+            waiting = statistics.median(statistics.mean(x["blocked_s"] / max(x["step_s"], 1e-9)
+                                                        for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
+            work, unit = (tokens, "tokens/s") if tokens is not None else (1.0, "steps/s")  # a script: no tokens
+            now, fixed = work / step_s, work / max(step_s - max(excess, 0.0), 1e-9)
+            rate = "tokens_per_s" if tokens is not None else "steps_per_s"
+            details = {"slowdown": round(slowdown, 3), "since_step": since, "others_waiting_share": round(waiting, 3),
+                       rate: round(now, 2), f"{rate}_at_median": round(fixed, 2),
+                       "throughput_lost": round(1 - now / fixed, 3), "window": len(self.rows)}
+            text = (f"rank {r} is a straggler: {slowdown:.2f}x the compute time of its peers since step {since}; "
+                    f"the others wait {waiting:.0%} of each step for it; {_rate(now)} {unit} instead of "
+                    f"{_rate(fixed)} ({1 - now / fixed:.0%} lost)")
+            if r in self.current:  # still one: the figures follow the window, since stays
+                found = self.current[r]
+                found.summary = text.replace(f"since step {since}", f"since step {found.step}")
+                found.details = {**found.details, **details, "since_step": found.step}
+                continue
+            found = Finding("straggler", "WARN", since, [r], text, {**details, "detected_step": step})
+            self.current[r] = found
+            self.findings.append(found)
             new = new or found
         return new
 
-    def scores(self, world_size: int) -> list[dict[str, float]]:
-        """Each rank's scores over the window: the compute ratio as the median of the steps' (the
-        rule that stayed quiet on every clean run of this host); the wait for it and how often it
-        arrived last as the median over chunks of each chunk's sums."""
-        size = max(self.cfg.window // 5, 1)
-        rows = list(self.rows)
-        chunks = [rows[i:i + size] for i in range(len(rows) % size, len(rows), size)]  # the newest complete ones
-        per_chunk = [_chunk_scores(chunk, world_size) for chunk in chunks]
-        step_s = statistics.median(max(x["step_s"] for x in ranks) for _, ranks in rows)  # the slowest's
-        out = []
-        for r in range(world_size):
-            excess = statistics.median(ranks[r]["compute_s"] - statistics.median(
-                x["compute_s"] for k, x in enumerate(ranks) if k != r) for _, ranks in rows)
-            out.append({"relative": statistics.median(_ratio(ranks, r) for _, ranks in rows),
-                        "excess": excess / max(step_s, 1e-9),
-                        "compute": statistics.median(ranks[r]["compute_s"] for _, ranks in rows) / max(step_s, 1e-9),
-                        **{key: statistics.median(c[r][key] for c in per_chunk) for key in ("waited", "last")}})
-        return out
 
-    def decide(self, r: int, scores: list[dict[str, float]]) -> list[str]:
-        """The scores by which rank r is a straggler in this window (empty: it is not)."""
-        cfg, mine = self.cfg, scores[r]
-        peers = [s for k, s in enumerate(scores) if k != r]
-        decided = []
-        if mine["relative"] >= cfg.slow_ratio and mine["excess"] >= cfg.min_loss:
-            decided.append("relative")
-        past = self.baseline.get(r)
-        if past:  # its compute over its own earlier level, its peers' own change divided out
-            individual = mine["individual"] = mine["relative"] / max(statistics.median(past), 1e-9)
-            if individual >= cfg.slow_ratio and mine["compute"] * (1 - 1 / individual) >= cfg.min_loss:
-                decided.append("individual")
-        if mine["waited"] >= cfg.min_wait and mine["last"] > 1 / len(scores) and all(
-                mine["last"] >= p["last"] for p in peers):
-            decided.append("waited")
-        return decided
-
-    def report(self, step: int, r: int, score: dict[str, float], decided: list[str],
-               tokens: float | None) -> Finding | None:
-        """A new finding for rank r (returned), or the figures of its current one brought up to date."""
-        step_s = statistics.median(max(x["step_s"] for x in rows) for _, rows in self.rows)  # the slowest's
-        cost = max(score["excess"], score["waited"]) * step_s  # what the job loses to it per step
-        since = self.current[r].step if r in self.current else self._onset(r, decided)
-        waiting = statistics.median(statistics.mean(x["blocked_s"] / max(x["step_s"], 1e-9)
-                                                    for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
-        work, unit = (tokens, "tokens/s") if tokens is not None else (1.0, "steps/s")  # a script: no tokens
-        now, fixed = work / step_s, work / max(step_s - cost, 1e-9)
-        rate = "tokens_per_s" if tokens is not None else "steps_per_s"
-        slowdown = score["relative"]
-        details = {"slowdown": round(slowdown, 3), "since_step": since, "others_waiting_share": round(waiting, 3),
-                   "waited_for_share": round(score["waited"], 3), "last_share": round(score["last"], 3),
-                   **({"individual": round(score["individual"], 3)} if "individual" in score else {}),
-                   "decided_by": decided, rate: round(now, 2), f"{rate}_at_median": round(fixed, 2),
-                   "throughput_lost": round(1 - now / fixed, 3), "window": len(self.rows)}
-        text = (f"rank {r} is a straggler: {slowdown:.2f}x the compute time of its peers since step {since}; "
-                f"the others wait {waiting:.0%} of each step for it ({score['waited']:.0%} longer than it); "
-                f"{_rate(now)} {unit} instead of {_rate(fixed)} ({1 - now / fixed:.0%} lost); decided by "
-                f"{_decided_text(decided)}")
-        if r in self.current:  # still one: the figures follow the window, since stays
-            found = self.current[r]
-            found.summary = text.replace(f"since step {since}", f"since step {found.step}")
-            found.details = {**found.details, **details, "since_step": found.step}
-            return None
-        found = Finding("straggler", "WARN", since, [r], text, {**details, "detected_step": step})
-        self.current[r] = found
-        self.findings.append(found)
-        return found
-
-    def _onset(self, r: int, decided: list[str]) -> int:
-        """The step rank r's slowness began: the change point of its per-step series over the
-        history (three windows, so it reaches back past the streak's start), the split whose two
-        sides sit closest to their own medians. Unlike counting steps over the threshold, a stretch
-        of a busy host's scheduling (ratios a little over it) sides with the healthy level, not the
-        slow one. The series is the compute ratio when that decided; otherwise the share of the
-        step the others waited for it, spread over the steps of each chunk (alone, most steps of
-        a duty cycle show nothing)."""
-        if "waited" not in decided:
-            series = [_ratio(rows, r) for _, rows in self.history]
-        else:
-            size = max(self.cfg.window // 5, 1)
-            waits = [_waited(rows, r) / max(max(x["step_s"] for x in rows), 1e-9) for _, rows in self.history]
-            series = [statistics.mean(waits[max(i - size // 2, 0):i + size // 2 + 1]) for i in range(len(waits))]
+    def _onset(self, r: int) -> int:
+        """The step rank r's slowness began: the change point of its compute ratio over the history
+        (three windows, so it reaches back past the streak's start), the split whose two sides sit
+        closest to their own medians. Unlike counting steps over the threshold, a stretch of a busy
+        host's scheduling (ratios a little over it) sides with the healthy level, not the slow one."""
+        ratios = [_ratio(rows, r) for _, rows in self.history]
 
         def spread(xs: list[float]) -> float:
             mid = statistics.median(xs)
             return sum(abs(x - mid) for x in xs)
 
-        split = min(range(1, len(series)), key=lambda i: (spread(series[:i]) + spread(series[i:]), i))
+        split = min(range(1, len(ratios)), key=lambda i: (spread(ratios[:i]) + spread(ratios[i:]), i))
         return self.history[split][0]
-
-
-def _chunk_scores(chunk: list[tuple[int, list[dict[str, float]]]], world_size: int) -> list[dict[str, float]]:
-    """Per rank over a few steps: the peers' wait for it as a share of the step time (sums: a
-    duty cycle that hits one step in four counts), and the share of steps it arrived last."""
-    step_s = sum(max(x["step_s"] for x in rows) for _, rows in chunk)
-    lasts = collections.Counter(min(range(world_size), key=lambda k: rows[k]["blocked_s"]) for _, rows in chunk)
-    return [{"waited": sum(_waited(rows, r) for _, rows in chunk) / max(step_s, 1e-9), "last": lasts[r] / len(chunk)}
-            for r in range(world_size)]
-
-
-def _waited(rows: list[dict[str, float]], r: int) -> float:
-    """How much longer rank r's peers waited in collectives in this step than r did (the median
-    peer's, so one peer's own hiccup is not r's): the wait it caused by arriving after them.
-    Negative when r waited for them: summed over steps, a healthy rank's evens out near 0."""
-    peers = statistics.median(x["blocked_s"] for k, x in enumerate(rows) if k != r)
-    return peers - rows[r]["blocked_s"]
-
-
-def _decided_text(decided: list[str]) -> str:
-    names = {"relative": "its compute against its peers'", "individual": "its compute against its own earlier steps",
-             "waited": "its peers' wait for it"}
-    return ", ".join(names[d] for d in decided)
 
 
 def _rate(x: float) -> str:
