@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import signal
@@ -101,19 +102,16 @@ class Slower(threading.Thread):
 
     def sigstop(self, pid: int) -> None:
         stop_s = self.period_s * self.percent / (100 + self.percent)
-        try:
-            while self.proc.poll() is None:
-                os.kill(pid, signal.SIGSTOP)
-                time.sleep(stop_s)
-                os.kill(pid, signal.SIGCONT)
-                time.sleep(self.period_s - stop_s)
-        except ProcessLookupError:
-            pass  # the rank ended
-        finally:
+        # ProcessLookupError: the rank ended, which ends the duty cycle; it is never left stopped
+        with contextlib.suppress(ProcessLookupError):
             try:
+                while self.proc.poll() is None:
+                    os.kill(pid, signal.SIGSTOP)
+                    time.sleep(stop_s)
+                    os.kill(pid, signal.SIGCONT)
+                    time.sleep(self.period_s - stop_s)
+            finally:
                 os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
 
     def cgroup(self, pid: int) -> None:
         """CPU quota: the rank's CPU use over the last second before the onset, over 1+P/100."""
@@ -137,16 +135,19 @@ class Slower(threading.Thread):
         else:
             (group / "cpu.max").write_text(f"{quota_us} {period_us}")
         self.note = f"{share:.2f} cores -> quota {quota_us / period_us:.2f}"
+        unmoved = 0  # threads that ended (or could not move) before the quota took them: said in the note
         for tid in os.listdir(f"/proc/{pid}/task"):  # every thread (v1 moves tasks one by one)
             try:
                 (group / "tasks" if v1.is_dir() else group / "cgroup.threads").write_text(tid)
             except OSError:
-                pass
+                unmoved += 1
+        if unmoved:
+            self.note += f"; {unmoved} thread(s) not under the quota"
         self.proc.wait()
         try:
             group.rmdir()
-        except OSError:
-            pass
+        except OSError as e:  # a task still in it: said, not hidden
+            print(f"straggler_detection: cgroup {group} left behind ({e.strerror})", file=sys.stderr)
 
 
 def run(model: str, nproc: int, seed: int, steps: int, percent: int, fault_step: int, how: str, period_ms: float,
