@@ -12,10 +12,17 @@ on 2 and 3 ranks, several seeds. The rank is slowed one of two ways (`--how`):
   cgroup   from outside: the rank's process moved into a cpu cgroup (v1 `cpu` or v2) whose
            quota is its CPU use before the onset over (1+P/100): needs root and a mounted
            cpu controller
+  taskset  from outside: the rank's threads pinned onto the last core, which a busy process
+           (pinned there too) holds P/(100+P) of every 10 ms, and its peers' threads onto the
+           other cores (a noisy neighbour on one rank's core; pinning only the rank would, on a
+           2-core host, squeeze its peers onto the one other core and slow them all alike)
 
 The rank's pid is the one its heartbeat publishes on the job's rank channel (the channel's
 address is in the workers' environment, DISTVAL_CHANNEL); the onset is the step rank 0 had
 finished when the slowing began (read from the same channel).
+
+The effective slowdown of a run is measured: the job's median step time from 20 steps after the
+onset over its median before the onset (the report's steps table), less 1.
 
 Per slowdown: recall = runs whose slowed rank was named / runs; precision = findings naming the
 slowed rank / all straggler findings (clean runs: every finding is a false positive); steps to
@@ -79,6 +86,7 @@ class Slower(threading.Thread):
         self.proc, self.rank, self.fault_step, self.percent, self.how = proc, rank, fault_step, percent, how
         self.period_s = period_ms / 1e3
         self.onset: int | None = None
+        self.peers: list[int] = []  # the other ranks' pids
         self.note = ""
 
     def run(self) -> None:
@@ -92,13 +100,32 @@ class Slower(threading.Thread):
         while self.proc.poll() is None:
             beat, step = reader.latest(self.rank, "heartbeat"), reader.latest(0, "step")
             pid = pid or (beat or {}).get("pid")
+            self.peers = [b["pid"] for r in range(self.rank) if (b := reader.latest(r, "heartbeat"))]
             if pid and step and step["step"] >= self.fault_step:
                 self.onset = step["step"]
                 break
             time.sleep(0.005)
         else:
             return
-        (self.sigstop if self.how == "sigstop" else self.cgroup)(pid)
+        {"sigstop": self.sigstop, "cgroup": self.cgroup, "taskset": self.taskset}[self.how](pid)
+
+    def taskset(self, pid: int) -> None:
+        """A process busy `P/(100+P)` of every 10 ms on the last core, and the rank's threads moved there."""
+        core = os.cpu_count() - 1
+        busy = 0.010 * self.percent / (100 + self.percent)
+        code = (f"import os, time\nos.sched_setaffinity(0, {{{core}}})\nwhile True:\n    t = time.perf_counter()\n"
+                f"    while time.perf_counter() - t < {busy}: pass\n    time.sleep({0.010 - busy})\n")
+        spinner = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            for p, cores in [(pid, {core}), *((peer, set(range(core)) or {core}) for peer in self.peers)]:
+                for tid in os.listdir(f"/proc/{p}/task"):
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(int(tid), cores)
+            self.note = f"pinned on core {core} with a process busy {busy * 1e3:.1f} of every 10 ms"
+            self.proc.wait()
+        finally:
+            spinner.kill()
+            spinner.wait()
 
     def sigstop(self, pid: int) -> None:
         stop_s = self.period_s * self.percent / (100 + self.percent)
@@ -151,8 +178,9 @@ class Slower(threading.Thread):
 
 
 def run(model: str, nproc: int, seed: int, steps: int, percent: int, fault_step: int, how: str, period_ms: float,
-        out: str) -> tuple[list[dict], int]:
-    """One job; returns its straggler findings and the onset step (the fault step for `fault`)."""
+        out: str) -> tuple[list[dict], int, float | None]:
+    """One job; returns its straggler findings, the onset step (the fault step for `fault`) and
+    the effective slowdown (None for a job that did not run)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTVAL_FAULT", "RANK", "MASTER_"))}
     if percent and how == "fault":
         env["DISTVAL_FAULT"] = f"step={fault_step},rank={nproc - 1},action=slow,percent={percent}"
@@ -168,11 +196,16 @@ def run(model: str, nproc: int, seed: int, steps: int, percent: int, fault_step:
         slower.join(timeout=10)
     onset = fault_step if slower is None else slower.onset
     doc = json.load(open(out))
+    start = onset if onset is not None else fault_step
+    times = [(row["step"], row["step_time_s"]) for row in doc.get("tables", {}).get("steps", {}).get("rows", [])]
+    before = [x for step, x in times if 10 <= step < start]
+    after = [x for step, x in times if step >= start + 20]
+    effective = statistics.median(after) / statistics.median(before) - 1 if before and after else None
     rows = [c for c in doc["checks"] if c["name"] == "health stragglers" and c["status"] == "WARN"]
     findings = [{"rank": c["where"]["rank"], "since": c["where"]["step"], "detected": c["details"].get("detected_step"),
                  "slowdown": c["details"].get("slowdown"), "by": c["details"].get("decided_by", ["relative"])}
                 for c in rows]
-    return findings, onset if onset is not None else fault_step
+    return findings, start, effective
 
 
 def main() -> None:
@@ -183,48 +216,67 @@ def main() -> None:
     p.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed+seeds-1")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--fault-step", type=int, default=50)
-    p.add_argument("--how", default="fault", help="fault, sigstop or cgroup (comma-separated: each in turn)")
+    p.add_argument("--how", default="fault", help="fault, sigstop, cgroup or taskset (comma-separated: each in turn)")
     p.add_argument("--period-ms", type=float, default=100.0, help="the SIGSTOP duty cycle's period")
     p.add_argument("--slowdowns", default=",".join(map(str, SLOWDOWNS)), help="percent; 0 is the clean run")
-    p.add_argument("--jsonl", help="append one line per run (findings, onset) to this file")
+    p.add_argument("--jsonl", help="append one line per run (findings, onset, effective slowdown) to this file")
     args = p.parse_args()
     started = time.monotonic()
+    goal = {"runs": 0, "named": 0, "true": 0, "found": 0, "late": 0}  # runs at >= 20% effective slowdown
+    clean = {"runs": 0, "found": 0}
     with tempfile.TemporaryDirectory() as tmp:
         for how in args.how.split(","):
             for model in args.models.split(","):
                 seeds = f"{args.first_seed}..{args.first_seed + args.seeds - 1}"
                 print(f"{model}, slowed by {how}: {args.steps} steps, slowed rank = the last, from step "
                       f"{args.fault_step}; worlds {args.worlds}, seeds {seeds}")
-                print(f"  {'slowdown':>8} {'runs':>5} {'recall':>7} {'precision':>9} {'steps to detect':>16} "
-                      f"{'onset error':>12} {'measured x':>11}  decided by")
+                print(f"  {'slowdown':>8} {'effective':>9} {'runs':>5} {'recall':>7} {'precision':>9} "
+                      f"{'steps to detect':>16} {'onset error':>12} {'measured x':>11}  decided by")
                 for percent in map(int, args.slowdowns.split(",")):
                     runs = found = true = named = 0
-                    delays, onsets, measured, by = [], [], [], collections.Counter()
+                    delays, onsets, measured, effective, by = [], [], [], [], collections.Counter()
                     for nproc in map(int, args.worlds.split(",")):
                         for seed in range(args.first_seed, args.first_seed + args.seeds):
-                            findings, onset = run(model, nproc, seed, args.steps, percent, args.fault_step, how,
-                                                  args.period_ms, os.path.join(tmp, "r.json"))
+                            findings, onset, eff = run(model, nproc, seed, args.steps, percent, args.fault_step, how,
+                                                       args.period_ms, os.path.join(tmp, "r.json"))
                             if args.jsonl:
                                 with open(args.jsonl, "a") as f:
                                     f.write(json.dumps({"how": how, "model": model, "world_size": nproc,
                                                         "seed": seed, "percent": percent, "onset": onset,
-                                                        "findings": findings}) + "\n")
+                                                        "effective": eff, "findings": findings}) + "\n")
                             runs += 1
                             found += len(findings)
                             mine = [f for f in findings if f["rank"] == nproc - 1] if percent else []
                             true += len(mine)
                             named += bool(mine)
+                            if eff is not None:
+                                effective.append(round(eff, 2))
                             for f in mine[:1]:
                                 delays.append(f["detected"] - onset)
                                 onsets.append(f["since"] - onset)
                                 measured.append(f["slowdown"])
                                 by["+".join(f["by"])] += 1
+                            if not percent:
+                                clean["runs"] += 1
+                                clean["found"] += len(findings)
+                            elif eff is not None and eff >= 0.2:
+                                goal["runs"] += 1
+                                goal["named"] += bool(mine)
+                                goal["true"] += len(mine)
+                                goal["found"] += len(findings)
+                                goal["late"] += bool(mine) and mine[0]["detected"] - onset > 200
                     recall = f"{named / runs:.2f}" if percent else "-"
                     precision = f"{true / found:.2f}" if found else ("1.00" if percent else "-")
-                    print(f"  {str(percent) + '%' if percent else 'clean':>8} {runs:>5} {recall:>7} {precision:>9} "
-                          f"{med(delays):>16} {med(onsets):>12} {med(measured):>11}  "
+                    print(f"  {str(percent) + '%' if percent else 'clean':>8} {med(effective):>9} {runs:>5} "
+                          f"{recall:>7} {precision:>9} {med(delays):>16} {med(onsets):>12} {med(measured):>11}  "
                           + ", ".join(f"{k} {v}" for k, v in by.most_common())
                           + (f"false positives: {found}" if not percent else ""), flush=True)
+    if goal["runs"]:
+        print(f"at >= 20% effective slowdown: {goal['runs']} runs, recall {goal['named'] / goal['runs']:.2f}, "
+              f"precision {goal['true'] / goal['found'] if goal['found'] else 1:.2f}, "
+              f"named later than 200 steps after the onset: {goal['late']}")
+    if clean["runs"]:
+        print(f"clean runs: {clean['runs']}, findings {clean['found']}")
     print(f"({time.monotonic() - started:.0f} s)")
 
 

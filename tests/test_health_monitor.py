@@ -1,6 +1,7 @@
 """The training health monitor in real `distval train` jobs (Gloo, 2 and 3 ranks): a slowed
-rank, a drifted replica, a NaN loss and a leak are each named with the right rank and step; a
-clean run of the same length stays quiet. The jobs run side by side."""
+rank (its compute stretched, or stopped from outside its process), a drifted replica, a NaN loss
+and a leak are each named with the right rank and step; a clean run of the same length stays
+quiet. The jobs run side by side."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from conftest import run_cli
 CASES = {  # name: (fault, ranks, steps)
     "clean": ("", "2", "140"),
     "slow": ("step=30,rank=1,action=slow,percent=100", "2", "140"),  # onset: within 15 steps (5 jobs share 2 cores)
+    "throttled": ("step=30,rank=1,action=throttle,percent=100", "2", "140"),  # stopped 50 of every 100 ms
     "desync": ("step=20,rank=2,action=perturb", "3", "40"),
     "grad_desync": ("step=15,rank=0,action=grad_drift", "3", "30"),  # figures read one step late, as on a GPU
     "nan": ("step=15,rank=1,action=nan", "2", "20"),
@@ -47,6 +49,13 @@ def test_each_health_finding_names_the_rank_and_the_step_and_a_clean_run_is_quie
     slow = findings["slow"]["straggler"]
     assert slow["ranks"] == [1] and 15 <= slow["step"] <= 45 and "rank 1 is a straggler" in slow["summary"]
     assert runs["slow"][0] == 0 and "distval: health WARN: rank 1 is a straggler" in runs["slow"][2]  # live
+
+    throttled = [c for c in runs["throttled"][1]["checks"] if c["name"] == "health stragglers"]
+    outside = [c for c in throttled if c["details"].get("decided_by") == ["lost_time"]]
+    assert runs["throttled"][0] == 0 and {c["where"]["rank"] for c in throttled} == {1}, throttled
+    assert outside and 20 <= outside[0]["where"]["step"] <= 60, outside
+    assert 0.3 < outside[0]["details"]["stopped_share"] < 0.6, outside
+    assert "distval: health WARN: rank 1 is a straggler slowed from outside its process" in runs["throttled"][2]
 
     desync = findings["desync"]["replicas"]
     assert runs["desync"][0] == 1 and desync["ranks"] == [2] and desync["step"] == 29  # the first check after 20

@@ -37,7 +37,7 @@ def execute(command: str, rank_fn: RankFn, cfg: Any, opts: LaunchOptions,
         if mode != "local" and isinstance(e, WorkerFailure) and os.environ.get("RANK", "0") != "0":
             raise
         report = Report(command, meta=meta.collect(None, cfg, launch=mode, backend=opts.backend,
-                                                   world_size=_planned_world_size(opts)))
+                                                   world_size=known_world_size(opts)))
         report.add(failure_check(command, e))
         return report
     if job is None:
@@ -46,6 +46,12 @@ def execute(command: str, rank_fn: RankFn, cfg: Any, opts: LaunchOptions,
     if pauses:
         report.add(pause_check(command, pauses))
     return report
+
+
+def say_finding(found: Any) -> None:
+    """A health finding made in the launching process, as one line on stderr at once (the
+    monitor's findings made on rank 0 come the same way through train/progress.py)."""
+    print(f"distval: health {found.status}: {found.summary}", file=sys.stderr, flush=True)
 
 
 def failure_check(command: str, e: CannotRun) -> Check:
@@ -70,22 +76,23 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
                trace: Any = None) -> Report:
     """`distval launch`: a user's script on local workers under the watchdog (launch/local.py);
     `trace` (a TraceConfig): its optimizer steps recorded, then analysed (trace/report.py)."""
+    from distval.health.lost import LostTime
     from distval.health.steps import StragglerWatch
     from distval.launch.local import run_script as run_local_script
     from distval.trace.capture import ENV
 
     started = time.monotonic()
     info = {"script": script, "module": module, "args": args, "launch": "local",
-            "world_size": _planned_world_size(opts)}
+            "world_size": known_world_size(opts)}
     report = Report("launch", meta=meta.collect(None, None, **info))
     traced = trace is not None and trace.enabled
     if traced:  # the shim of every worker reads it (inherited through torchrun's agent)
         os.environ[ENV] = f"{trace.skip}:{trace.active}:{trace.dir}"
-    live = lambda f: print(f"distval: health {f.status}: {f.summary}", file=sys.stderr, flush=True)  # noqa: E731
-    stragglers = StragglerWatch(info["world_size"] or 1, on_finding=live)
+    stragglers = StragglerWatch(info["world_size"] or 1, on_finding=say_finding)
+    lost = LostTime(info["world_size"] or 1, step=lambda reader: stragglers.next_step, on_finding=say_finding)
     pauses: list[Pause] = []
     try:
-        ranks = run_local_script(script, args, opts, watchers=[stragglers], module=module, pauses=pauses)
+        ranks = run_local_script(script, args, opts, watchers=[stragglers, lost], module=module, pauses=pauses)
     except CannotRun as e:
         report.add(failure_check("launch", e))
         return report
@@ -93,7 +100,7 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
         os.environ.pop(ENV, None)
     report.add(Check("launch script", Status.OK, f"{script} ended on all {ranks} ranks in "
                      f"{time.monotonic() - started:.1f} s, no hang"))
-    report.add(stragglers.check())
+    report.add(stragglers.check(lost.findings))
     if pauses:
         report.add(pause_check("launch", pauses))
     if traced:
@@ -103,7 +110,8 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
     return report
 
 
-def _planned_world_size(opts: LaunchOptions) -> int | None:
+def known_world_size(opts: LaunchOptions) -> int | None:
+    """The world size `opts` asks for, None where it cannot be known before the launch."""
     try:
         return launch.planned_world_size(opts)
     except (KeyError, ValueError, CannotRun):

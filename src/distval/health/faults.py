@@ -33,6 +33,10 @@ The catalogue (ACTIONS: where each applies):
                        collective)
   slow          step   from step N on, this rank's compute of every step takes `percent`% longer
                        (a sleep inside the step: a straggler slowed by a known factor)
+  throttle      step   from step N on, another process stops this one (SIGSTOP) 100·P/(100+P)
+                       of every 100 ms and continues it (SIGCONT): a rank slowed from outside by
+                       `percent`% wherever it is, in its collectives too (a CPU quota, a
+                       throttled device)
   perturb       step   after step N's update, 1e-3 is added to this rank's first parameter (a
                        replica that drifted: a desync)
   grad_drift    step   from step N on, after the gradients' synchronisation, 1e-3 is added to this
@@ -52,6 +56,8 @@ from __future__ import annotations
 import math
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -68,8 +74,8 @@ ENV = "DISTVAL_FAULT"
 ACTIONS = {"corrupt": ("op",), "raise": ("op", "step"), "hang": ("op", "step"), "kill": ("op", "step"),
            "sigterm": ("step",), "sigterm_job": ("step",), "kill_in_save": ("step",), "stop": ("op", "step"),
            "spin": ("op", "step"), "skip": ("op", "step"), "slow_save": ("step",), "reshape": ("op", "step"),
-           "kill_in_op": ("step",), "slow": ("step",), "perturb": ("step",), "nan": ("step",), "leak": ("step",),
-           "grad_drift": ("step",)}
+           "kill_in_op": ("step",), "slow": ("step",), "throttle": ("step",), "perturb": ("step",), "nan": ("step",),
+           "leak": ("step",), "grad_drift": ("step",)}
 # faults the training step asks about, not fired at its start
 _IN_STEP = ("slow", "perturb", "nan", "leak", "grad_drift")
 _AT_ISSUE = ("skip", "reshape", "kill_in_op")  # faults that act as the op is issued
@@ -90,7 +96,7 @@ class Fault:
     nth: int = 0
     attempt: int = 0
     seconds: int = 10  # slow_save
-    percent: int = 50  # slow
+    percent: int = 50  # slow, throttle
     mib: int = 4  # leak
 
     def __post_init__(self) -> None:
@@ -242,6 +248,20 @@ def _act(f: Fault, outputs: Sequence[torch.Tensor], where: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     elif f.action == "spin":
         _spin()
+    elif f.action == "throttle":
+        throttle(os.getpid(), f.percent)
+
+
+def throttle(pid: int, percent: int, period_s: float = 0.1) -> subprocess.Popen:
+    """A process of its own that stops `pid` for period·P/(100+P) of every `period_s` (so it
+    runs P% slower) until `pid` is gone, and never leaves it stopped when it ends on its own."""
+    stop_s = period_s * percent / (100 + percent)
+    code = ("import os, signal, sys, time\npid, stop, rest = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])\n"
+            "try:\n    while True:\n        os.kill(pid, signal.SIGSTOP)\n        try:\n            time.sleep(stop)\n"
+            "        finally:\n            os.kill(pid, signal.SIGCONT)\n        time.sleep(rest)\n"
+            "except (ProcessLookupError, KeyboardInterrupt):\n    pass\n")
+    return subprocess.Popen([sys.executable, "-c", code, str(pid), str(stop_s), str(period_s - stop_s)],
+                            start_new_session=True, stdin=subprocess.DEVNULL)
 
 
 def _spin() -> None:

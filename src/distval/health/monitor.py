@@ -44,6 +44,9 @@ from distval.health import ranks_text
 
 MIB = 1 << 20
 RANK_WINDOW = 1000  # steps of each rank's compute and waiting kept for the per-rank table
+STRAGGLER_HINT = ("the straggler's host: thermal throttling, another process on its cores (top, taskset), a CPU quota "
+                  "(its cgroup's cpu.max or cpu.cfs_quota_us), a slower device or link, its data loader; its compute "
+                  "time per step, or the time it could not run, is in details")
 FIELDS = ("step_s", "compute_s", "blocked_s", "loss", "mem_current", "mem_peak")  # what each rank contributes
 
 

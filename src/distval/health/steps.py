@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable
 
 from distval.health.heartbeat import group_progress, recorded
-from distval.health.monitor import Finding, HealthConfig, Stragglers
+from distval.health.monitor import STRAGGLER_HINT, Finding, HealthConfig, Stragglers
 from distval.results import Check, Status
 
 KIND = "steps"
@@ -164,19 +164,21 @@ class StragglerWatch:
     def close(self) -> None:
         """Nothing to release: the monitor loop owns the reader."""
 
-    def check(self) -> Check:
-        if len(self.hosts) > 1:
+    def check(self, outside: list[Finding] = ()) -> Check:
+        """The `launch stragglers` check: this rule's findings and those of ranks slowed from
+        outside (`outside`: health/lost.py's, which need no aligned steps)."""
+        findings = [*self.rule.findings, *outside]
+        if not findings and len(self.hosts) > 1:
             return Check("launch stragglers", Status.SKIP, f"ranks on {len(self.hosts)} hosts: arrival times on "
                          "different clocks are not compared", details={"hosts": sorted(self.hosts)})
-        if self.steps_seen < self.rule.cfg.window:
+        if not findings and self.steps_seen < self.rule.cfg.window:
             return Check("launch stragglers", Status.SKIP, f"{self.steps_seen} optimizer step(s) with a collective "
                          f"seen; the straggler rule needs {self.rule.cfg.window}",
                          details={"steps": self.steps_seen})
-        if not self.rule.findings:
+        if not findings:
             return Check("launch stragglers", Status.OK, f"no straggler over {self.steps_seen} optimizer steps: no "
-                         f"rank's compute stayed {self.rule.cfg.slow_ratio:g}x its peers' over {self.rule.cfg.window}",
-                         details={"steps": self.steps_seen})
-        f = self.rule.findings[0]
+                         f"rank's compute stayed {self.rule.cfg.slow_ratio:g}x its peers' over {self.rule.cfg.window}, "
+                         "none lost time to causes outside its process", details={"steps": self.steps_seen})
+        f = min(findings, key=lambda f: f.step)
         return Check("launch stragglers", Status.WARN, f.summary, details=f.details, where={"rank": f.ranks[0],
-                     "step": f.step}, hint="the straggler's host: thermal throttling, a noisy neighbour, a slower "
-                     "device or link, its data loader")
+                     "step": f.step}, hint=STRAGGLER_HINT)

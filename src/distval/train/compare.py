@@ -23,9 +23,11 @@ from typing import Any
 import torch
 
 from distval import meta, strategies
+from distval.health.lost import LostTime
+from distval.health.monitor import STRAGGLER_HINT
 from distval.launch import JobResult, LaunchOptions, Watcher
 from distval.results import Check, Report, Status, Table
-from distval.runner import execute
+from distval.runner import execute, known_world_size, say_finding
 from distval.stats import percentile
 from distval.trace.config import TraceConfig
 from distval.train.config import TrainConfig
@@ -68,8 +70,11 @@ def steps_table(result: dict[str, Any]) -> Table:
 
 
 def run_train(cfg: TrainConfig, opts: LaunchOptions, watchers: list[Watcher] | tuple = ()) -> Report | None:
+    lost = LostTime(known_world_size(opts) or 1, cfg.health, step=_latest_step, on_finding=say_finding)
+
     def build(job: JobResult) -> Report:
         r0 = job.results[0]
+        r0 = {**r0, "health": r0.get("health", []) + [f.to_dict() for f in lost.findings]}
         checksums = {r["checksum"] for r in job.results}
         report = Report(
             "train", meta=meta.collect(job, cfg, param_checksum=r0["checksum"], num_params=r0["num_params"])
@@ -87,13 +92,17 @@ def run_train(cfg: TrainConfig, opts: LaunchOptions, watchers: list[Watcher] | t
             add_trace(report, cfg, r0["steps"])
         return report
 
-    return execute("train", train_rank, cfg, opts, build, watchers)
+    return execute("train", train_rank, cfg, opts, build, [*watchers, lost])
+
+
+def _latest_step(reader: Any) -> int | None:
+    row = reader.latest(0, "step")
+    return row.get("step") if row else None
 
 
 _HEALTH_CHECKS = {  # check: (finding kinds, what OK says, hint)
-    "stragglers": (("straggler",), "no straggler: no rank's compute stayed {ratio:g}x its peers' over {window} steps",
-                   "the straggler's host: thermal throttling, a noisy neighbour, a slower device or link, its data "
-                   "loader; its compute time per step is in details"),
+    "stragglers": (("straggler",), "no straggler: no rank's compute stayed {ratio:g}x its peers' over {window} steps, "
+                   "none lost time to causes outside its process", STRAGGLER_HINT),
     "numerics": (("nonfinite", "grad_spike"), "every loss and gradient norm finite; no gradient-norm spike",
                  "lower the learning rate, check the named rank's batch and the named parameter; bf16 overflow"),
     "memory": (("memory_imbalance", "memory_growth"), "memory balanced across ranks, no steady growth",

@@ -1,0 +1,281 @@
+"""Stragglers slowed from outside their process: the wall time a rank was not allowed to run, as
+the kernel accounts it.
+
+A rank slowed from outside (a CPU quota, another process on its core, a stopped or throttled
+process) loses wall time wherever it happens to be, in its collectives as much as in its compute.
+A stop inside a collective is everybody's wait, its own clock included, so its step timings
+stretch with its peers' and the compute ratio of health/monitor.py cannot tell it from them
+(measured: docs/stragglers-sweep.md). The kernel can: per rank on this host, a thread of the
+launching process (the monitor's, health/hang.py's home) samples
+
+  stopped  the share of samples in which the rank's process was stopped (state T: SIGSTOP, a job
+           control stop; not t, a debugger's or py-spy's trace stop), every ~10 ms, jittered so
+           a periodic stop cannot alias with the samples
+  queued   the growth of its main thread's run-queue delay (/proc/<pid>/schedstat, field 2: the
+           time it was runnable and not running) over the wall time: waiting for a CPU another
+           process holds, and throttled by its cgroup's CPU quota (a throttled task stays queued)
+
+and sums them per half second (a bucket). The training thread is the main thread of a distval job
+and of a script's (`distval launch`); its queue delay is what delays the step.
+
+The rule (`Slowed`): each bucket, a rank's excess is the share of the wall time it lost beyond
+what its peers lost (stopped beyond their median; queued beyond what their queue ratio would
+make of its runnable time, so a busy host that queues every rank alike blames none). A rank
+whose median excess over the last `WINDOW` buckets reaches 1 − 1/slow_ratio (the lost time that
+alone makes it slow_ratio× slower than its peers: 13% at the default 1.15) in `PERSIST` buckets
+in a row is a straggler, a finding in the shape of the compute rule's (kind `straggler`, the
+same report check and table); it stays one while the median stays over half the threshold.
+Only ranks on the launching process's host are sampled (the others' /proc is not here), so a
+one-rank-per-node job is not judged.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import socket
+import statistics
+import threading
+import time
+from typing import Any, Callable
+
+from distval.health.monitor import Finding, HealthConfig
+
+BUCKET_S = 0.5  # the unit of the rule: lost shares per half second
+WINDOW = 8  # buckets the median excess is taken over (4 s)
+PERSIST = 3  # buckets in a row the rule must hold before a rank is named
+SAMPLE_S = (0.005, 0.015)  # the state sampler's sleep between samples, uniform in this range
+
+
+def read_state(fd: int) -> str:
+    """The state letter of an open /proc/<pid>/stat ("" once the process is gone)."""
+    try:
+        text = os.pread(fd, 512, 0).decode(errors="replace")
+        return text.rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def scheduled_s(pid: int) -> tuple[float, float] | None:
+    """The cumulative time `pid`'s main thread ran on a CPU and waited runnable in the run queue,
+    in seconds (None: gone, or a kernel without schedstat)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            ran, waited = f.read().split()[:2]
+        return int(ran) / 1e9, int(waited) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+class _Rank:
+    """One sampled process: its open stat file, the samples and stops of the current bucket."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        self.samples = self.stopped = 0
+        self.sched0, self.t0 = scheduled_s(pid), time.monotonic()
+
+    def sample(self) -> None:
+        state = read_state(self.fd)
+        if state:
+            self.samples += 1
+            self.stopped += state == "T"
+
+    def take(self) -> dict[str, float] | None:
+        """This bucket's shares of the wall time (stopped; queued; runnable: on a CPU or queued),
+        and a new bucket begun; None when the process left nothing to say."""
+        sched, now = scheduled_s(self.pid), time.monotonic()
+        shares = None
+        if self.samples and sched is not None and self.sched0 is not None and now > self.t0:
+            wall = now - self.t0
+            stopped = self.stopped / self.samples
+            ran, queued = (max(b - a, 0.0) / wall for a, b in zip(self.sched0, sched))
+            queued = min(queued, 1.0 - stopped)
+            shares = {"stopped": stopped, "queued": queued, "runnable": min(ran + queued, 1.0)}
+        self.samples = self.stopped = 0
+        self.sched0, self.t0 = sched, now
+        return shares
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Slowed:
+    """The rule over the buckets: `update` with each bucket's shares by rank and the job's step.
+
+    A rank's excess in a bucket: its stopped share less its peers' median, plus its queued share
+    less what its peers' queue ratio (queued over runnable time) would have made of its runnable
+    time. A host that every rank contends for gives every runnable rank about the same ratio
+    (the scheduler is fair), so a rank that alone runs (an evaluation on rank 0 while the others
+    wait) is not blamed for the queue a busy host gives it; a rank on a core another process
+    holds, or under a CPU quota, queues far longer than its peers for the same work. A peer not
+    runnable for `MIN_RUNNABLE` of a bucket has no ratio of its own there: each peer's is the
+    median of its last `window` known ratios (`HISTORY` buckets back at most)."""
+
+    MIN_RUNNABLE = 0.05
+    HISTORY = 60
+
+    def __init__(self, cfg: HealthConfig, window: int = WINDOW, persist: int = PERSIST):
+        self.threshold = 1 - 1 / cfg.slow_ratio
+        self.window, self.persist = window, persist
+        self.buckets: collections.deque[tuple[int | None, dict[int, dict[str, float]]]] = collections.deque(
+            maxlen=window)
+        self.excess: dict[int, collections.deque[tuple[int | None, float]]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=6 * window))  # enough before a finding to find its onset
+        self.ratios: dict[int, collections.deque[float | None]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=self.HISTORY))
+        self.streak: dict[int, int] = {}
+        self.current: dict[int, Finding] = {}
+        self.findings: list[Finding] = []
+
+    def update(self, step: int | None, shares: dict[int, dict[str, float]]) -> Finding | None:
+        if len(shares) < 2:
+            return None
+        for r, mine in shares.items():
+            self.ratios[r].append(mine["queued"] / mine["runnable"] if mine["runnable"] >= self.MIN_RUNNABLE
+                                  else None)
+        bases = {r: self._peers_ratio(r, shares) for r in shares}
+        for r, mine in shares.items():
+            mine["peers_ratio"] = bases[r]
+            stopped = mine["stopped"] - statistics.median(v["stopped"] for k, v in shares.items() if k != r)
+            queued = mine["queued"] - (bases[r] if bases[r] is not None else mine["queued"] / max(
+                mine["runnable"], 1e-9)) * mine["runnable"]
+            self.excess[r].append((step, stopped + queued))
+        self.buckets.append((step, shares))
+        if len(self.buckets) < self.window // 2:
+            return None
+        new = None
+        for r in shares:
+            score = statistics.median(x for _, x in list(self.excess[r])[-self.window:])
+            if score < (self.threshold / 2 if r in self.current else self.threshold):
+                self.streak[r] = 0
+                if r in self.current:
+                    self.current.pop(r).details["until_step"] = step
+                continue
+            self.streak[r] = self.streak.get(r, 0) + 1
+            if self.streak[r] < self.persist and r not in self.current:
+                continue
+            found = self._finding(r, step, score)
+            if r not in self.current:
+                self.current[r] = found
+                self.findings.append(found)
+                new = new or found
+        return new
+
+    def _peers_ratio(self, r: int, shares: dict[int, dict[str, float]]) -> float | None:
+        """The median over the peers of each one's queue ratio (the median of its last `window`
+        known ones; None: no peer ran enough to have one)."""
+        per_peer = []
+        for k in shares:
+            known = [q for q in self.ratios[k] if q is not None][-self.window:] if k != r else []
+            if known:
+                per_peer.append(statistics.median(known))
+        return statistics.median(per_peer) if per_peer else None
+
+    def _finding(self, r: int, step: int | None, excess: float) -> Finding:
+        mine = [s[r] for _, s in self.buckets if r in s]
+        stopped, queued, runnable = (statistics.median(v[key] for v in mine) for key in ("stopped", "queued",
+                                                                                           "runnable"))
+        peers = [v["peers_ratio"] for v in mine if v["peers_ratio"] is not None]
+        ratio, peers_ratio = queued / max(runnable, 1e-9), statistics.median(peers) if peers else 0.0
+        slowdown = 1 / max(1 - excess, 1e-3)
+        since = self.current[r].step if r in self.current else self._onset(r)
+        causes = [f"stopped {stopped:.0%} of the time"] if stopped >= 0.01 else []
+        if queued >= 0.01:
+            causes.append(f"waiting for a CPU {queued:.0%}, {ratio:.0%} of its runnable time against its peers' "
+                          f"{peers_ratio:.0%}")
+        text = (f"rank {r} is a straggler slowed from outside its process since step {since}: "
+                f"{'; '.join(causes) or 'it lost time in bursts'}; {slowdown:.2f}x slower than its peers, who wait "
+                f"for it")
+        details = {"slowdown": round(slowdown, 3), "since_step": since, "lost_share": round(stopped + queued, 3),
+                   "excess_share": round(excess, 3), "stopped_share": round(stopped, 3),
+                   "queued_share": round(queued, 3), "queue_ratio": round(ratio, 3),
+                   "peers_queue_ratio": round(peers_ratio, 3), "window_s": len(mine) * BUCKET_S,
+                   "decided_by": ["lost_time"]}
+        if r in self.current:  # still one: the figures follow the window
+            found = self.current[r]
+            found.summary, found.details = text, {**found.details, **details}
+            return found
+        return Finding("straggler", "WARN", since if since is not None else 0, [r], text,
+                       {**details, "detected_step": step})
+
+    def _onset(self, r: int) -> int | None:
+        """The step its excess began: the change point of its excess series (the split whose two
+        sides sit closest to their own medians), as in the compute rule."""
+        series = list(self.excess[r])
+        xs = [x for _, x in series]
+
+        def spread(part: list[float]) -> float:
+            mid = statistics.median(part)
+            return sum(abs(x - mid) for x in part)
+
+        split = min(range(1, len(xs)), key=lambda i: (spread(xs[:i]) + spread(xs[i:]), i))
+        return next((s for s, _ in series[split:] if s is not None), None)
+
+
+class LostTime:
+    """A launch Watcher (launch/monitor.py): samples the ranks on this host, feeds `Slowed` once a
+    bucket, calls `on_finding` with each new finding. `step`: the job's current step from the
+    reader (None when unknown). The pids come from the ranks' heartbeats (a restarted rank's new
+    pid included)."""
+
+    def __init__(self, world_size: int, cfg: HealthConfig | None = None,
+                 step: Callable[[Any], int | None] = lambda reader: None,
+                 on_finding: Callable[[Finding], None] | None = None):
+        self.world_size, self.step = world_size, step
+        self.rule = Slowed(cfg or HealthConfig())
+        self.on_finding = on_finding or (lambda f: None)
+        self.here = socket.gethostname()
+        self.ranks: dict[int, _Rank] = {}
+        self.lock = threading.Lock()
+        self.next_bucket = time.monotonic() + BUCKET_S
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="distval-lost-time", daemon=True)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.rule.findings
+
+    def tick(self, reader: Any) -> None:
+        if self._thread.ident is None and not self._stop.is_set():
+            self._thread.start()  # at the monitor's first tick: a job that never started leaves no thread
+        now = time.monotonic()
+        if now < self.next_bucket:
+            return
+        self.next_bucket = max(self.next_bucket + BUCKET_S, now)
+        self._follow(reader.all(self.world_size, "heartbeat"))
+        with self.lock:
+            shares = {r: s for r, proc in self.ranks.items() if (s := proc.take()) is not None}
+        found = self.rule.update(self.step(reader), shares)
+        if found is not None:
+            self.on_finding(found)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=1)
+        with self.lock:
+            for proc in self.ranks.values():
+                proc.close()
+            self.ranks.clear()
+
+    def _follow(self, beats: dict[int, dict[str, Any] | None]) -> None:
+        """Sample every rank whose heartbeat says it runs on this host, by its current pid."""
+        with self.lock:
+            for r, beat in beats.items():
+                pid = (beat or {}).get("pid") if (beat or {}).get("host") == self.here else None
+                if r in self.ranks and self.ranks[r].pid != pid:
+                    self.ranks.pop(r).close()
+                if pid and r not in self.ranks:
+                    try:
+                        self.ranks[r] = _Rank(pid)
+                    except OSError:
+                        pass  # gone already: its next heartbeat (a restart) brings the new pid
+
+    def _sample(self) -> None:
+        while not self._stop.wait(random.uniform(*SAMPLE_S)):
+            with self.lock:
+                for proc in self.ranks.values():
+                    proc.sample()

@@ -1,0 +1,117 @@
+"""health/lost.py: a rank slowed from outside its process is named from the time it could not run
+(stopped, or queued for a CPU beyond its peers' ratio); a busy host, a rank that alone works and
+a host that stops every rank are not. The shares are measured on real processes by the kernel."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+from distval.health.faults import throttle
+from distval.health.lost import Slowed, _Rank
+from distval.health.monitor import HealthConfig
+
+
+def bucket(stopped: float = 0.0, queued: float = 0.08, runnable: float = 0.25) -> dict[str, float]:
+    return {"stopped": stopped, "queued": queued, "runnable": runnable}
+
+
+def feed(rule: Slowed, buckets: int, shares, seed: int = 0) -> list:
+    """`shares(i, rng)`: bucket i's shares by rank; the job makes 10 steps a bucket."""
+    rng, found = random.Random(seed), []
+    for i in range(buckets):
+        f = rule.update(10 * i, shares(i, rng))
+        if f is not None:
+            found.append(f)
+    return found
+
+
+def noisy(rng: random.Random, world: int = 3) -> dict[int, dict[str, float]]:
+    return {r: bucket(queued=rng.uniform(0.04, 0.14), runnable=rng.uniform(0.18, 0.3)) for r in range(world)}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_clean_busy_host_names_nobody(seed):
+    assert feed(Slowed(HealthConfig()), 300, lambda i, rng: noisy(rng), seed) == []
+
+
+def test_a_rank_stopped_from_outside_is_named_from_the_bucket_it_began():
+    def shares(i, rng):
+        out = noisy(rng)
+        if i >= 40:  # stopped 17% of the time: 20% slower
+            out[2]["stopped"] = rng.uniform(0.13, 0.21)
+        return out
+
+    rule = Slowed(HealthConfig())
+    (found,) = feed(rule, 120, shares)
+    assert found.kind == "straggler" and found.ranks == [2] and found.details["decided_by"] == ["lost_time"]
+    assert 390 <= found.step <= 420 and found.details["detected_step"] <= 400 + 10 * 8, found.details
+    assert 0.13 < found.details["stopped_share"] < 0.21 and 1.15 < found.details["slowdown"] < 1.3
+    assert f"rank 2 is a straggler slowed from outside its process since step {found.step}: stopped 1" \
+        in found.summary
+
+
+def test_a_rank_on_a_busy_core_is_named_but_not_a_rank_that_alone_works_on_a_busy_host():
+    def neighbour(i, rng):  # rank 1 waits for a CPU half of its runnable time, its peers 5% of theirs
+        out = {r: bucket(queued=0.015, runnable=0.3) for r in (0, 2)}
+        out[1] = bucket(queued=0.3 if i >= 20 else 0.015, runnable=0.6 if i >= 20 else 0.3)
+        return out
+
+    (found,) = feed(Slowed(HealthConfig()), 60, neighbour)
+    assert found.ranks == [1] and "waiting for a CPU 30%, 50% of its runnable time against its peers' 5%" \
+        in found.summary, found.summary
+
+    def evaluation(i, rng):  # every 40 buckets rank 0 evaluates alone for 20 (the others blocked, not runnable)
+        out = noisy(rng)
+        if i % 40 >= 20:
+            q = rng.uniform(0.28, 0.48)  # the host's queue ratio (the noisy buckets' median: 0.38)
+            out = {0: bucket(queued=q * 0.95, runnable=0.95), 1: bucket(runnable=0.0, queued=0.0),
+                   2: bucket(runnable=0.0, queued=0.0)}
+        return out
+
+    assert feed(Slowed(HealthConfig()), 200, evaluation) == []
+
+
+def test_a_host_that_stops_every_rank_names_none_and_a_finding_ends_when_the_stops_do():
+    assert feed(Slowed(HealthConfig()), 100, lambda i, rng: {r: bucket(stopped=0.3) for r in range(3)}) == []
+
+    def stops(i, rng):
+        out = noisy(rng)
+        if 20 <= i < 60:
+            out[0]["stopped"] = 0.4
+        return out
+
+    rule = Slowed(HealthConfig())
+    (found,) = feed(rule, 100, stops)
+    assert found.ranks == [0] and 600 <= found.details["until_step"] <= 700, found.details
+
+
+def test_the_kernel_shares_of_a_stopped_and_of_a_queued_process():
+    """A busy child stopped 1/3 of the time by the throttle fault's process; a busy child pinned on one
+    core with another busy process: half of its runnable time queued."""
+    busy = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+    stopped = subprocess.Popen([sys.executable, "-c", busy, "0"])
+    queued = subprocess.Popen([sys.executable, "-c", busy, "1"])
+    rival = subprocess.Popen([sys.executable, "-c", busy, "1"])
+    stopper = throttle(stopped.pid, 50)  # stopped 33 of every 100 ms
+    try:
+        time.sleep(0.3)
+        ranks = [_Rank(stopped.pid), _Rank(queued.pid)]
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            for r in ranks:
+                r.sample()
+            time.sleep(random.uniform(0.005, 0.015))
+        first, second = (r.take() for r in ranks)
+    finally:
+        for p in (stopper, stopped, queued, rival):
+            p.kill()
+            p.wait()
+    assert 0.2 < first["stopped"] < 0.45, first
+    assert 0.3 < second["queued"] / second["runnable"] < 0.7 and second["stopped"] == 0, second
+    assert os.cpu_count() >= 2
