@@ -100,3 +100,22 @@ def test_what_counts_as_unsupported():
     assert not is_unsupported(dist.DistBackendError("NCCL error"))
     assert not is_unsupported(KeyError("bug"))
     assert not is_unsupported(TypeError("tuple indices must be integers or slices, not str"))
+
+
+@pytest.mark.parametrize("gpus", [1, 3, 8])
+def test_compare_trains_its_reference_on_the_strategies_global_batch(monkeypatch, gpus):
+    """Without --nproc the strategies run on default_nproc() ranks (one per GPU): the one-process
+    reference must train on that many micro-batches, not on 2 (issue 25)."""
+    from distval import device as devices
+    from distval.launch import LaunchOptions
+    from distval.results import Report
+    from distval.train import compare
+    from distval.train.config import TrainConfig
+
+    seen = []
+    monkeypatch.setattr(devices, "default_nproc", lambda: gpus)
+    monkeypatch.setattr(compare, "_one", lambda cfg, opts: seen.append((cfg, opts)) or Report("train"))
+    cfg = TrainConfig(model="tiny", steps=2)
+    compare.run_compare(cfg, ["simple_ddp"], LaunchOptions())
+    (ref, opts), = seen
+    assert ref.micro_batch == cfg.micro_batch * gpus and opts.nproc == 1

@@ -27,6 +27,7 @@ from distval.health.heartbeat import FR_ENV, enable_flight_recorder
 from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.health.pauses import Pause
 from distval.launch.job import JobResult, LaunchOptions, RankFn
+from distval.launch.modes import planned_world_size
 from distval.launch.monitor import Monitor, Watcher
 from distval.results import Status
 
@@ -72,7 +73,7 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, watchers: list
     devices.check_local_workers(opts.nproc or devices.default_nproc(), "any")  # the script picks its backend
     run_agent(sys.executable, ("-m", "distval.launch.shim", *target, *args), opts, watchers, show_output=True,
               pauses=pauses)
-    return (opts.nproc or devices.default_nproc()) * opts.nnodes
+    return planned_world_size(opts)
 
 
 def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[Watcher] | tuple,

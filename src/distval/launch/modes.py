@@ -32,7 +32,7 @@ def planned_world_size(opts: LaunchOptions, env: dict[str, str] | None = None) -
     env = dict(os.environ if env is None else env)
     mode = detect_mode(env)
     if mode == "local":
-        return opts.nproc or devices.default_nproc()
+        return (opts.nproc or devices.default_nproc()) * opts.nnodes
     return int(worker_env(mode, env).get("WORLD_SIZE") or env["WORLD_SIZE"])
 
 

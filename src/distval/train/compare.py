@@ -25,7 +25,7 @@ import torch
 from distval import meta, strategies
 from distval.health.lost import LostTime
 from distval.health.monitor import STRAGGLER_HINT
-from distval.launch import JobResult, LaunchOptions, Watcher
+from distval.launch import JobResult, LaunchOptions, Watcher, planned_world_size
 from distval.results import Check, Report, Status, Table
 from distval.runner import execute, known_world_size, say_finding
 from distval.stats import percentile
@@ -202,7 +202,7 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
                 bucket_sizes: list[float] | None = None) -> Report:
     """Every strategy against a one-process reference; `traces`: each run's --trace (by label);
     `bucket_sizes`: the --bucket-mb sweep."""
-    world = opts.nproc or 2
+    world = planned_world_size(opts)  # the strategies' ranks: the reference trains on their global batch
     traces = traces or {}
     sizes = bucket_sizes or [cfg.strategy_cfg.bucket_mb]
     ref_cfg = dataclasses.replace(
