@@ -121,7 +121,7 @@ class Checker:
         return "; ".join(parts)
 
     def harness(self) -> str:
-        """The issue's case: smollm2-135m bf16 micro-batch 8 on one GPU, harness against a bare loop."""
+        """The harness's overhead case: smollm2-135m bf16 micro-batch 8 on one GPU, harness against a bare loop."""
         out = []
         for label, flags in (("eager", []), ("eager, figures read every step", ["--readback", "now"]),
                              ("compiled", ["--compile"])):

@@ -1,4 +1,5 @@
-"""The instrumented collective layer: what it records is what later issues account with."""
+"""The instrumented collective layer: what it records (OpRecord) is what the bench, the check and
+the training step account with."""
 
 import torch
 

@@ -76,7 +76,7 @@ def test_seed_001_table(link, gbit, seed_figure_s):
     assert sum(row["count"] for row in collectives_rows(r)) == num_buckets
 
 
-# -- collective formulas (reference/collectives.md §4.4) -----------------------------------------
+# -- collective formulas (Thakur et al. 2005; docs/plan.md) ----------------------------------------
 
 def test_ring_all_reduce_all_gather_reduce_scatter():
     link = Link("x", alpha_s=20e-6, bytes_per_s=10e9, source="given")

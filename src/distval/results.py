@@ -29,7 +29,7 @@ class Status(str, enum.Enum):
     ERROR = "ERROR"
 
 
-# Exit codes (DESIGN.md): 0 all OK/WARN/SKIP, 1 a FAIL, 2 bad usage or input, 3 could not run.
+# Exit codes (docs/report-schema.md): 0 all OK/WARN/SKIP, 1 a FAIL, 2 bad usage or input, 3 could not run.
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_CANNOT_RUN = 0, 1, 2, 3
 
 

@@ -1,4 +1,4 @@
-"""Small statistics shared by the bench, training reports and (later) the health monitor."""
+"""Small statistics shared by the bench and the training reports."""
 
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ read this one source of truth.
 
 Neutral hooks let the layers above act on every op without the layer knowing them:
 `on_issue(rec)` as an op is issued, `on_finish(rec, outputs)` as it completes (on the thread that
-completes it). The worker installs the test-only faults there (health/faults.py); the heartbeat
-and trace marks of later issues go there too.
+completes it). The worker installs the test-only faults there (health/faults.py). The heartbeat
+and the trace do not need them: they read torch's Flight Recorder and profiler, which see every
+collective, distval's and torch's own alike.
 """
 
 from __future__ import annotations

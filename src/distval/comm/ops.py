@@ -5,7 +5,7 @@ root; `comm bench` builds one per (op, size, in-place) and issues it many times,
 Sizes follow nccl-tests: `count` is the per-rank parameter count (for all_gather the per-rank
 send count, for reduce_scatter the per-rank receive count, for all_to_all the per-peer count).
 `size_bytes` is the S of nccl-tests' bandwidth formulas and `busbw_factor` its bus factor, so
-algbw = S / t and busbw = algbw * factor (DESIGN.md conventions; docs/report-schema.md).
+algbw = S / t and busbw = algbw * factor (nccl-tests' conventions; docs/report-schema.md).
 """
 
 from __future__ import annotations

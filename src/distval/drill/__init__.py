@@ -1,6 +1,7 @@
 """`distval drill`: real training jobs with injected faults (health/faults.py), each asserting that
 the job detects the fault, recovers from its last checkpoint and ends bitwise where an
-uninterrupted run ends. The drills of the hang, straggler and NaN issues join here."""
+uninterrupted run ends, or that it names the hang, the straggler or the non-finite loss it was
+given (drill/drills.py `DRILLS`)."""
 
 from distval.drill.drills import DRILLS, DrillConfig, run_drills
 

@@ -2,7 +2,7 @@
 rank 0 from what every rank measured in the step, gathered in one collective over the control
 group (the same one that already gave the step's slowest time and the mean loss).
 
-Per rank and step (`RankStep`): the step time, the time the training thread computed (the step
+Per rank and step (a row of `FIELDS`): the step time, the time the training thread computed (the step
 minus the time it waited in collectives: `comm_blocked_s`), the wait itself, its local loss, its
 current and peak memory. Rank 0 feeds the gathered rows to the detectors; each returns at most one
 new `Finding` per step (a live line on the terminal) and keeps its findings for the report:

@@ -1,8 +1,9 @@
 """The one watchdog loop outside the ranks: every `interval_s` it reads the rank channel and runs
 its rules. In local mode it runs in distval's launching process (the agent's), where it also
 enforces `--deadline` and stops the agent when a worker notes that a restart cannot help; under
-torchrun/Slurm it runs in rank 0's process for the live views. The hang, straggler and health
-rules of later issues are added here, as more `Watcher`s."""
+torchrun/Slurm it runs in rank 0's process for the live views. The rules are `Watcher`s: the hang
+watchdog (health/hang.py), a script's straggler rule (health/steps.py), the lost-time rule
+(health/lost.py), the progress view (train/progress.py)."""
 
 from __future__ import annotations
 

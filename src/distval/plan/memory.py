@@ -1,6 +1,6 @@
 """Memory per rank, per strategy: model states, activations, communication buffers.
 
-Model states (ZeRO, Rajbhandari et al. 2020, §3 and §5.1; reference/acceptance_planning.md).
+Model states (ZeRO, Rajbhandari et al. 2020, §3 and §5.1; docs/plan.md).
 Ψ parameters, N ranks, p and g bytes per parameter and gradient element, K bytes of optimizer
 state per parameter: Adam's two moments in the optimizer dtype (2·o) plus an fp32 master copy of
 the parameters when they are held in 16 bits (4):

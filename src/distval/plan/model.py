@@ -1,7 +1,7 @@
 """The cost model of one optimizer step: resolved inputs, compute time, step times.
 
-Compute (DESIGN.md MFU convention, PaLM appendix B): model FLOPs per token = 6·N + 12·L·H·Q·T,
-N the matmul parameters (`ModelSpec.flop_params`), L layers, H·Q = hidden, T = sequence length;
+Compute (the MFU convention of docs/plan.md "Compute", PaLM appendix B): model FLOPs per token =
+6·N + 12·L·H·Q·T, N the matmul parameters (`ModelSpec.flop_params`), L layers, H·Q = hidden, T = sequence length;
 forward is one third, backward two thirds. Full activation checkpointing recomputes the forward
 during backward, so the executed FLOPs are 4/3 of the model FLOPs. Time = executed FLOPs ÷
 (peak × MFU), where `--mfu` is the achieved fraction of peak on the work actually executed; the

@@ -1,4 +1,4 @@
-"""Collective times from the α–β model (reference/collectives.md §4.4; seed 003; Thakur et al. 2005).
+"""Collective times from the α–β model (Thakur, Rabenseifner and Gropp 2005; docs/plan.md).
 
 A link is (α, B): α the per-message latency, B the effective per-rank bandwidth in bytes/s (line
 rate × efficiency for presets; the measured value for calibrated ops). S is nccl-tests' size:

@@ -118,7 +118,7 @@ class ModelSpec:
         return self.num_layers * self.layer_params() + self.root_params()
 
     def attention_flops_per_token(self, seq_len: int | None = None) -> int:
-        """The 12·L·H·Q·T term of the training FLOPs per token (DESIGN.md, PaLM convention)."""
+        """The 12·L·H·Q·T term of the training FLOPs per token (docs/plan.md "Compute", PaLM convention)."""
         return 12 * self.num_layers * self.hidden_size * (seq_len or self.seq_len)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:

@@ -1,5 +1,5 @@
-"""The plan as a Report (schema distval.report/1, command "plan"): the tables of the issue's
-"Report keys" plus `rightsizing` and `assumptions` (which inputs were given, preset, measured or
+"""The plan as a Report (schema distval.report/1, command "plan"): the tables of docs/plan.md "Report keys",
+plus `rightsizing` and `assumptions` (which inputs were given, preset, measured or
 calibrated), and one check per verdict. JSON keeps bytes and seconds; `readable()` makes the
 terminal copy (chosen columns; traffic in GB/MB, memory in GiB/MiB as devices are sold).
 """
