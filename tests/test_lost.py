@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,8 +18,8 @@ from distval.health.lost import Slowed, _Rank
 from distval.health.monitor import HealthConfig
 
 
-def bucket(stopped: float = 0.0, queued: float = 0.08, runnable: float = 0.25) -> dict[str, float]:
-    return {"stopped": stopped, "queued": queued, "runnable": runnable}
+def bucket(stopped: float = 0.0, queued: float = 0.08, runnable: float = 0.25, throttled: float = 0.0):
+    return {"stopped": stopped, "throttled": throttled, "queued": queued, "runnable": runnable}
 
 
 def feed(rule: Slowed, buckets: int, shares, seed: int = 0) -> list:
@@ -77,6 +78,18 @@ def test_a_rank_on_a_busy_core_is_named_but_not_a_rank_that_alone_works_on_a_bus
     assert feed(Slowed(HealthConfig()), 200, evaluation) == []
 
 
+def test_a_rank_whose_cgroup_quota_throttles_it_is_named_and_a_shared_quota_names_none():
+    def quota(i, rng, everyone=False):
+        out = noisy(rng)
+        for r in (range(3) if everyone else [1]):
+            out[r]["throttled"] = 0.3 if i >= 20 else 0.0
+        return out
+
+    (found,) = feed(Slowed(HealthConfig()), 60, quota)
+    assert found.ranks == [1] and "throttled by its cgroup's CPU quota 30% of the time" in found.summary
+    assert feed(Slowed(HealthConfig()), 60, lambda i, rng: quota(i, rng, everyone=True)) == []
+
+
 def test_a_host_that_stops_every_rank_names_none_and_a_finding_ends_when_the_stops_do():
     assert feed(Slowed(HealthConfig()), 100, lambda i, rng: {r: bucket(stopped=0.3) for r in range(3)}) == []
 
@@ -115,3 +128,32 @@ def test_the_kernel_shares_of_a_stopped_and_of_a_queued_process():
     assert 0.2 < first["stopped"] < 0.45, first
     assert 0.3 < second["queued"] / second["runnable"] < 0.7 and second["stopped"] == 0, second
     assert os.cpu_count() >= 2
+
+
+def test_the_kernel_share_of_a_process_throttled_by_its_cgroup(tmp_path):
+    """A busy child in a cpu cgroup whose quota is 30 ms of every 100 ms: throttled ~70% of the time."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    group = (v1 if v1.is_dir() else Path("/sys/fs/cgroup")) / f"distval_test_{os.getpid()}"
+    try:
+        group.mkdir()
+    except OSError as e:
+        pytest.skip(f"no writable cpu cgroup here: {e.strerror}")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        if v1.is_dir():
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text("30000")
+            (group / "tasks").write_text(str(busy.pid))
+        else:
+            (group / "cpu.max").write_text("30000 100000")
+            (group / "cgroup.procs").write_text(str(busy.pid))
+        rank = _Rank(busy.pid)
+        time.sleep(1.0)
+        rank.sample()
+        shares = rank.take()
+    finally:
+        busy.kill()
+        busy.wait()
+        time.sleep(0.1)
+        group.rmdir()
+    assert 0.5 < shares["throttled"] < 0.85, shares

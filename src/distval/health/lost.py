@@ -11,16 +11,19 @@ launching process (the monitor's, health/hang.py's home) samples
   stopped  the share of samples in which the rank's process was stopped (state T: SIGSTOP, a job
            control stop; not t, a debugger's or py-spy's trace stop), every ~10 ms, jittered so
            a periodic stop cannot alias with the samples
+  throttled the growth of its CPU cgroup's throttled time (cpu.stat: throttled_time in v1,
+           throttled_usec in v2) over the wall time: its quota spent, every thread of it held,
+           whether the training thread was runnable or waiting on a thread that was
   queued   the growth of its main thread's run-queue delay (/proc/<pid>/schedstat, field 2: the
            time it was runnable and not running) over the wall time: waiting for a CPU another
-           process holds, and throttled by its cgroup's CPU quota (a throttled task stays queued)
+           process holds (and a throttled main thread: counted once, the larger of the two)
 
 and sums them per half second (a bucket). The training thread is the main thread of a distval job
 and of a script's (`distval launch`); its queue delay is what delays the step.
 
 The rule (`Slowed`): each bucket, a rank's excess is the share of the wall time it lost beyond
-what its peers lost (stopped beyond their median; queued beyond what their queue ratio would
-make of its runnable time, so a busy host that queues every rank alike blames none). A rank
+what its peers lost (stopped and throttled beyond their medians; queued beyond what their queue
+ratio would make of its runnable time, so a busy host that queues every rank alike blames none). A rank
 whose median excess over the last `WINDOW` buckets reaches 1 − 1/slow_ratio (the lost time that
 alone makes it slow_ratio× slower than its peers: 13% at the default 1.15) in `PERSIST` buckets
 in a row is a straggler, a finding in the shape of the compute rule's (kind `straggler`, the
@@ -57,6 +60,28 @@ def read_state(fd: int) -> str:
         return ""
 
 
+def throttled_s(pid: int) -> float:
+    """The cumulative time the CPU cgroup of `pid` was throttled by its quota, in seconds (cgroup
+    v1 `cpu.stat` throttled_time, v2 throttled_usec; 0 in a cgroup without a quota or stats)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return 0.0
+    stats = [(f"/sys/fs/cgroup/cpu{path}/cpu.stat", "throttled_time", 1e9) for _, controllers, path in lines
+             if "cpu" in controllers.split(",")]  # v1
+    stats += [(f"/sys/fs/cgroup{path}/cpu.stat", "throttled_usec", 1e6) for hid, controllers, path in lines
+              if hid == "0" and not controllers]  # v2
+    for stat, key, unit in stats:
+        try:
+            with open(stat) as f:
+                values = dict(line.split() for line in f if line.strip())
+            return int(values[key]) / unit
+        except (OSError, ValueError, KeyError):
+            continue
+    return 0.0
+
+
 def scheduled_s(pid: int) -> tuple[float, float] | None:
     """The cumulative time `pid`'s main thread ran on a CPU and waited runnable in the run queue,
     in seconds (None: gone, or a kernel without schedstat)."""
@@ -75,7 +100,7 @@ class _Rank:
         self.pid = pid
         self.fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
         self.samples = self.stopped = 0
-        self.sched0, self.t0 = scheduled_s(pid), time.monotonic()
+        self.sched0, self.throttled0, self.t0 = scheduled_s(pid), throttled_s(pid), time.monotonic()
 
     def sample(self) -> None:
         state = read_state(self.fd)
@@ -84,18 +109,19 @@ class _Rank:
             self.stopped += state == "T"
 
     def take(self) -> dict[str, float] | None:
-        """This bucket's shares of the wall time (stopped; queued; runnable: on a CPU or queued),
-        and a new bucket begun; None when the process left nothing to say."""
-        sched, now = scheduled_s(self.pid), time.monotonic()
+        """This bucket's shares of the wall time (stopped; throttled: its cgroup's quota spent;
+        queued; runnable: on a CPU or queued), and a new bucket begun; None when the process left
+        nothing to say."""
+        sched, throttled, now = scheduled_s(self.pid), throttled_s(self.pid), time.monotonic()
         shares = None
         if self.samples and sched is not None and self.sched0 is not None and now > self.t0:
             wall = now - self.t0
             stopped = self.stopped / self.samples
             ran, queued = (max(b - a, 0.0) / wall for a, b in zip(self.sched0, sched))
-            queued = min(queued, 1.0 - stopped)
-            shares = {"stopped": stopped, "queued": queued, "runnable": min(ran + queued, 1.0)}
+            shares = {"stopped": stopped, "throttled": min(max(throttled - self.throttled0, 0.0) / wall, 1.0),
+                      "queued": min(queued, 1.0 - stopped), "runnable": min(ran + queued, 1.0)}
         self.samples = self.stopped = 0
-        self.sched0, self.t0 = sched, now
+        self.sched0, self.throttled0, self.t0 = sched, throttled, now
         return shares
 
     def close(self) -> None:
@@ -139,10 +165,11 @@ class Slowed:
         bases = {r: self._peers_ratio(r, shares) for r in shares}
         for r, mine in shares.items():
             mine["peers_ratio"] = bases[r]
-            stopped = mine["stopped"] - statistics.median(v["stopped"] for k, v in shares.items() if k != r)
+            stopped, throttled = (mine[key] - statistics.median(v[key] for k, v in shares.items() if k != r)
+                                  for key in ("stopped", "throttled"))
             queued = mine["queued"] - (bases[r] if bases[r] is not None else mine["queued"] / max(
                 mine["runnable"], 1e-9)) * mine["runnable"]
-            self.excess[r].append((step, stopped + queued))
+            self.excess[r].append((step, stopped + max(throttled, queued)))  # a throttled thread is queued too
         self.buckets.append((step, shares))
         if len(self.buckets) < self.window // 2:
             return None
@@ -176,13 +203,14 @@ class Slowed:
 
     def _finding(self, r: int, step: int | None, excess: float) -> Finding:
         mine = [s[r] for _, s in self.buckets if r in s]
-        stopped, queued, runnable = (statistics.median(v[key] for v in mine) for key in ("stopped", "queued",
-                                                                                           "runnable"))
+        stopped, throttled, queued, runnable = (statistics.median(v[key] for v in mine)
+                                                for key in ("stopped", "throttled", "queued", "runnable"))
         peers = [v["peers_ratio"] for v in mine if v["peers_ratio"] is not None]
         ratio, peers_ratio = queued / max(runnable, 1e-9), statistics.median(peers) if peers else 0.0
         slowdown = 1 / max(1 - excess, 1e-3)
         since = self.current[r].step if r in self.current else self._onset(r)
-        causes = [f"stopped {stopped:.0%} of the time"] if stopped >= 0.01 else []
+        causes = [f"{label} {share:.0%} of the time" for label, share in (("stopped", stopped), (
+            "throttled by its cgroup's CPU quota", throttled)) if share >= 0.01]
         if queued >= 0.01:
             causes.append(f"waiting for a CPU {queued:.0%}, {ratio:.0%} of its runnable time against its peers' "
                           f"{peers_ratio:.0%}")
@@ -191,6 +219,7 @@ class Slowed:
                 f"for it")
         details = {"slowdown": round(slowdown, 3), "since_step": since, "lost_share": round(stopped + queued, 3),
                    "excess_share": round(excess, 3), "stopped_share": round(stopped, 3),
+                   "throttled_share": round(throttled, 3),
                    "queued_share": round(queued, 3), "queue_ratio": round(ratio, 3),
                    "peers_queue_ratio": round(peers_ratio, 3), "window_s": len(mine) * BUCKET_S,
                    "decided_by": ["lost_time"]}

@@ -6,9 +6,10 @@ config, AdamW with linear warm-up and cosine decay, and its shard of the data. P
 it runs K micro-batches (`grad_accum`) through the strategy's interface (strategies/base.py),
 clips the global gradient norm, steps, and records: loss (mean over ranks), grad norm, LR,
 tokens/s, step time (max over ranks), MFU (the PaLM convention, docs/plan.md "Compute":
-6·N + 12·L·H·Q·T FLOPs per token against a device peak, measured on CPU), peak memory (RSS on CPU, CUDA peak on GPU), and
-the collectives the strategy issued (calls, bytes, time, exposed time) from the collective layer.
-Metrics bookkeeping goes over the control group, never counted as the strategy's traffic.
+6·N + 12·L·H·Q·T FLOPs per token against a device peak, measured on CPU), peak memory (RSS on
+CPU, CUDA peak on GPU), and the collectives the strategy issued (calls, bytes, time, exposed
+time) from the collective layer. Metrics bookkeeping goes over the control group, never counted
+as the strategy's traffic.
 A step is issued (train_step) and its figures read back (finish_step) at once on CPU ranks and one
 step later on a GPU, so that nothing in the step waits for the GPU (train/readback.py).
 """
