@@ -32,6 +32,7 @@ waited; counted over the runs). Runs go one after the other (no timing overlap).
 
     python benchmarks/straggler_detection.py --models tiny --seeds 3 --steps 200
     python benchmarks/straggler_detection.py --how sigstop --models tiny --seeds 3 --steps 400 --fault-step 100
+    python benchmarks/straggler_detection.py --table sweep.jsonl      # the tables of saved runs
 """
 
 from __future__ import annotations
@@ -208,6 +209,60 @@ def run(model: str, nproc: int, seed: int, steps: int, percent: int, fault_step:
     return findings, start, effective
 
 
+def table(records: list[dict]) -> None:
+    """Per (how, model) and slowdown: recall, precision, steps to detection (the slowed rank's
+    earliest finding), onset error, measured slowdown, which rule decided; then the goal's lines."""
+    goal = {"runs": 0, "named": 0, "true": 0, "found": 0, "late": 0}  # runs at >= 20% effective slowdown
+    clean = {"runs": 0, "found": 0}
+    groups: dict[tuple[str, str], dict[int, list[dict]]] = {}
+    for rec in records:
+        groups.setdefault((rec["how"], rec["model"]), {}).setdefault(rec["percent"], []).append(rec)
+    for (how, model), by_percent in groups.items():
+        worlds = sorted({r["world_size"] for rs in by_percent.values() for r in rs})
+        print(f"{model}, slowed by {how}; worlds {','.join(map(str, worlds))}")
+        print(f"  {'slowdown':>8} {'effective':>9} {'runs':>5} {'recall':>7} {'precision':>9} "
+              f"{'steps to detect':>16} {'onset error':>12} {'measured x':>11}  decided by")
+        for percent, runs in sorted(by_percent.items()):
+            found = true = named = 0
+            delays, onsets, measured, effective, by = [], [], [], [], collections.Counter()
+            for rec in runs:
+                slowed, onset, eff = rec["world_size"] - 1, rec["onset"], rec["effective"]
+                findings = rec["findings"]
+                mine = sorted((f for f in findings if f["rank"] == slowed), key=lambda f: f["detected"]) \
+                    if percent else []
+                found += len(findings)
+                true += len(mine)
+                named += bool(mine)
+                if eff is not None:
+                    effective.append(round(eff, 2))
+                for f in mine[:1]:
+                    delays.append(f["detected"] - onset)
+                    onsets.append(f["since"] - onset)
+                    measured.append(f["slowdown"])
+                    by["+".join(f["by"])] += 1
+                if not percent:
+                    clean["runs"] += 1
+                    clean["found"] += len(findings)
+                elif eff is not None and eff >= 0.2:
+                    goal["runs"] += 1
+                    goal["named"] += bool(mine)
+                    goal["true"] += len(mine)
+                    goal["found"] += len(findings)
+                    goal["late"] += bool(mine) and mine[0]["detected"] - onset > 200
+            recall = f"{named / len(runs):.2f}" if percent else "-"
+            precision = f"{true / found:.2f}" if found else ("1.00" if percent else "-")
+            print(f"  {str(percent) + '%' if percent else 'clean':>8} {med(effective):>9} {len(runs):>5} "
+                  f"{recall:>7} {precision:>9} {med(delays):>16} {med(onsets):>12} {med(measured):>11}  "
+                  + ", ".join(f"{k} {v}" for k, v in by.most_common())
+                  + (f"false positives: {found}" if not percent else ""), flush=True)
+    if goal["runs"]:
+        print(f"at >= 20% effective slowdown: {goal['runs']} runs, recall {goal['named'] / goal['runs']:.2f}, "
+              f"precision {goal['true'] / goal['found'] if goal['found'] else 1:.2f}, "
+              f"named later than 200 steps after the onset: {goal['late']}")
+    if clean["runs"]:
+        print(f"clean runs: {clean['runs']}, findings {clean['found']}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="tiny")
@@ -220,63 +275,28 @@ def main() -> None:
     p.add_argument("--period-ms", type=float, default=100.0, help="the SIGSTOP duty cycle's period")
     p.add_argument("--slowdowns", default=",".join(map(str, SLOWDOWNS)), help="percent; 0 is the clean run")
     p.add_argument("--jsonl", help="append one line per run (findings, onset, effective slowdown) to this file")
+    p.add_argument("--table", nargs="+", metavar="JSONL", help="only print the tables of these --jsonl files")
     args = p.parse_args()
+    if args.table:
+        table([json.loads(line) for path in args.table for line in open(path) if line.strip()])
+        return
     started = time.monotonic()
-    goal = {"runs": 0, "named": 0, "true": 0, "found": 0, "late": 0}  # runs at >= 20% effective slowdown
-    clean = {"runs": 0, "found": 0}
+    records = []
     with tempfile.TemporaryDirectory() as tmp:
         for how in args.how.split(","):
             for model in args.models.split(","):
-                seeds = f"{args.first_seed}..{args.first_seed + args.seeds - 1}"
-                print(f"{model}, slowed by {how}: {args.steps} steps, slowed rank = the last, from step "
-                      f"{args.fault_step}; worlds {args.worlds}, seeds {seeds}")
-                print(f"  {'slowdown':>8} {'effective':>9} {'runs':>5} {'recall':>7} {'precision':>9} "
-                      f"{'steps to detect':>16} {'onset error':>12} {'measured x':>11}  decided by")
                 for percent in map(int, args.slowdowns.split(",")):
-                    runs = found = true = named = 0
-                    delays, onsets, measured, effective, by = [], [], [], [], collections.Counter()
                     for nproc in map(int, args.worlds.split(",")):
                         for seed in range(args.first_seed, args.first_seed + args.seeds):
                             findings, onset, eff = run(model, nproc, seed, args.steps, percent, args.fault_step, how,
                                                        args.period_ms, os.path.join(tmp, "r.json"))
+                            rec = {"how": how, "model": model, "world_size": nproc, "seed": seed, "percent": percent,
+                                   "onset": onset, "effective": eff, "findings": findings}
+                            records.append(rec)
                             if args.jsonl:
                                 with open(args.jsonl, "a") as f:
-                                    f.write(json.dumps({"how": how, "model": model, "world_size": nproc,
-                                                        "seed": seed, "percent": percent, "onset": onset,
-                                                        "effective": eff, "findings": findings}) + "\n")
-                            runs += 1
-                            found += len(findings)
-                            mine = [f for f in findings if f["rank"] == nproc - 1] if percent else []
-                            true += len(mine)
-                            named += bool(mine)
-                            if eff is not None:
-                                effective.append(round(eff, 2))
-                            for f in mine[:1]:
-                                delays.append(f["detected"] - onset)
-                                onsets.append(f["since"] - onset)
-                                measured.append(f["slowdown"])
-                                by["+".join(f["by"])] += 1
-                            if not percent:
-                                clean["runs"] += 1
-                                clean["found"] += len(findings)
-                            elif eff is not None and eff >= 0.2:
-                                goal["runs"] += 1
-                                goal["named"] += bool(mine)
-                                goal["true"] += len(mine)
-                                goal["found"] += len(findings)
-                                goal["late"] += bool(mine) and mine[0]["detected"] - onset > 200
-                    recall = f"{named / runs:.2f}" if percent else "-"
-                    precision = f"{true / found:.2f}" if found else ("1.00" if percent else "-")
-                    print(f"  {str(percent) + '%' if percent else 'clean':>8} {med(effective):>9} {runs:>5} "
-                          f"{recall:>7} {precision:>9} {med(delays):>16} {med(onsets):>12} {med(measured):>11}  "
-                          + ", ".join(f"{k} {v}" for k, v in by.most_common())
-                          + (f"false positives: {found}" if not percent else ""), flush=True)
-    if goal["runs"]:
-        print(f"at >= 20% effective slowdown: {goal['runs']} runs, recall {goal['named'] / goal['runs']:.2f}, "
-              f"precision {goal['true'] / goal['found'] if goal['found'] else 1:.2f}, "
-              f"named later than 200 steps after the onset: {goal['late']}")
-    if clean["runs"]:
-        print(f"clean runs: {clean['runs']}, findings {clean['found']}")
+                                    f.write(json.dumps(rec) + "\n")
+    table(records)
     print(f"({time.monotonic() - started:.0f} s)")
 
 

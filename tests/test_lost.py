@@ -64,7 +64,8 @@ def test_a_rank_on_a_busy_core_is_named_but_not_a_rank_that_alone_works_on_a_bus
         return out
 
     (found,) = feed(Slowed(HealthConfig()), 60, neighbour)
-    assert found.ranks == [1] and "waiting for a CPU 30%, 50% of its runnable time against its peers' 5%" \
+    assert found.ranks == [1], found
+    assert "its threads waiting for a CPU 0.30 s a second, 50% of their runnable time against its peers' 5%" \
         in found.summary, found.summary
 
     def evaluation(i, rng):  # every 40 buckets rank 0 evaluates alone for 20 (the others blocked, not runnable)

@@ -14,12 +14,15 @@ launching process (the monitor's, health/hang.py's home) samples
   throttled the growth of its CPU cgroup's throttled time (cpu.stat: throttled_time in v1,
            throttled_usec in v2) over the wall time: its quota spent, every thread of it held,
            whether the training thread was runnable or waiting on a thread that was
-  queued   the growth of its main thread's run-queue delay (/proc/<pid>/schedstat, field 2: the
-           time it was runnable and not running) over the wall time: waiting for a CPU another
-           process holds (and a throttled main thread: counted once, the larger of the two)
+  queued   the growth of its threads' run-queue delay (/proc/<pid>/task/*/schedstat, field 2: the
+           time each was runnable and not running), summed, over the wall time: waiting for a CPU
+           another process holds (a throttled thread is queued too: the larger of the two counts).
+           All threads, not the training thread alone: a collective's progress is its backend's
+           threads' work (Gloo's I/O threads, NCCL's proxy), which a busy core delays while the
+           training thread blocks in the collective, not runnable. Thread-seconds per second, so
+           it can pass 1 where several threads wait at once
 
-and sums them per half second (a bucket). The training thread is the main thread of a distval job
-and of a script's (`distval launch`); its queue delay is what delays the step.
+and sums them per half second (a bucket).
 
 The rule (`Slowed`): each bucket, a rank's excess is the share of the wall time it lost beyond
 what its peers lost (stopped and throttled beyond their medians; queued beyond what their queue
@@ -83,14 +86,21 @@ def throttled_s(pid: int) -> float:
 
 
 def scheduled_s(pid: int) -> tuple[float, float] | None:
-    """The cumulative time `pid`'s main thread ran on a CPU and waited runnable in the run queue,
+    """The time every thread of `pid` ran on a CPU and waited runnable in the run queue, summed,
     in seconds (None: gone, or a kernel without schedstat)."""
+    ran = queued = 0
     try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            ran, waited = f.read().split()[:2]
-        return int(ran) / 1e9, int(waited) / 1e9
-    except (OSError, ValueError):
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                fields = f.read().split()
+            ran, queued = ran + int(fields[0]), queued + int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended between the listing and the read
+    return ran / 1e9, queued / 1e9
 
 
 class _Rank:
@@ -119,7 +129,7 @@ class _Rank:
             stopped = self.stopped / self.samples
             ran, queued = (max(b - a, 0.0) / wall for a, b in zip(self.sched0, sched))
             shares = {"stopped": stopped, "throttled": min(max(throttled - self.throttled0, 0.0) / wall, 1.0),
-                      "queued": min(queued, 1.0 - stopped), "runnable": min(ran + queued, 1.0)}
+                      "queued": queued, "runnable": ran + queued}
         self.samples = self.stopped = 0
         self.sched0, self.throttled0, self.t0 = sched, throttled, now
         return shares
@@ -207,13 +217,13 @@ class Slowed:
                                                 for key in ("stopped", "throttled", "queued", "runnable"))
         peers = [v["peers_ratio"] for v in mine if v["peers_ratio"] is not None]
         ratio, peers_ratio = queued / max(runnable, 1e-9), statistics.median(peers) if peers else 0.0
-        slowdown = 1 / max(1 - excess, 1e-3)
+        slowdown = 1 / max(1 - excess, 0.1)  # excess in thread-seconds per second can pass 1
         since = self.current[r].step if r in self.current else self._onset(r)
         causes = [f"{label} {share:.0%} of the time" for label, share in (("stopped", stopped), (
             "throttled by its cgroup's CPU quota", throttled)) if share >= 0.01]
         if queued >= 0.01:
-            causes.append(f"waiting for a CPU {queued:.0%}, {ratio:.0%} of its runnable time against its peers' "
-                          f"{peers_ratio:.0%}")
+            causes.append(f"its threads waiting for a CPU {queued:.2f} s a second, {ratio:.0%} of their runnable time "
+                          f"against its peers' {peers_ratio:.0%}")
         text = (f"rank {r} is a straggler slowed from outside its process since step {since}: "
                 f"{'; '.join(causes) or 'it lost time in bursts'}; {slowdown:.2f}x slower than its peers, who wait "
                 f"for it")
