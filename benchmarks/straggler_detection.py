@@ -108,7 +108,14 @@ class Slower(threading.Thread):
             time.sleep(0.005)
         else:
             return
+        self.reader = reader
         {"sigstop": self.sigstop, "cgroup": self.cgroup, "taskset": self.taskset}[self.how](pid)
+
+    def began(self) -> None:
+        """The slowing takes effect now: the onset is the step rank 0 has reached."""
+        step = self.reader.latest(0, "step")
+        if step:
+            self.onset = step["step"]
 
     def taskset(self, pid: int) -> None:
         """A process busy `P/(100+P)` of every 10 ms on the last core, and the rank's threads moved there."""
@@ -169,6 +176,7 @@ class Slower(threading.Thread):
                 (group / "tasks" if v1.is_dir() else group / "cgroup.threads").write_text(tid)
             except OSError:
                 unmoved += 1
+        self.began()  # a second after the fault step: the quota was measured first
         if unmoved:
             self.note += f"; {unmoved} thread(s) not under the quota"
         self.proc.wait()

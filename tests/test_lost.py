@@ -126,13 +126,14 @@ def test_the_kernel_shares_of_a_stopped_and_of_a_queued_process():
         for p in (stopper, stopped, queued, rival):
             p.kill()
             p.wait()
-    assert 0.2 < first["stopped"] < 0.45, first
-    assert 0.3 < second["queued"] / second["runnable"] < 0.7 and second["stopped"] == 0, second
+    assert 0.2 < first["stopped"] < 0.6, first  # 1/3, more where a loaded host delays the SIGCONT
+    assert 0.3 < second["queued"] / second["runnable"] < 0.8 and second["stopped"] == 0, second
     assert os.cpu_count() >= 2
 
 
 def test_the_kernel_share_of_a_process_throttled_by_its_cgroup(tmp_path):
-    """A busy child in a cpu cgroup whose quota is 30 ms of every 100 ms: throttled ~70% of the time."""
+    """A busy child in a cpu cgroup whose quota is 30 ms of every 100 ms: throttled ~70% of the time
+    on an idle host (less on a loaded one, where it also waits for a CPU), never running more than 30%."""
     v1 = Path("/sys/fs/cgroup/cpu")
     group = (v1 if v1.is_dir() else Path("/sys/fs/cgroup")) / f"distval_test_{os.getpid()}"
     try:
@@ -157,4 +158,4 @@ def test_the_kernel_share_of_a_process_throttled_by_its_cgroup(tmp_path):
         busy.wait()
         time.sleep(0.1)
         group.rmdir()
-    assert 0.5 < shares["throttled"] < 0.85, shares
+    assert 0.2 < shares["throttled"] < 0.85 and shares["runnable"] - shares["queued"] < 0.36, shares

@@ -217,7 +217,14 @@ class Slowed:
                                                 for key in ("stopped", "throttled", "queued", "runnable"))
         peers = [v["peers_ratio"] for v in mine if v["peers_ratio"] is not None]
         ratio, peers_ratio = queued / max(runnable, 1e-9), statistics.median(peers) if peers else 0.0
-        slowdown = 1 / max(1 - excess, 0.1)  # excess in thread-seconds per second can pass 1
+        held = sum(stopped_or_throttled - statistics.median(statistics.median(v[key] for k, v in b.items() if k != r)
+                                                            for _, b in self.buckets if r in b)
+                   for key, stopped_or_throttled in (("stopped", stopped), ("throttled", throttled)))
+        # Held a share of the time, it runs 1/(1 - share) slower; queued a larger share of its
+        # runnable time than its peers, its work takes (1 - theirs)/(1 - its) longer. The larger
+        # of the two (a throttled thread is queued too: not both).
+        slowdown = max(1 / (1 - min(max(held, 0.0), 0.9)), (1 - peers_ratio) / (1 - min(ratio, 0.95))
+                       if ratio > peers_ratio else 1.0)
         since = self.current[r].step if r in self.current else self._onset(r)
         causes = [f"{label} {share:.0%} of the time" for label, share in (("stopped", stopped), (
             "throttled by its cgroup's CPU quota", throttled)) if share >= 0.01]
