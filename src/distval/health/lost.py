@@ -228,7 +228,7 @@ class Slowed:
         since = self.current[r].step if r in self.current else self._onset(r)
         causes = [f"{label} {share:.0%} of the time" for label, share in (("stopped", stopped), (
             "throttled by its cgroup's CPU quota", throttled)) if share >= 0.01]
-        if queued >= 0.01:
+        if queued >= 0.01 and ratio - peers_ratio >= 0.05:  # a queue its peers have too is not a cause
             causes.append(f"its threads waiting for a CPU {queued:.2f} s a second, {ratio:.0%} of their runnable time "
                           f"against its peers' {peers_ratio:.0%}")
         text = (f"rank {r} is a straggler slowed from outside its process since step {since}: "
