@@ -7,14 +7,18 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from distval.knobs import knob
+
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    dir: str | None = None  # None: no checkpoints (docs/checkpointing.md)
-    every: int = 10  # save after every N optimizer steps, and after the last
-    keep: int = 3  # keep the newest K checkpoints
-    async_save: bool = True  # write in a background thread; the loop only waits for the snapshot
-    resume: str | None = None  # "auto" (newest valid checkpoint in dir, or start at 0), a checkpoint path, or None
+    dir: str | None = knob(None, "--ckpt-dir", help="Save checkpoints in this folder, created if missing "
+                           "(docs/checkpointing.md).")  # None: no checkpoints
+    every: int = knob(10, "--ckpt-every", help="Save every N steps, and after the last.")
+    keep: int = knob(3, "--ckpt-keep", help="Keep the newest K checkpoints.")
+    async_save: bool = knob(True, "--ckpt-async/--no-ckpt-async", help="Write checkpoints in a background thread.")
+    resume: str | None = knob(None, "--resume", help="auto (newest valid checkpoint in --ckpt-dir, none: step 0) or "
+                              "a checkpoint folder.")
 
     def __post_init__(self) -> None:
         for name, flag in (("every", "--ckpt-every"), ("keep", "--ckpt-keep")):

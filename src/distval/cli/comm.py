@@ -6,24 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
-from distval.cli.app import (
-    Backend,
-    Deadline,
-    ExpectWorld,
-    HangAfter,
-    HangKillAfter,
-    JsonOut,
-    Nproc,
-    Timeout,
-    check_outputs,
-    comm_app,
-    finish,
-    launch_options,
-    make_console,
-    option,
-    split_list,
-)
+from distval.cli.app import JsonOut, check_outputs, comm_app, finish, make_console, option, split_list
+from distval.cli.flags import config_flags
 from distval.comm.names import BENCH_OPS, CHECK_OPS
+from distval.launch.job import LAUNCH, LaunchOptions
 from distval.results import atomic_write_text
 from distval.units import parse_size
 
@@ -31,7 +17,9 @@ DTYPE_HELP = "Comma list of dtypes (float32,float64,float16,bfloat16,int32,int64
 
 
 @comm_app.command("check")
+@config_flags("opts", LaunchOptions, only=LAUNCH)
 def comm_check(
+    opts: LaunchOptions,
     ops: Annotated[str, option("--ops", help=f"Comma list of {', '.join(CHECK_OPS)}, or all.")] = "all",
     dtypes: Annotated[str, option("-d", "--dtypes", help=DTYPE_HELP)] = "all",
     counts: Annotated[
@@ -42,12 +30,6 @@ def comm_check(
         int, option("-c", "--check-iters", help="Repeat every check N times with fresh inputs.")
     ] = 1,
     seed: Annotated[int, option("--seed", help="Seed of the input generator.")] = 0,
-    nproc: Nproc = None,
-    backend: Backend = "auto",
-    expect_world: ExpectWorld = None,
-    timeout: Timeout = "60s",
-    deadline: Deadline = None,
-    hang_after: HangAfter = "8s", hang_kill_after: HangKillAfter = "10m",
     json: JsonOut = None,
 ) -> int:
     """Exact correctness of every collective, dtype, reduce op and odd size; names the bad rank and index."""
@@ -56,7 +38,6 @@ def comm_check(
 
     sizes = dict(check.SIZES) if counts is None else {c: _count(c) for c in split_list(counts)}
     cfg = check.CheckConfig(ops=split_list(ops), dtypes=split_list(dtypes), sizes=sizes, iters=check_iters, seed=seed)
-    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, hang_kill_after)
     check_outputs({"--json": json})
     return finish(run_check(cfg, opts), json, make_console())
 
@@ -72,7 +53,9 @@ def _count(text: str) -> int:
 
 
 @comm_app.command("bench")
+@config_flags("opts", LaunchOptions, only=LAUNCH)
 def comm_bench(
+    opts: LaunchOptions,
     minbytes: Annotated[str, option("-b", "--minbytes", help="Smallest size in bytes (K/M/G binary).")] = "8",
     maxbytes: Annotated[str, option("-e", "--maxbytes", help="Largest size in bytes.")] = "128M",
     stepfactor: Annotated[float, option("-f", "--stepfactor", help="Multiply the size by this each step.")] = 2.0,
@@ -93,13 +76,10 @@ def comm_bench(
                                   "(nccl-tests' -G; CUDA only).")] = False,
     bursts: Annotated[int, option("--bursts", help="Burst timing: timed bursts per size.")] = 5,
     csv: Annotated[Optional[Path], option("--csv", help="Write the sweep as CSV.")] = None,
-    nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
-    deadline: Deadline = None, hang_after: HangAfter = "8s", hang_kill_after: HangKillAfter = "10m",
     json: JsonOut = None,
 ) -> int:
     """nccl-tests-compatible sweep: algbw, busbw, in/out-of-place, p50/p95, #wrong, α–β fit per op."""
     from distval.comm import bench
-    from distval.device import default_backend
     from distval.launch import planned_world_size
     from distval.runner import run_bench
 
@@ -107,8 +87,7 @@ def comm_bench(
         ops=split_list(ops), dtype=dtype, min_bytes=parse_size(minbytes, "-b"), max_bytes=parse_size(maxbytes, "-e"),
         factor=stepfactor, step_bytes=parse_size(stepbytes, "-i") if stepbytes else None, iters=iters, warmup=warmup,
         check_iters=check, redop=redop, root=root, inplace=inplace, timing=timing, graph=graph, bursts=bursts)
-    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, hang_kill_after)
-    if graph and (backend if backend != "auto" else default_backend()) != "nccl":
+    if graph and opts.backend != "nccl":
         raise ValueError(bench.GRAPH_NEEDS_CUDA)
     world_size = planned_world_size(opts)
     if root >= world_size:

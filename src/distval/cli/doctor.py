@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
-from distval.cli.app import app, check_outputs, finish, launch_options, make_console
+from distval.cli.app import JsonOut, app, check_outputs, finish, make_console
 from distval.cli.app import option as O  # noqa: N812
 
 
@@ -65,7 +65,7 @@ def doctor(
         str, O("--backend", help="Backend of the probe's world group: auto, gloo, nccl or mpi.")
     ] = "auto",
     timeout: Annotated[str, O("--timeout", help="Rendezvous and collective timeout of the probe, e.g. 30s.")] = "30s",
-    json: Annotated[Optional[Path], O("--json", help="Write the report as JSON (schema distval.report/1).")] = None,
+    json: JsonOut = None,
 ) -> int:
     """Environment, interfaces, routes, hostname, socket-interface variables, topology and NCCL log, with fix hints."""
     import os
@@ -91,14 +91,15 @@ def doctor(
         expect_world=expect_world,
     )
 
-    from distval import launch, runner  # torch from here on
+    from distval import knobs, launch, runner  # torch from here on
     from distval.doctor.ranks import rank_probe
     from distval.health.diagnose import WorkerFailure
+    from distval.launch.job import LaunchOptions
     from distval.results import Check, Status
 
     mode = launch.detect_mode()
     cfg.under_launcher = mode != "local"
-    opts = launch_options(nproc, backend, None, timeout, None)
+    opts = knobs.build(LaunchOptions, {("nproc",): nproc, ("backend",): backend, ("timeout_s",): timeout})
     topo_error = None
     if topo is None and (text := run_nvidia_smi()) is not None:
         try:

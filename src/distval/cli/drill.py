@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
-from distval.cli.app import app, check_outputs, finish, make_console, option
+from distval.cli.app import JsonOut, app, check_outputs, finish, make_console, option
 from distval.drill import DRILLS, DrillConfig, run_drills
 
 
@@ -18,9 +17,7 @@ def drill_cmd(
     ckpt_every: Annotated[int, option("--ckpt-every", help="Checkpoint every N steps.")] = 3,
     fault_step: Annotated[int, option("--fault-step", help="The step k the faults fire at.")] = 7,
     only: Annotated[Optional[str], option("--only", help=f"Comma list of drills ({', '.join(DRILLS)}).")] = None,
-    json: Annotated[
-        Optional[Path], option("--json", help="Write the report as JSON (schema distval.report/1).")
-    ] = None,
+    json: JsonOut = None,
 ) -> int:
     """Fault drills: kill -9, exception, SIGTERM, kill mid-save, corrupt file, full disk; each must recover bitwise."""
     from distval import strategies

@@ -4,31 +4,25 @@ rank's stack."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from distval.cli.app import (
-    HangAfter,
-    HangKillAfter,
-    JsonOut,
-    Timeout,
-    TraceDir,
-    app,
-    check_outputs,
-    finish,
-    launch_options,
-    make_console,
-    option,
-    trace_config,
-)
+from distval.cli.app import JsonOut, TraceDir, app, check_outputs, finish, make_console, option, trace_config
+from distval.cli.flags import config_flags
+from distval.launch.job import LaunchOptions
 
 
 @app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                          "allow_interspersed_args": False})
+@config_flags("opts", LaunchOptions, only=("nproc", "max_restarts", "nnodes", "rdzv_endpoint", "timeout_s",
+                                          "hang.floor_s", "hang.kill_after_s"),
+              names={"nproc": ("--nproc-per-node", "--nproc")})
 def launch_cmd(
     ctx: typer.Context,
+    opts: LaunchOptions,
     script: Annotated[
         Path, typer.Argument(help="The training script (with -m: a module); everything after it is its own "
                              "arguments.", show_default=False)
@@ -36,25 +30,6 @@ def launch_cmd(
     module: Annotated[bool, option("--module", "-m", help="Run SCRIPT as a module, as python -m does (e.g. "
                                                           "-m distval train: a distval job under this watchdog).")
                       ] = False,
-    nproc_per_node: Annotated[
-        Optional[int],
-        option(
-            "--nproc-per-node", "--nproc", help="Workers to start (as torchrun's; default: number of GPUs, else 2)."
-        ),
-    ] = None,
-    max_restarts: Annotated[
-        int,
-        option(
-            "--max-restarts",
-            help="Restart every worker up to N times after a failure (as torchrun's); a hang ends the job.",
-        ),
-    ] = 0,
-    nnodes: Annotated[
-        str, option("--nnodes", help="Nodes of the job (as torchrun's): start one `distval launch` on each.")
-    ] = "1",
-    rdzv_endpoint: Annotated[
-        Optional[str], option("--rdzv-endpoint", help="HOST:PORT every node meets at (as torchrun's; --nnodes > 1).")
-    ] = None,
     rdzv_id: Annotated[
         Optional[str], option("--rdzv-id", help="The job's id, the same on every node (as torchrun's).")
     ] = None,
@@ -63,8 +38,6 @@ def launch_cmd(
         "--trace", help="Record the script's optimizer steps with torch.profiler: SKIP:N skips SKIP steps, then "
         "records N; one Kineto trace per rank, analysed at the end (docs/trace.md).")] = None,
     trace_dir: TraceDir = Path("distval-report/traces"),
-    timeout: Timeout = "60s",
-    hang_after: HangAfter = "8s", hang_kill_after: HangKillAfter = "10m",
     json: JsonOut = None,
 ) -> int:
     """Run your own torch.distributed script under distval's watchdog: hangs, dead and stopped ranks named
@@ -87,13 +60,8 @@ def launch_cmd(
         raise ValueError("distval launch starts the workers itself: run it instead of torchrun, not under it")
     if rdzv_backend != "c10d":
         raise ValueError(f"--rdzv-backend {rdzv_backend}: distval launch meets by c10d rendezvous only; use c10d")
-    if not nnodes.isdigit():
-        raise ValueError(f"--nnodes must be a whole number of nodes (got {nnodes!r}); elastic MIN:MAX ranges are "
-                         f"not supported")
-    ids = {"run_id": rdzv_id or ("distval-launch" if int(nnodes) > 1 else None)}
-    opts = launch_options(nproc_per_node, "auto", None, timeout, None, hang_after, hang_kill_after,
-                          max_restarts=max_restarts, nnodes=int(nnodes), rdzv_endpoint=rdzv_endpoint,
-                          **{k: v for k, v in ids.items() if v})
+    if run_id := rdzv_id or ("distval-launch" if opts.nnodes > 1 else None):
+        opts = dataclasses.replace(opts, run_id=run_id)
     check_outputs({"--json": json})
     traced = trace_config(trace, 10**9, trace_dir, script.stem if not module else str(script))
     return finish(run_script(str(script), list(ctx.args), opts, module=module, trace=traced), json, make_console())

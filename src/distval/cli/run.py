@@ -10,30 +10,18 @@ from typing import Annotated, Optional
 from rich.console import Console
 from rich.markup import escape
 
-from distval.cli.app import (
-    Backend,
-    Deadline,
-    ExpectWorld,
-    HangAfter,
-    HangKillAfter,
-    JsonOut,
-    Nproc,
-    Timeout,
-    app,
-    check_outputs,
-    finish,
-    launch_options,
-    make_console,
-    option,
-    split_list,
-)
+from distval.cli.app import JsonOut, app, check_outputs, finish, make_console, option, split_list
+from distval.cli.flags import config_flags
+from distval.launch.job import LAUNCH, LaunchOptions
 from distval.results import output_dir
 
 _STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "red", "ERROR": "magenta", "SKIP": "dim"}
 
 
 @app.command("run")
+@config_flags("opts", LaunchOptions, only=LAUNCH)
 def run_cmd(
+    opts: LaunchOptions,
     quick: Annotated[bool, option("--quick", help="A smoke run (about 2 minutes here): fewer sizes, iterations and "
                                   "steps; every stage still there.")] = False,
     only: Annotated[Optional[str], option("--only", help="Comma list of stages to run: doctor, check, bench, plan, "
@@ -43,8 +31,6 @@ def run_cmd(
     out: Annotated[Path, option("--out", help="Folder for report.json, report.html, bench.json and the traces "
                                 "(created when missing).")] = Path("distval-report"),
     model: Annotated[str, option("--model", help="Model preset of the plan, compare, drills and traced run.")] = "tiny",
-    nproc: Nproc = None, backend: Backend = "auto", expect_world: ExpectWorld = None, timeout: Timeout = "60s",
-    deadline: Deadline = None, hang_after: HangAfter = "8s", hang_kill_after: HangKillAfter = "10m",
     json: JsonOut = None,
 ) -> int:
     """The acceptance ladder: doctor, comm check, comm bench, plan, compare, drills, a traced run, its health."""
@@ -53,7 +39,6 @@ def run_cmd(
 
     presets.model(model)
     stages = ladder.select(split_list(only) if only else None, split_list(skip) if skip else None)
-    opts = launch_options(nproc, backend, expect_world, timeout, deadline, hang_after, hang_kill_after)
     check_outputs({"--json": json})
     out_dir = output_dir(out, "--out")
     console = make_console()

@@ -41,6 +41,7 @@ from typing import Any, Iterable
 import torch
 
 from distval.health import ranks_text
+from distval.health.config import HealthConfig
 
 MIB = 1 << 20
 RANK_WINDOW = 1000  # steps of each rank's compute and waiting kept for the per-rank table
@@ -48,27 +49,6 @@ STRAGGLER_HINT = ("the straggler's host: thermal throttling, another process on 
                   "(its cgroup's cpu.max or cpu.cfs_quota_us), a slower device or link, its data loader; its compute "
                   "time per step, or the time it could not run, is in details")
 FIELDS = ("step_s", "compute_s", "blocked_s", "loss", "mem_current", "mem_peak")  # what each rank contributes
-
-
-@dataclass(frozen=True)
-class HealthConfig:
-    window: int = 50  # steps the straggler and leak statistics look at (and a straggler must persist)
-    slow_ratio: float = 1.15  # a rank's compute over its peers' median, as a window median: a straggler ...
-    min_loss: float = 0.05  # ... that costs the job at least this share of its step time, for `window` steps
-    spike: float = 5.0  # a gradient norm above this × its running median: a WARN
-    every: int = 50  # replica checksums compared every this many steps (0: never)
-    imbalance: float = 0.25  # a rank's peak memory above the ranks' median by this share: a WARN
-    on_nan: str = "warn"  # warn: a FAIL in the report, training goes on | stop: stop before the update
-
-    def __post_init__(self) -> None:
-        if self.window < 4:
-            raise ValueError(f"the health window must be at least 4 steps (got {self.window})")
-        if self.slow_ratio <= 1.0:
-            raise ValueError(f"--straggler-ratio must be above 1 (got {self.slow_ratio:g}), e.g. 1.1")
-        if self.every < 0:
-            raise ValueError(f"--check-replicas-every must be 0 (off) or more (got {self.every})")
-        if self.on_nan not in ("warn", "stop"):
-            raise ValueError(f"--on-nan must be warn or stop (got {self.on_nan!r})")
 
 
 @dataclass

@@ -12,13 +12,24 @@ after `timeout_s`, and the local launcher enforces an overall deadline.
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from distval import device as devices
 from distval.launch.job import JobResult, LaunchOptions, RankFn
-from distval.launch.modes import check_world, detect_mode, first_slurm_host, planned_world_size, worker_env
-from distval.launch.monitor import Watcher
+
+if TYPE_CHECKING:
+    from distval.launch.monitor import Watcher
+
+# imported when first used, so that the command line reads LaunchOptions' flags without torch
+_LAZY = {"check_world": "modes", "detect_mode": "modes", "first_slurm_host": "modes", "planned_world_size": "modes",
+         "worker_env": "modes", "Watcher": "monitor"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"distval.launch.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] | tuple = (),
@@ -26,6 +37,9 @@ def run(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] 
     """Run `rank_fn(ctx, cfg)` on every rank. `watchers` are fed by the monitor loop (the
     launching process locally, rank 0 under an outer launcher): live views such as progress.
     `pauses`: where the local watchdog appends the pauses the job survived (health/pauses.py)."""
+    from distval import device as devices
+    from distval.launch.modes import check_world, detect_mode, worker_env
+
     mode = detect_mode()
     if mode == "local":
         from distval.launch.local import run_local

@@ -4,21 +4,40 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from distval import device as devices
 from distval.health.hang import HangPolicy
-from distval.rank import RankContext
+from distval.knobs import knob
+from distval.units import parse_duration
+
+if TYPE_CHECKING:
+    from distval.rank import RankContext
 
 
-@dataclass
+def _nnodes(text: str, flag: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"{flag} must be a whole number of nodes (got {text!r}); elastic MIN:MAX ranges are "
+                         f"not supported")
+    return int(text)
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
-    nproc: int | None = None  # local mode only; None = number of GPUs, else 2
-    backend: str = "auto"
-    expect_world: int | None = None
-    timeout_s: float = 60.0  # each collective, and rendezvous
-    deadline_s: float | None = None  # the whole local job; None = no limit beyond timeouts
-    max_restarts: int = 0  # local mode: the elastic agent restarts all workers up to N times after a failure
+    """How a job's ranks are started and watched. Each knob is a flag of the commands that launch
+    (cli/flags.py); `LAUNCH` are the ones every such command takes."""
+
+    nproc: int | None = knob(None, "--nproc", help="Local workers to start (default: number of GPUs, else 2). "
+                             "Ignored under torchrun/Slurm.")
+    backend: str = knob("auto", "--backend", help="auto (nccl on CUDA, else gloo), gloo, nccl or mpi.")
+    expect_world: int | None = knob(None, "--expect-world", help="Fail fast unless the world has exactly N ranks "
+                                    "(catches every process running alone).")
+    timeout_s: float = knob(60.0, "--timeout", help="Per-collective and rendezvous timeout, e.g. 60s.",
+                            parse=parse_duration, text="60s")
+    deadline_s: float | None = knob(None, "--deadline", help="Stop the whole local job after this long, naming "
+                                    "each rank's last status, e.g. 10m.", parse=parse_duration)
+    max_restarts: int = knob(0, "--max-restarts", help="Restart every worker up to N times after a failure, each "
+                             "time from the latest valid checkpoint where the job saves one (local; under torchrun "
+                             "give it to torchrun); a hang ends the job.")
     # local mode: the elastic agent's run id (workers see it as TORCHELASTIC_RUN_ID; it names the run
     # journal). Under torchrun/Slurm the outer launcher's (--rdzv-id) is used instead.
     run_id: str = field(default_factory=lambda: f"distval-{uuid.uuid4().hex[:12]}")
@@ -26,8 +45,10 @@ class LaunchOptions:
     hang: HangPolicy | None = field(default_factory=HangPolicy)
     # `distval launch` across nodes (torchrun's --nnodes, --rdzv-endpoint): one launcher per node,
     # meeting at the endpoint by c10d rendezvous under `run_id` (the same on every node)
-    nnodes: int = 1
-    rdzv_endpoint: str | None = None
+    nnodes: int = knob(1, "--nnodes", help="Nodes of the job (as torchrun's): start one `distval launch` on each.",
+                       parse=_nnodes, text="1")
+    rdzv_endpoint: str | None = knob(None, "--rdzv-endpoint", help="HOST:PORT every node meets at (as torchrun's; "
+                                     "--nnodes > 1).")
 
     def __post_init__(self) -> None:
         if self.nproc is not None and self.nproc < 1:
@@ -49,10 +70,15 @@ class LaunchOptions:
             host, _, port = self.rdzv_endpoint.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"--rdzv-endpoint must be HOST:PORT (got {self.rdzv_endpoint!r}), e.g. node1:29400")
-        self.backend = devices.check_backend(self.backend)
+        from distval import device as devices  # torch: only once a job is asked for, not for --help
+
+        object.__setattr__(self, "backend", devices.check_backend(self.backend))
 
 
-RankFn = Callable[[RankContext, Any], Any]
+# the knobs every command that launches ranks takes (train adds --max-restarts, launch its own)
+LAUNCH = ("nproc", "backend", "expect_world", "timeout_s", "deadline_s", "hang.floor_s", "hang.kill_after_s")
+
+RankFn = Callable[["RankContext", Any], Any]
 
 
 @dataclass

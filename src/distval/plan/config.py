@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from distval.knobs import knob
 from distval.plan import presets
 from distval.plan.presets import ModelSpec
 
@@ -66,50 +67,67 @@ class ModelInfo:
     spec: ModelSpec | None
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanConfig:
-    model: str | None = None
-    params: float | None = None
-    num_layers: int | None = None
-    hidden_size: int | None = None
-    num_heads: int | None = None
-    num_kv_heads: int | None = None
-    seq_len: int | None = None
-    vocab_size: int | None = None
-    micro_batch: int | None = None
-    global_batch: int | None = None
-    grad_accum: int | None = None
-    param_dtype: str = "fp32"
-    grad_dtype: str | None = None  # None: as the params
-    optim_dtype: str = "fp32"
-    world_size: int | None = None
-    num_nodes: int | None = None
-    devices_per_node: int | None = None
-    nics_per_node: int | None = None  # None: one NIC per device (rail-optimised)
-    link: str | None = None
-    intra_link: str | None = None
-    inter_link: str | None = None
-    bandwidth_gbps: float | None = None
-    latency_us: float | None = None
-    efficiency: float = 0.85
-    device: str = "cpu"
-    peak_tflops: float | None = None
-    device_memory_gb: float | None = None
-    mfu: float = 0.4
-    strategy: str = "ddp"
-    bucket_mb: float = 25.0
-    overlap: bool = True
-    activation_checkpointing: bool = False
-    attention: str = "flash"
-    comm_hook: str = "none"
-    powersgd_rank: int = 4
-    comm_target: float = 0.1
-    calibration: str | None = None
+    """The planner's inputs. Each knob is a flag of `distval plan` (cli/flags.py)."""
+
+    model: str | None = knob(None, "--model", help="Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+                             "smollm2-135m, smollm2-360m, smollm2-1.7b, llama-7b, llama-70b, tiny, small.")
+    params: float | None = knob(None, "--params", parse=parse_count, help="Parameter count, e.g. 760e6, 760M, "
+                                "1.5B (alone, or correcting a preset by up to 10%).")
+    num_layers: int | None = knob(None, "--layers", help="Transformer blocks.")
+    hidden_size: int | None = knob(None, "--hidden", help="Hidden size.")
+    num_heads: int | None = knob(None, "--heads", help="Attention heads.")
+    num_kv_heads: int | None = knob(None, "--kv-heads", help="Key/value heads (grouped-query attention; default "
+                                    "--heads).")
+    seq_len: int | None = knob(None, "--seq", help="Sequence length in tokens.")
+    vocab_size: int | None = knob(None, "--vocab", help="Vocabulary size.")
+    micro_batch: int | None = knob(None, "--micro-batch", help="Sequences per rank per micro-batch (default 1).")
+    global_batch: int | None = knob(None, "--global-batch", help="Sequences per optimizer step over all ranks.")
+    grad_accum: int | None = knob(None, "--grad-accum", help="Micro-batches per rank per optimizer step.")
+    param_dtype: str = knob("fp32", "--param-dtype", help="fp32, bf16 or fp16 (16-bit: mixed precision with an "
+                            "fp32 master copy).")
+    grad_dtype: str | None = knob(None, "--grad-dtype", help="Gradient dtype (default: as the params).")
+    optim_dtype: str = knob("fp32", "--optim-dtype", help="Dtype of Adam's moments.")
+    world_size: int | None = knob(None, "--world", help="Ranks on one flat network.")
+    num_nodes: int | None = knob(None, "--nodes", help="Nodes (two-level: with --devices-per-node).")
+    devices_per_node: int | None = knob(None, "--devices-per-node", help="Ranks per node.")
+    nics_per_node: int | None = knob(None, "--nics-per-node",  # None: one NIC per device (rail-optimised)
+                                     help="NICs per node (default one per device).")
+    link: str | None = knob(None, "--link", help="Link preset between ranks: 1GbE, 2.5GbE, 10GbE, 25GbE, "
+                            "100G/200G/400G-IB or -RoCE, PCIe4, PCIe5, NVLink3, NVLink4, xGMI.")
+    intra_link: str | None = knob(None, "--intra-link", help="Link preset inside a node.")
+    inter_link: str | None = knob(None, "--inter-link", help="Link preset between nodes (per rank's NIC).")
+    bandwidth_gbps: float | None = knob(None, "--bandwidth", help="Link rate per rank and direction, GB/s (1e9 "
+                                        "B/s), instead of --link.")
+    latency_us: float | None = knob(None, "--latency", help="Per-message latency of --bandwidth's link, µs "
+                                    "(default 0).")
+    efficiency: float = knob(0.85, "--efficiency", help="Share of the link rate collectives reach.")
+    device: str = knob("cpu", "--device", help="Device preset: RTX-4070, L4, A100, H100, H200, MI300X, cpu "
+                       "(measured).")
+    peak_tflops: float | None = knob(None, "--peak-tflops", help="Peak TFLOP/s per device instead of the preset's.")
+    device_memory_gb: float | None = knob(None, "--device-memory", help="Memory per device, GiB, instead of the "
+                                          "preset's.")
+    mfu: float = knob(0.4, "--mfu", help="Achieved fraction of peak on the executed FLOPs.")
+    strategy: str = knob("ddp", "--strategy", help="ddp, zero1, zero2, zero3 or fsdp.")
+    bucket_mb: float = knob(25.0, "--bucket-mb", help="DDP bucket (and ZeRO bucket) size, MiB.")
+    overlap: bool = knob(True, "--overlap/--no-overlap", help="Overlap communication with backward (and prefetch "
+                         "for ZeRO-3).")
+    activation_checkpointing: bool = knob(False, "--activation-checkpointing", help="Recompute each block's "
+                                          "activations in backward.")
+    attention: str = knob("flash", "--attention", help="flash (no T×T scores kept) or eager.")
+    comm_hook: str = knob("none", "--comm-hook", help="Gradient compression: none, bf16, fp16, powersgd (ddp).")
+    powersgd_rank: int = knob(4, "--powersgd-rank", help="PowerSGD matrix approximation rank.")
+    comm_target: float = knob(0.1, "--comm-target", help="Comm share of the step the levers aim under.")
+    calibration: str | None = knob(None, "--calibration", help="A `distval comm bench --json` file: use its "
+                                   "measured α and β per collective.")
 
     def __post_init__(self) -> None:
-        self.param_dtype = dtype_name(self.param_dtype, "--param-dtype")
-        self.grad_dtype = dtype_name(self.grad_dtype, "--grad-dtype") if self.grad_dtype else self.param_dtype
-        self.optim_dtype = dtype_name(self.optim_dtype, "--optim-dtype")
+        param = dtype_name(self.param_dtype, "--param-dtype")
+        object.__setattr__(self, "param_dtype", param)
+        grad = dtype_name(self.grad_dtype, "--grad-dtype") if self.grad_dtype else param
+        object.__setattr__(self, "grad_dtype", grad)
+        object.__setattr__(self, "optim_dtype", dtype_name(self.optim_dtype, "--optim-dtype"))
         self._check_numbers()
         self._check_choices()
         self._check_links()

@@ -41,37 +41,13 @@ from __future__ import annotations
 import abc
 import contextlib
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
 
 import torch
 from torch import nn
 
 from distval.comm.layer import Comm
-from distval.strategies.buckets import MIB
-
-
-@dataclass(frozen=True)
-class StrategyConfig:
-    bucket_mb: float = 25.0  # MiB, as torch's bucket_cap_mb: bucket_ddp_async, pytorch_ddp, zero1, zero2
-    comm_hook: str = "none"  # pytorch_ddp: none | fp16 | bf16 | powersgd
-    powersgd_rank: int = 1
-    mixed_precision: str = "none"  # fsdp2: none | bf16 (bf16 parameters in compute, fp32 reduction)
-
-    def __post_init__(self) -> None:
-        if self.bucket_mb <= 0:
-            raise ValueError(f"--bucket-mb must be positive (got {self.bucket_mb:g})")
-        if self.comm_hook not in ("none", "fp16", "bf16", "powersgd"):
-            raise ValueError(f"--comm-hook must be none, fp16, bf16 or powersgd (got {self.comm_hook!r})")
-        if self.powersgd_rank < 1:
-            raise ValueError(f"--powersgd-rank must be at least 1 (got {self.powersgd_rank})")
-        if self.mixed_precision not in ("none", "bf16", "fp16"):
-            raise ValueError(f"--mixed-precision must be none, bf16 or fp16 (got {self.mixed_precision!r})")
-
-    @property
-    def bucket_bytes(self) -> int:
-        """The bucket cap in bytes, as torch's DDP computes it from bucket_cap_mb."""
-        return int(self.bucket_mb * MIB)
+from distval.strategies.config import StrategyConfig  # noqa: F401 (re-exported: the strategies' options)
 
 
 class Strategy:

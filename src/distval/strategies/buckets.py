@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from torch import nn
 
-MIB = 2**20
-
 
 def plan_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[list[nn.Parameter]]:
     """Reverse registration order (the order backward produces gradients, as DDP assumes), a new

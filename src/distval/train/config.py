@@ -8,26 +8,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from distval import strategies
 from distval.ckpt.config import CheckpointConfig
-from distval.health.monitor import HealthConfig
+from distval.health.config import HealthConfig
+from distval.knobs import knob
 from distval.plan import presets
-from distval.strategies.base import StrategyConfig
+from distval.strategies.config import StrategyConfig
 from distval.trace.config import TraceConfig
-from distval.train import data as data_mod
 from distval.train.metrics import MetricsConfig
+
+if TYPE_CHECKING:
+    from distval.train.data import DataConfig
 
 
 @dataclass(frozen=True)
 class OptimConfig:
     """AdamW with linear warm-up and cosine decay, and global gradient-norm clipping."""
 
-    lr: float = 3e-3
-    warmup_steps: int = 5
+    lr: float = knob(3e-3, "--lr", help="Peak learning rate (AdamW, warm-up then cosine).")
+    warmup_steps: int = knob(5, "--warmup", help="Warm-up steps.")
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
-    clip: float = 1.0  # 0: off
+    clip: float = knob(1.0, "--clip", help="Clip the global gradient norm to this (0: off).")
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -46,18 +50,26 @@ class OptimConfig:
         return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+STRATEGIES_HELP = ("simple_ddp, simple_ddp_ga, simple_ddp_hook, simple_ddp_async, bucket_ddp_async, pytorch_ddp, "
+                   "zero1, zero2, zero3, pytorch_zero1, fsdp2; dp (nn.DataParallel, one process over every local GPU).")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = "tiny"
-    strategy: str = "simple_ddp"
-    steps: int = 20
-    micro_batch: int = 2  # sequences per rank per micro-batch
-    grad_accum: int = 1
-    global_batch: int | None = None  # checked against micro_batch x world x grad_accum when given
-    seed: int = 0
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
-    data: str = "synthetic"
-    task: str = "lm"  # lm | classify (a (label, text) file or data set)
+    """A training run. Its knobs are the flags of `distval train` and `compare` (cli/flags.py)."""
+
+    model: str = knob("tiny", "--model", help="Model preset: tiny, small, gpt2, smollm2-135m, ...")
+    strategy: str = knob("simple_ddp", "--strategy", help=STRATEGIES_HELP)
+    steps: int = knob(20, "--steps", help="Optimizer steps.")
+    micro_batch: int = knob(2, "--micro-batch", help="Sequences per rank per micro-batch.")
+    grad_accum: int = knob(1, "--grad-accum", help="Micro-batches per optimizer step.")
+    global_batch: int | None = knob(None, "--global-batch",  # checked against the world in check_world
+                                    help="Sequences per step; must equal micro-batch x ranks x grad-accum.")
+    seed: int = knob(0, "--seed", help="Seed of the model init and the data order.")
+    precision: str = knob("fp32", "--precision", help="fp32 or bf16 (autocast).")
+    data: str = knob("synthetic", "--data",
+                     help="synthetic, a .txt/.jsonl/.csv/.parquet path, or hf:NAME (offline cache).")
+    task: str = knob("lm", "--task", help="lm (next token) or classify (label, text columns).")
     optim: OptimConfig = field(default_factory=OptimConfig)
     strategy_cfg: StrategyConfig = field(default_factory=StrategyConfig)
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -66,7 +78,8 @@ class TrainConfig:
     trace: TraceConfig = field(default_factory=TraceConfig)  # --trace SKIP:N: record N steps after SKIP
     return_params: bool = False  # gather the final parameters (parity checks)
     peak_flops: float | None = None  # per device; None: the GPU's datasheet peak, or a measured matmul rate
-    compile: bool = False  # torch.compile of the model's forward (strategies whose `compiles` is True)
+    compile: bool = knob(False, "--compile", help="torch.compile the model's forward (every strategy but zero3 "
+                         "and dp; docs/training.md).")
 
     def __post_init__(self) -> None:
         presets.model(self.model)  # unknown preset -> ValueError listing the known ones
@@ -81,8 +94,10 @@ class TrainConfig:
             raise ValueError(f"--compile: {self.strategy} {strategies.REGISTRY[self.strategy].compiles_not}; compile "
                              f"one of {', '.join(n for n, s in strategies.REGISTRY.items() if s.compiles)}")
 
-    def data_config(self) -> data_mod.DataConfig:
-        return data_mod.DataConfig(source=self.data, task=self.task)
+    def data_config(self) -> DataConfig:
+        from distval.train.data import DataConfig  # torch: not needed to read the flags
+
+        return DataConfig(source=self.data, task=self.task)
 
     def check_world(self, world_size: int) -> None:
         """The global batch must split evenly over ranks and micro-batches; a sharded strategy

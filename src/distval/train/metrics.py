@@ -14,14 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from distval.knobs import knob
+
 READBACKS = ("auto", "now", "late")  # train/readback.py
 
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    log_jsonl: str | None = None  # rank 0 appends one JSON line per step
-    tensorboard: str | None = None  # rank 0 writes TensorBoard scalars into this folder
-    readback: str = "auto"  # when a step's figures reach the host: now, late (one step on), auto (late on a GPU)
+    log_jsonl: str | None = knob(None, "--log-jsonl", help="Append one JSON line per step (rank 0).")
+    tensorboard: str | None = knob(None, "--tensorboard", help="Write TensorBoard scalars to this folder.")
+    readback: str = knob("auto", "--metrics-readback", help="When a step's loss, gradient norm and times reach the "
+                         "host: late (one step on, so nothing in a step waits for the GPU), now (every step: a host "
+                         "sync on a GPU), auto (late on a GPU, now on CPU).")
 
     def __post_init__(self) -> None:
         if self.readback not in READBACKS:

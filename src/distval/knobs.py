@@ -1,0 +1,144 @@
+"""One declaration per knob: a config field that is also a command-line flag carries its flag
+names, help text and parser in its metadata (`knob(...)`), so the field, its default and its flag
+cannot drift apart. The command line (cli/flags.py) generates the flags from these fields and
+builds the config from what the user typed; the library never sees a flag.
+
+torch-free and typer-free: every config module may use it.
+
+    timeout_s: float = knob(60.0, "--timeout", help="Per-collective timeout, e.g. 60s.",
+                            parse=parse_duration, text="60s")
+
+`parse(text, flag)` turns the flag's text into the field's value (ValueError, one line, exit 2);
+`text` is the flag's default as the user would type it (shown in --help). Without `parse` the flag
+has the field's own type (int, float, str, bool, or one of them or None). A field whose type is a
+dataclass with knobs of its own is a part: its knobs are flags of the command too, and the part is
+built from them by its `from_knobs(**values)` classmethod when it has one (it may return None:
+e.g. `--hang-after off` is no watchdog), else by its constructor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from dataclasses import MISSING, dataclass
+from typing import Any, Callable, Iterator, Optional
+
+KEY = "distval.knob"
+
+
+@dataclass(frozen=True)
+class Knob:
+    names: tuple[str, ...]  # the flag's names, the long one first ("--timeout"), short ones after ("-n")
+    help: str
+    parse: Optional[Callable[[str, str], Any]] = None  # (text, flag) -> the field's value
+    text: Optional[str] = None  # the flag's default as typed, where `parse` reads it
+
+    @property
+    def flag(self) -> str:
+        return self.names[0]
+
+    @property
+    def param(self) -> str:
+        """The flag as a Python identifier: the command's parameter name ("--hang-after" -> hang_after)."""
+        return self.flag.split("/")[0].lstrip("-").replace("-", "_")
+
+
+def knob(default: Any = MISSING, *names: str, help: str, parse: Optional[Callable[[str, str], Any]] = None,  # noqa: A002
+         text: Optional[str] = None, factory: Optional[Callable[[], Any]] = None) -> Any:
+    """A dataclass field that is also a flag (see the module's docstring)."""
+    if not names or not names[0].startswith("--"):
+        raise TypeError(f"a knob needs its long flag name first (got {names!r})")
+    meta = {KEY: Knob(tuple(names), help, parse, text)}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One knob as the command line sees it: where it lives in the config (`path`, e.g.
+    ("optim", "lr")), its Python type and its default as the flag takes it."""
+
+    path: tuple[str, ...]
+    knob: Knob
+    type: Any
+    default: Any
+
+
+def flags(cls: type) -> list[Flag]:
+    """Every knob of `cls` and of its parts, in declaration order."""
+    return list(_walk(cls, ()))
+
+
+def _walk(cls: type, prefix: tuple[str, ...]) -> Iterator[Flag]:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = _part(hints[f.name])
+        if kind is not None and f.name not in _knob_names(cls):
+            yield from _walk(kind, prefix + (f.name,))
+            continue
+        meta = f.metadata.get(KEY)
+        if meta is None:
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        if meta.parse is not None:
+            typ, default = (str if default is not None else Optional[str]), meta.text
+        else:
+            typ = _plain(hints[f.name])
+        yield Flag(prefix + (f.name,), meta, typ, default)
+
+
+def _plain(annotation: Any) -> Any:
+    """`int | None` as Optional[int] (what the command line's framework reads)."""
+    args = typing.get_args(annotation)
+    if type(None) in args and len(args) == 2:
+        return Optional[next(a for a in args if a is not type(None))]
+    return annotation
+
+
+def _knob_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if KEY in f.metadata}
+
+
+def _part(annotation: Any) -> type | None:
+    """The dataclass a field holds (`X` or `X | None`) when that dataclass has knobs, else None."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    if len(args) == 1 and dataclasses.is_dataclass(args[0]) and isinstance(args[0], type) and _has_knobs(args[0]):
+        return args[0]
+    return None
+
+
+@functools.cache
+def _has_knobs(cls: type) -> bool:
+    return any(True for _ in _walk(cls, ()))
+
+
+def build(cls: type, values: dict[tuple[str, ...], Any]) -> Any:
+    """The config `cls` from flag values keyed by path (text is parsed here, a value already parsed
+    is kept); knobs not given keep their defaults. Parts are built first, from their own knobs."""
+    return _build(cls, (), {path: _parsed(cls, path, v) for path, v in values.items()})
+
+
+def _parsed(cls: type, path: tuple[str, ...], value: Any) -> Any:
+    meta = _field(cls, path).metadata[KEY]
+    return meta.parse(value, meta.flag) if meta.parse is not None and isinstance(value, str) else value
+
+
+def _field(cls: type, path: tuple[str, ...]) -> dataclasses.Field:
+    hints = typing.get_type_hints(cls)
+    f = next(f for f in dataclasses.fields(cls) if f.name == path[0])
+    return f if len(path) == 1 else _field(_part(hints[f.name]), path[1:])  # type: ignore[arg-type]
+
+
+def _build(cls: type, prefix: tuple[str, ...], values: dict[tuple[str, ...], Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        path = prefix + (f.name,)
+        if path in values:
+            kwargs[f.name] = values[path]
+        elif (kind := _part(hints[f.name])) is not None and any(p[:len(path)] == path for p in values):
+            kwargs[f.name] = _build(kind, path, values)
+    make = getattr(cls, "from_knobs", cls) if prefix else cls
+    return make(**kwargs)

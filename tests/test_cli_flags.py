@@ -1,0 +1,100 @@
+"""One declaration per knob: every flag generated from a config field (distval/knobs.py) has the
+field's default and help on every command that takes it, a command takes every knob of its
+config, and the command line reads them without importing torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import typer
+
+from distval import knobs
+from distval.cli import app
+from distval.launch.job import LAUNCH, LaunchOptions
+from distval.plan.config import PlanConfig
+from distval.train.config import TrainConfig
+
+# the configs whose knobs each command takes as flags
+USES = {"train": (TrainConfig, LaunchOptions), "compare": (TrainConfig, LaunchOptions), "plan": (PlanConfig,),
+        "comm check": (LaunchOptions,), "comm bench": (LaunchOptions,), "run": (LaunchOptions,),
+        "launch": (LaunchOptions,)}
+OWN = {("compare", "--bucket-mb")}  # a comma list that sweeps, where the knob takes one size
+
+def _commands() -> dict[str, Any]:
+    root = typer.main.get_command(app)
+    out: dict[str, Any] = {}
+    for name, cmd in root.commands.items():  # type: ignore[attr-defined]
+        for sub, inner in (getattr(cmd, "commands", None) or {name: cmd}).items():
+            out[name if sub == name else f"{name} {sub}"] = inner
+    return out
+
+
+def _options(cmd: Any) -> dict[str, Any]:
+    return {name: p for p in cmd.params if p.param_type_name == "option" for name in p.opts}
+
+
+def _knob_flags(configs: tuple[type, ...]) -> dict[str, list[knobs.Flag]]:
+    by_flag: dict[str, list[knobs.Flag]] = {}
+    for cls in configs:
+        for flag in knobs.flags(cls):
+            by_flag.setdefault(flag.knob.flag.split("/")[0], []).append(flag)
+    return by_flag
+
+
+COMMANDS = _commands()
+
+
+@pytest.mark.parametrize("name", sorted(USES))
+def test_a_flag_named_like_a_knob_of_the_commands_configs_is_that_knob(name):
+    by_flag = _knob_flags(USES[name])
+    for flag, option in _options(COMMANDS[name]).items():
+        if flag not in by_flag or (name, flag) in OWN:
+            continue
+        helps = {f.knob.help for f in by_flag[flag]}
+        assert option.help in helps, (name, flag, option.help)
+
+
+@pytest.mark.parametrize("name, cls, skip", [
+    ("train", TrainConfig, set()),
+    ("compare", TrainConfig, {"strategy", "ckpt", "metrics", "health", "strategy_cfg.bucket_mb"}),
+    ("plan", PlanConfig, set()),
+])
+def test_a_command_takes_every_knob_of_its_config_with_the_fields_default(name, cls, skip):
+    options = _options(COMMANDS[name])
+    defaults = {"train": {"strategy": "pytorch_ddp"}, "compare": {"steps": 10}}.get(name, {})
+    for flag in knobs.flags(cls):
+        if flag.path[0] in skip or ".".join(flag.path) in skip:
+            continue
+        option = options[flag.knob.flag.split("/")[0]]
+        assert option.default == defaults.get(flag.knob.param, flag.default), (name, flag.path)
+        assert option.help == flag.knob.help
+
+
+@pytest.mark.parametrize("name", ["comm check", "comm bench", "run", "train", "launch"])
+def test_every_command_that_launches_takes_the_launch_knobs(name):
+    options = _options(COMMANDS[name])
+    wanted = {f.knob.flag for f in knobs.flags(LaunchOptions) if ".".join(f.path) in LAUNCH}
+    if name == "launch":
+        wanted -= {"--backend", "--expect-world", "--deadline"}  # torchrun's interface
+    assert wanted <= set(options), wanted - set(options)
+
+
+def test_the_config_is_built_from_the_flags_text():
+    opts = knobs.build(LaunchOptions, {("timeout_s",): "2m", ("hang", "floor_s"): "5s",
+                                       ("hang", "kill_after_s"): "30s", ("nproc",): 3})
+    assert (opts.timeout_s, opts.nproc, opts.hang.floor_s, opts.hang.kill_after_s) == (120.0, 3, 5.0, 30.0)
+    assert knobs.build(LaunchOptions, {("hang", "floor_s"): "off"}).hang is None  # no watchdog
+    cfg = knobs.build(TrainConfig, {("optim", "lr"): 0.01, ("strategy_cfg", "bucket_mb"): "5", ("steps",): 3})
+    assert (cfg.optim.lr, cfg.strategy_cfg.bucket_mb, cfg.steps, cfg.optim.clip) == (0.01, 5.0, 3, 1.0)
+    with pytest.raises(ValueError, match="one size here"):
+        knobs.build(TrainConfig, {("strategy_cfg", "bucket_mb"): "1,5"})
+    with pytest.raises(ValueError, match="--nnodes must be a whole number"):
+        knobs.build(LaunchOptions, {("nnodes",): "1:2"})
+
+
+def test_the_command_line_reads_its_flags_without_torch():
+    code = "import sys, distval.cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0, "import distval.cli imported torch"
