@@ -91,7 +91,7 @@ class Slower(threading.Thread):
         self.note = ""
 
     def run(self) -> None:
-        from distval.channel import ChannelReader  # the job's own TCPStore client
+        from distval.launch.channel import ChannelReader  # the job's own TCPStore client
 
         address = worker_channel(self.proc.pid)
         if address is None:

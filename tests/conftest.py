@@ -48,3 +48,23 @@ def cli(capsys):
         return subprocess.CompletedProcess(["distval", *args], code, captured.out, captured.err)
 
     return call
+
+
+def run_check(cfg, opts):
+    """`distval comm check` as cli/comm.py runs it, in this process's launcher."""
+    import functools
+
+    from distval.comm import check
+    from distval.launch.execute import execute
+
+    return execute("comm check", check.check_rank, cfg, opts, functools.partial(check.build_report, cfg=cfg))
+
+
+def run_bench(cfg, opts):
+    """`distval comm bench` as cli/comm.py runs it."""
+    import functools
+
+    from distval.comm import bench
+    from distval.launch.execute import execute
+
+    return execute("comm bench", bench.bench_rank, cfg, opts, functools.partial(bench.build_report, cfg=cfg))

@@ -12,7 +12,8 @@ from distval.comm.ops import BENCH_OPS, busbw_factor, count_for_bytes
 from distval.launch import LaunchOptions
 from distval.report.views import nccl_text
 from distval.results import Status
-from distval.runner import run_bench
+
+from conftest import run_bench
 
 S_MULT = {"all_reduce": 1, "broadcast": 1, "reduce": 1, "sendrecv": 1}  # else S = n * count * elt
 

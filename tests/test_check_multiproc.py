@@ -7,7 +7,8 @@ from distval.comm.check import CheckConfig, cases
 from distval.comm.inputs import DTYPES
 from distval.launch import LaunchOptions
 from distval.results import Status
-from distval.runner import run_check
+
+from conftest import run_check
 
 # What Gloo may legitimately skip: avg of integers (we define avg for floats only).
 EXPECTED_SKIPS = {f"all_reduce/avg {d}" for d in ("int32", "int64", "uint8", "int8")}

@@ -1,4 +1,4 @@
-"""The multi-node pre-flight (`distval.netcheck`): which address Gloo will advertise, whether
+"""The multi-node pre-flight (`distval.launch.netcheck`): which address Gloo will advertise, whether
 MASTER_ADDR answers from it, and the one-line ERROR that names the interface and the fix. The
 unreachable case runs for real inside a network namespace whose only non-loopback NIC leads
 nowhere (skipped without root); the whole drill across emulated nodes is in test_emulate.py."""
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from distval import netcheck
-from distval.netcheck import NetworkPreflightError, gloo_address, multi_node, preflight, reachable
+from distval.launch import netcheck
+from distval.launch.netcheck import NetworkPreflightError, gloo_address, multi_node, preflight, reachable
 
 MULTI = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
 
@@ -118,7 +118,7 @@ def test_unreachable_master_names_the_interface_in_a_namespace():
     ns = f"dv-{os.getpid()}-nc"
     etc = f"/etc/netns/{ns}"
     script = (
-        "import sys; from distval.netcheck import preflight\n"
+        "import sys; from distval.launch.netcheck import preflight\n"
         "env = {'RANK': '1', 'WORLD_SIZE': '2', 'LOCAL_WORLD_SIZE': '1', "
         "'MASTER_ADDR': '10.79.0.1', 'MASTER_PORT': '29400'}\n"
         "try:\n    preflight(env, timeout_s=1.0)\nexcept Exception as e:\n    print(type(e).__name__, e); sys.exit(3)\n"

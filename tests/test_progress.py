@@ -1,7 +1,7 @@
 """Live training progress: rank 0's steps, published on the rank channel, reach the console
 while training runs."""
 
-from distval import channel as channels
+from distval.launch import channel as channels
 from distval.train.progress import ProgressView
 
 from conftest import run_cli

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from distval.slurm import SlurmJob, check_syntax, sbatch_script
+from distval.launch.slurm import SlurmJob, check_syntax, sbatch_script
 
 from conftest import free_port, run_cli
 

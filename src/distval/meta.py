@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import distval
 
 if TYPE_CHECKING:
-    from distval.launch import JobResult
+    from distval.results import JobResult
 
 _ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "MASTER_", "OMP_NUM_THREADS")
 

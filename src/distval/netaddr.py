@@ -2,7 +2,7 @@
 their IPv4 and IPv6 addresses, which interface holds an address, which source address the kernel
 picks for a destination, what a host name resolves to, and which address Gloo binds.
 
-Shared by the worker's pre-flight (`distval.netcheck`, which runs in every rank and so must stay
+Shared by the worker's pre-flight (`distval.launch.netcheck`, which runs in every rank and so must stay
 cheap) and `distval doctor` (`distval.doctor.net`, which prefers iproute2 and falls back to these),
 so that both read the host the same way. Torch-free and typer-free.
 

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 if TYPE_CHECKING:
-    from distval.channel import RankChannel
     from distval.comm.layer import Comm
     from distval.health.faults import Faults
+    from distval.launch.channel import RankChannel
 
 
 class PeerFailed(RuntimeError):

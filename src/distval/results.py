@@ -194,3 +194,21 @@ def _unwritable(directory: Path) -> str | None:
     except OSError as e:
         return e.strerror or str(e)
     return None
+
+
+@dataclass
+class JobResult:
+    """What rank 0 gathered: every rank's return value and facts about it, in rank order."""
+
+    mode: str
+    backend: str
+    world_size: int
+    results: list[Any]
+    ranks: list[dict[str, Any]]
+
+    @property
+    def hosts(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for info in self.ranks:
+            out.setdefault(info["host"], []).append(info["rank"])
+        return out

@@ -91,9 +91,10 @@ def doctor(
         expect_world=expect_world,
     )
 
-    from distval import knobs, launch, runner  # torch from here on
+    from distval import knobs, launch  # torch from here on
     from distval.doctor.ranks import rank_probe
     from distval.health.diagnose import WorkerFailure
+    from distval.launch.execute import execute
     from distval.launch.job import LaunchOptions
     from distval.results import Check, Status
 
@@ -114,7 +115,7 @@ def doctor(
         report = doctor_report.single_report(cfg)
     else:
         try:
-            report = runner.execute(
+            report = execute(
                 "doctor", rank_probe, cfg, opts, lambda job: doctor_report.build_ranks_report(job, cfg)
             )
         except WorkerFailure as e:

@@ -42,24 +42,9 @@ def launch_cmd(
 ) -> int:
     """Run your own torch.distributed script under distval's watchdog: hangs, dead and stopped ranks named
     in seconds. Across nodes: the same command on each, with --nnodes and --rdzv-endpoint."""
-    from distval.launch import detect_mode
-    from distval.runner import run_script
+    from distval.launch.execute import check_script, run_script
 
-    if module:
-        import importlib.util
-
-        try:
-            found = importlib.util.find_spec(str(script))
-        except (ImportError, ValueError):
-            found = None
-        if found is None:
-            raise ValueError(f"-m {script}: no such module here; give a module python -m could run")
-    elif not script.is_file():
-        raise ValueError(f"{script}: no such script; give the path of the Python file torchrun would run")
-    if detect_mode() != "local":
-        raise ValueError("distval launch starts the workers itself: run it instead of torchrun, not under it")
-    if rdzv_backend != "c10d":
-        raise ValueError(f"--rdzv-backend {rdzv_backend}: distval launch meets by c10d rendezvous only; use c10d")
+    check_script(str(script), module, rdzv_backend)
     if run_id := rdzv_id or ("distval-launch" if opts.nnodes > 1 else None):
         opts = dataclasses.replace(opts, run_id=run_id)
     check_outputs({"--json": json})

@@ -10,8 +10,8 @@ import typer
 
 from distval.cli.app import app, check_inner, check_outputs
 from distval.cli.app import option as O  # noqa: N812
+from distval.launch.slurm import SlurmJob, check_syntax, sbatch_script
 from distval.results import atomic_write_text
-from distval.slurm import SlurmJob, check_syntax, sbatch_script
 
 
 @app.command("slurm")

@@ -46,8 +46,8 @@ def train_cmd(
     """Train the built-in decoder with one data-parallel strategy; per-step metrics; checkpoints, resume, restarts."""
     from distval.ckpt import command as ckpt_cmd
     from distval.launch import detect_mode, planned_world_size
-    from distval.train.compare import run_train
     from distval.train.progress import ProgressView
+    from distval.train.run import run_train
 
     check_training(cfg, opts)
     check_outputs({"--json": json, "--log-jsonl": Path(cfg.metrics.log_jsonl) if cfg.metrics.log_jsonl else None})

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -34,109 +33,22 @@ import torch
 from distval import device as devices
 from distval import meta
 from distval.comm.agree import run_agreed
-from distval.comm.check import expand_all
+from distval.comm.config import GRAPH_NEEDS_CUDA, TIMINGS, BenchConfig  # noqa: F401 (re-exported)
 from distval.comm.fit import fit_alpha_beta
-from distval.comm.inputs import DTYPES, dtype_name, parse_dtype
-from distval.comm.layer import REDUCE_OPS
-from distval.comm.ops import BENCH_OPS, OPS, Collective, count_for_bytes, inplace_variants
+from distval.comm.inputs import DTYPES
+from distval.comm.ops import OPS, Collective, count_for_bytes, inplace_variants
 from distval.results import Check, Report, Status, Table
 from distval.stats import percentile
 from distval.units import format_size
 
 if TYPE_CHECKING:  # types only: the launcher and the rank context sit above the collective layer
-    from distval.launch import JobResult
     from distval.rank import RankContext
+    from distval.results import JobResult
 
 BENCH_COLUMNS = ["op", "dtype", "bytes", "count", "inplace", "redop", "root", "time_us_p50", "time_us_p95",
                  "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps", "busbw_pct_of_copy", "wrong"]
 FIT_COLUMNS = ["op", "dtype", "alpha_us", "beta_gbps", "r2", "n_half_bytes", "num_points"]
 COPY_BYTES = 64 * 2**20
-TIMINGS = ("auto", "blocking", "burst")
-GRAPH_NEEDS_CUDA = "-G captures each burst in a CUDA graph: it needs CUDA devices (--backend nccl); on CPU use " \
-    "--timing burst"
-
-
-@dataclass
-class BenchConfig:
-    ops: list[str] = field(default_factory=lambda: ["all_reduce"])
-    dtype: str = "float32"
-    min_bytes: int = 8
-    max_bytes: int = 128 * 2**20
-    factor: float = 2.0
-    step_bytes: int | None = None  # -i: additive steps instead of -f
-    iters: int = 20
-    warmup: int = 5
-    check_iters: int = 1
-    redop: str = "sum"
-    root: int = 0
-    inplace: str = "both"  # both | in | out
-    copy_ceiling: bool = True
-    timing: str = "auto"  # auto (burst on CUDA, blocking elsewhere) | blocking | burst
-    graph: bool = False  # -G: each burst captured in a CUDA graph and replayed (CUDA only)
-    bursts: int = 5  # burst timing: timed bursts of `iters` ops per size
-
-    def __post_init__(self) -> None:
-        ops = expand_all(self.ops, list(BENCH_OPS))
-        for op in ops:
-            if op not in BENCH_OPS:
-                raise ValueError(f"unknown op {op!r}; choose from {', '.join(BENCH_OPS)} (or 'all')")
-        self.ops = ops
-        self.dtype = dtype_name(parse_dtype(self.dtype))
-        if self.redop not in REDUCE_OPS:
-            raise ValueError(f"unknown reduce op {self.redop!r}; choose from {', '.join(REDUCE_OPS)}")
-        if self.redop == "avg" and not DTYPES[self.dtype].is_floating_point:
-            raise ValueError(
-                f"-o avg needs a floating-point dtype (got {self.dtype}): "
-                "integer averages round differently per backend"
-            )
-        if self.min_bytes < 0 or self.max_bytes < 0:
-            raise ValueError("sizes must not be negative")
-        if self.min_bytes > self.max_bytes:
-            raise ValueError(f"-b {format_size(self.min_bytes)} is larger than -e {format_size(self.max_bytes)}")
-        if self.step_bytes is None and self.factor <= 1:
-            raise ValueError(f"-f must be greater than 1 (got {self.factor:g})")
-        if self.step_bytes is not None and self.step_bytes <= 0:
-            raise ValueError(f"-i must be positive (got {self.step_bytes})")
-        if self.iters < 1:
-            raise ValueError(f"-n must be at least 1 (got {self.iters})")
-        if self.warmup < 0 or self.check_iters < 0:
-            raise ValueError("-w and -c must not be negative")
-        if self.inplace not in ("both", "in", "out"):
-            raise ValueError(f"--inplace must be both, in or out (got {self.inplace!r})")
-        if self.root < 0:
-            raise ValueError(f"-r must not be negative (got {self.root})")
-        if self.timing not in TIMINGS:
-            raise ValueError(f"--timing must be {', '.join(TIMINGS)} (got {self.timing!r})")
-        if self.graph and self.timing == "blocking":
-            raise ValueError("-G replays bursts captured in a CUDA graph: it times bursts, not --timing blocking")
-        if self.bursts < 1:
-            raise ValueError(f"--bursts must be at least 1 (got {self.bursts})")
-
-    def method(self, device: torch.device) -> str:
-        """The timing method on this device: burst or blocking."""
-        if self.timing != "auto":
-            return self.timing
-        return "burst" if device.type == "cuda" or self.graph else "blocking"
-
-    def describe(self, device: torch.device) -> str:
-        """How the numbers were produced, for the table's title and the report's meta."""
-        warm = f"after {self.warmup} warm-up"
-        if self.method(device) == "blocking":
-            return (f"{self.iters} iterations {warm}, blocking per op, time = p50 over iterations of the max over "
-                    "ranks (nccl-tests conventions)")
-        clock = ("captured once in a CUDA graph and replayed, timed with CUDA events" if self.graph
-                 else "timed with CUDA events" if device.type == "cuda" else "timed with the host clock, one wait at "
-                 "the end")
-        return (f"{self.bursts} bursts of {self.iters} back-to-back ops {warm}, {clock}; time = p50 over bursts of "
-                "burst time / ops, max over ranks (nccl-tests conventions)")
-
-    def sizes(self) -> list[int]:
-        out, size = [], self.min_bytes
-        while size <= self.max_bytes:
-            out.append(size)
-            nxt = size + self.step_bytes if self.step_bytes else int(size * self.factor)
-            size = nxt if nxt > size else size + 1
-        return out
 
 
 # -- per-rank -------------------------------------------------------------------------------------

@@ -13,66 +13,23 @@ reduce_scatter both out-of-place and in-place, send/recv as a shift around the r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from distval import meta
 from distval.comm.agree import Unsupported, run_agreed
-from distval.comm.inputs import DTYPES, Mismatch, dtype_name, parse_dtype
+from distval.comm.config import SIZES, CheckConfig, expand_all, parse_ops  # noqa: F401 (the config's home; re-exported)
+from distval.comm.inputs import DTYPES, Mismatch
 from distval.comm.layer import REDUCE_OPS
-from distval.comm.names import CHECK_OPS
 from distval.comm.ops import OPS as OP_SPECS
 from distval.comm.ops import Collective, inplace_variants
 from distval.results import Check, Report, Status, Table
 
 if TYPE_CHECKING:  # types only: the launcher and the rank context sit above the collective layer
-    from distval.launch import JobResult
     from distval.rank import RankContext
-
-OPS = CHECK_OPS
-# Size classes: element counts per rank (for all_gather/reduce_scatter/all_to_all, per chunk).
-SIZES = {"empty": 0, "one": 1, "odd": 7, "non_pow2": 1000, "large_odd": 65537}
-
-
-@dataclass
-class CheckConfig:
-    ops: list[str] = field(default_factory=lambda: list(OPS))
-    dtypes: list[str] = field(default_factory=lambda: list(DTYPES))
-    sizes: dict[str, int] = field(default_factory=lambda: dict(SIZES))
-    iters: int = 1  # -c: repetitions with fresh inputs
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self.ops = parse_ops(self.ops)
-        self.dtypes = [dtype_name(parse_dtype(d)) for d in expand_all(self.dtypes, list(DTYPES))]
-        if self.iters < 1:
-            raise ValueError(f"-c/--check-iters must be at least 1 (got {self.iters})")
-        if not self.sizes:
-            raise ValueError("no sizes to check: give at least one element count")
-        for name, count in self.sizes.items():
-            if count < 0:
-                raise ValueError(f"size {name!r} has a negative element count {count}")
-
-
-def expand_all(items: list[str], universe: list[str]) -> list[str]:
-    out: list[str] = []
-    for item in items:
-        out.extend(universe if item.strip().lower() == "all" else [item.strip()])
-    if not out:
-        raise ValueError("empty list")
-    return list(dict.fromkeys(out))
-
-
-def parse_ops(names: list[str]) -> list[str]:
-    out = []
-    for name in expand_all(names, list(OPS)):
-        if name not in OPS:
-            raise ValueError(f"unknown op {name!r}; choose from {', '.join(OPS)} (or 'all')")
-        out.append(name)
-    return out
-
+    from distval.results import JobResult
 
 @dataclass(frozen=True)
 class Case:

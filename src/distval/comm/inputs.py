@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from distval.comm.config import dtype_key
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -30,9 +32,6 @@ DTYPES: dict[str, torch.dtype] = {
     "int8": torch.int8,
 }
 # nccl-tests spellings accepted too
-_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "bf16": "bfloat16",
-            "fp32": "float32", "fp64": "float64", "fp16": "float16", "int": "int32", "long": "int64"}
-
 # Largest integer held exactly (floats: 2^mantissa_bits), and for products the largest power of two.
 _EXACT_INT = {torch.float16: 2**11, torch.bfloat16: 2**8, torch.float32: 2**24, torch.float64: 2**53,
               torch.int8: 127, torch.uint8: 255, torch.int32: 2**31 - 1, torch.int64: 2**62}
@@ -45,10 +44,7 @@ _HASH_MAX = 2**30  # keep derived values well inside int64 arithmetic
 
 
 def parse_dtype(name: str) -> torch.dtype:
-    key = _ALIASES.get(name.strip().lower(), name.strip().lower())
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose from {', '.join(DTYPES)} (or 'all')")
-    return DTYPES[key]
+    return DTYPES[dtype_key(name)]
 
 
 def dtype_name(dtype: torch.dtype) -> str:

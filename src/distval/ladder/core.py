@@ -15,9 +15,9 @@ from distval.comm import bench, check
 from distval.health.diagnose import WorkerFailure
 from distval.ladder.config import COMPARE_STRATEGIES, DRILLS, IN_JOB_A, LOCAL_ONLY, STAGES, TRACED_STRATEGY, RunConfig
 from distval.launch import JobResult, LaunchOptions
+from distval.launch.execute import failure_check
 from distval.rank import RankContext
 from distval.results import CannotRun, Check, Report, Status, Table, atomic_write_text, write_json
-from distval.runner import failure_check
 
 LADDER_COLUMNS = ["stage", "status", "seconds", "headline", "hint"]
 _SEVERITY = (Status.ERROR, Status.FAIL, Status.WARN, Status.OK, Status.SKIP)  # a stage takes its worst check's
@@ -278,8 +278,8 @@ class Ladder:
             return self.trained
         self.trained_ran = True
         from distval.health.monitor import HealthConfig
-        from distval.train.compare import run_train
         from distval.train.config import TrainConfig
+        from distval.train.run import run_train
 
         trace = _trace_config(self.cfg, self.out) if "trace" in self.cfg.stages else None
         every = max(1, self.cfg.trace_steps // 3)  # the replica check runs three times in the short run

@@ -1,4 +1,5 @@
-"""What a job is given (`LaunchOptions`) and what it returns to the reporting process (`JobResult`)."""
+"""What a job is given (`LaunchOptions`); what it returns to the reporting process is a `JobResult`
+(results.py, below the collective layer and the launcher, which both type against it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from distval.health.hang import HangPolicy
 from distval.knobs import knob
+from distval.results import JobResult  # noqa: F401 (re-exported: what run() returns)
 from distval.units import parse_duration
 
 if TYPE_CHECKING:
@@ -79,21 +81,3 @@ class LaunchOptions:
 LAUNCH = ("nproc", "backend", "expect_world", "timeout_s", "deadline_s", "hang.floor_s", "hang.kill_after_s")
 
 RankFn = Callable[["RankContext", Any], Any]
-
-
-@dataclass
-class JobResult:
-    """What rank 0 gathered: every rank's return value and facts about it, in rank order."""
-
-    mode: str
-    backend: str
-    world_size: int
-    results: list[Any]
-    ranks: list[dict[str, Any]]
-
-    @property
-    def hosts(self) -> dict[str, list[int]]:
-        out: dict[str, list[int]] = {}
-        for info in self.ranks:
-            out.setdefault(info["host"], []).append(info["rank"])
-        return out

@@ -19,13 +19,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from distval import channel as channels
 from distval import device as devices
 from distval.health.diagnose import WorkerFailure, diagnose
 from distval.health.hang import HINTS, Hang, Watchdog, stop_ranks, summary
 from distval.health.heartbeat import FR_ENV, enable_flight_recorder
 from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.health.pauses import Pause
+from distval.launch import channel as channels
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.modes import planned_world_size
 from distval.launch.monitor import Monitor, Watcher

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable, Protocol
 
-from distval.channel import ChannelReader
+from distval.launch.channel import ChannelReader
 
 
 class Watcher(Protocol):

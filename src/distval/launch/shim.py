@@ -23,9 +23,9 @@ import threading
 import time
 import traceback
 
-from distval import channel as channels
 from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives
 from distval.health.steps import StepClock
+from distval.launch import channel as channels
 from distval.rank import state_payload
 from distval.trace.capture import from_env
 

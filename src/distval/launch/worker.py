@@ -20,12 +20,12 @@ from typing import Any
 
 import torch.distributed as dist
 
-from distval import channel as channels
 from distval import device as devices
 from distval.comm.layer import Comm
 from distval.health.diagnose import WorkerFailure, diagnose
 from distval.health.faults import Faults
 from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives, running
+from distval.launch import channel as channels
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
 from distval.rank import RankContext, state_payload
@@ -46,7 +46,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         device = devices.device_for(opts.backend, local_rank)
         if mode != "local":  # an advertised address no peer can reach: an ERROR naming it now, not a hang at init
-            from distval.netcheck import preflight
+            from distval.launch.netcheck import preflight
             preflight(os.environ, timeout_s=min(opts.timeout_s, 5.0))
         if opts.hang is not None:
             enable_flight_recorder()  # the heartbeat's collective facts, before the first process group

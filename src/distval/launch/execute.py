@@ -1,5 +1,6 @@
-"""Run a per-rank job and turn what comes back, results or a failure, into a Report; the two
-collective jobs (comm check, comm bench) as one call each."""
+"""Run a per-rank job and turn what comes back, results or a failure, into a Report (`execute`:
+every distval command that starts ranks); `run_script`: a user's own script under the watchdog
+(`distval launch`), with its pre-flight (`check_script`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import time
 from typing import Any, Callable
 
 from distval import launch, meta
-from distval.comm import bench, check
 from distval.health.diagnose import WorkerFailure
 from distval.health.pauses import Pause, check_rows
 from distval.launch import JobResult, LaunchOptions, RankFn, Watcher
@@ -72,6 +72,26 @@ def pause_check(command: str, pauses: list[Pause]) -> Check:
                  where={"rank": longest.culprits[0], "at": longest.place()}, hint=_PAUSE_HINT)
 
 
+def check_script(script: str, module: bool, rdzv_backend: str = "c10d") -> None:
+    """What `distval launch` needs before any worker starts (ValueError: one line, exit 2): a script
+    file or an importable module, local workers of its own (not under torchrun), c10d."""
+    if module:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(script)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise ValueError(f"-m {script}: no such module here; give a module python -m could run")
+    elif not os.path.isfile(script):
+        raise ValueError(f"{script}: no such script; give the path of the Python file torchrun would run")
+    if launch.detect_mode() != "local":
+        raise ValueError("distval launch starts the workers itself: run it instead of torchrun, not under it")
+    if rdzv_backend != "c10d":
+        raise ValueError(f"--rdzv-backend {rdzv_backend}: distval launch meets by c10d rendezvous only; use c10d")
+
+
 def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool = False,
                trace: Any = None) -> Report:
     """`distval launch`: a user's script on local workers under the watchdog (launch/local.py);
@@ -116,11 +136,3 @@ def known_world_size(opts: LaunchOptions) -> int | None:
         return launch.planned_world_size(opts)
     except (KeyError, ValueError, CannotRun):
         return None
-
-
-def run_check(cfg: check.CheckConfig, opts: LaunchOptions) -> Report | None:
-    return execute("comm check", check.check_rank, cfg, opts, lambda job: check.build_report(job, cfg))
-
-
-def run_bench(cfg: bench.BenchConfig, opts: LaunchOptions) -> Report | None:
-    return execute("comm bench", bench.bench_rank, cfg, opts, lambda job: bench.build_report(job, cfg))

@@ -1,0 +1,135 @@
+"""`distval train`: one strategy trained on every rank (train/loop.py), and its report: the step
+table, the training and replica checks, the health monitor's findings (with the launcher's
+lost-time rule) and, with --trace, the analysis of the recorded steps. `compare` (train/compare.py)
+builds its per-strategy runs from the same pieces."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from distval import meta
+from distval.health.lost import LostTime
+from distval.health.monitor import STRAGGLER_HINT
+from distval.launch import JobResult, LaunchOptions, Watcher
+from distval.launch.execute import execute, known_world_size, say_finding
+from distval.results import Check, Report, Status, Table
+from distval.train.config import TrainConfig
+from distval.train.loop import train_rank
+
+STEP_COLUMNS = ["step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "comm_calls", "comm_bytes",
+                "comm_time_s", "comm_blocked_s", "mfu", "peak_mem_bytes", "slowest_rank", "compute_skew"]
+HEALTH_COLUMNS = ["kind", "status", "step", "ranks", "summary"]
+RANK_HEALTH_COLUMNS = ["rank", "compute_ms", "waiting_ms", "peak_mem_bytes", "current_mem_bytes"]
+
+
+def steps_table(result: dict[str, Any]) -> Table:
+    table = Table("steps", STEP_COLUMNS, title="training steps (loss: mean over ranks; step time: max over ranks)",
+                  units={"step_time_s": "s", "comm_bytes": "B", "peak_mem_bytes": "B", "tokens_per_s": "tokens/s"})
+    for row in result["steps"]:
+        table.add(**{c: row[c] for c in STEP_COLUMNS})
+    return table
+
+
+def run_train(cfg: TrainConfig, opts: LaunchOptions, watchers: list[Watcher] | tuple = ()) -> Report | None:
+    lost = LostTime(known_world_size(opts) or 1, cfg.health, step=_latest_step, on_finding=say_finding)
+
+    def build(job: JobResult) -> Report:
+        r0 = job.results[0]
+        r0 = {**r0, "health": r0.get("health", []) + [f.to_dict() for f in lost.findings]}
+        checksums = {r["checksum"] for r in job.results}
+        report = Report(
+            "train", meta=meta.collect(job, cfg, param_checksum=r0["checksum"], num_params=r0["num_params"])
+        )
+        report.tables.append(steps_table(r0))
+        first, last = r0["steps"][0]["loss"], r0["steps"][-1]["loss"]
+        report.add(Check(f"train {cfg.strategy}", Status.OK, f"{cfg.steps} steps, loss {first:.3f} -> {last:.3f}",
+                         details={"final_loss": last}))
+        report.add(Check("train replicas", Status.OK if len(checksums) == 1 else Status.FAIL,
+                         "every rank holds the same parameters" if len(checksums) == 1
+                         else f"ranks disagree on the parameters: {len(checksums)} different checksums",
+                         hint="" if len(checksums) == 1 else "the strategy does not keep replicas in sync"))
+        add_health(report, r0, cfg)
+        if cfg.trace.enabled:
+            add_trace(report, cfg, r0["steps"])
+        return report
+
+    return execute("train", train_rank, cfg, opts, build, [*watchers, lost])
+
+
+def _latest_step(reader: Any) -> int | None:
+    row = reader.latest(0, "step")
+    return row.get("step") if row else None
+
+
+_HEALTH_CHECKS = {  # check: (finding kinds, what OK says, hint)
+    "stragglers": (("straggler",), "no straggler: no rank's compute stayed {ratio:g}x its peers' over {window} steps, "
+                   "none lost time to causes outside its process", STRAGGLER_HINT),
+    "numerics": (("nonfinite", "grad_spike"), "every loss and gradient norm finite; no gradient-norm spike",
+                 "lower the learning rate, check the named rank's batch and the named parameter; bf16 overflow"),
+    "memory": (("memory_imbalance", "memory_growth"), "memory balanced across ranks, no steady growth",
+               "tensors kept across steps (a list of losses with their graphs, a cache) on the named rank"),
+}
+
+
+def add_health(report: Report, result: dict[str, Any], cfg: TrainConfig) -> None:
+    """The health monitor's findings (health/monitor.py): a table and one check per detector."""
+    findings = result.get("health", [])
+    table = Table("health", HEALTH_COLUMNS, title="training health: stragglers, numerics, replicas, memory")
+    for f in findings:
+        table.add(**{c: f[c] for c in HEALTH_COLUMNS})
+    report.tables.append(table)
+    per_rank = Table("rank_health", RANK_HEALTH_COLUMNS, title="every rank over the run (median per step; memory: "
+                     "peak and last current)", units={"compute_ms": "ms", "waiting_ms": "ms", "peak_mem_bytes": "B",
+                                                      "current_mem_bytes": "B"})
+    for row in result.get("health_ranks", []):
+        per_rank.add(**row)
+    report.tables.append(per_rank)
+    for name, (kinds, ok, hint) in _HEALTH_CHECKS.items():
+        mine = [f for f in findings if f["kind"] in kinds]
+        for f in mine:
+            report.add(Check(f"health {name}", Status(f["status"]), f["summary"], details=f["details"], hint=hint,
+                             where={"rank": f["ranks"][0] if len(f["ranks"]) == 1 else f["ranks"], "step": f["step"]}))
+        if not mine:
+            report.add(Check(f"health {name}", Status.OK, ok.format(ratio=cfg.health.slow_ratio,
+                                                                      window=cfg.health.window)))
+    checks = result.get("health_checks", {})
+    bad = [f for f in findings if f["kind"] == "replicas"]
+    if bad:
+        report.add(Check("health replicas", Status.FAIL, bad[0]["summary"], details=bad[0]["details"],
+                         where={"rank": bad[0]["ranks"], "step": bad[0]["step"]},
+                         hint="a rank-dependent update (an unsynchronised gradient, a rank-local RNG, a bit flip); "
+                              "the named tensors diverged first"))
+    elif not checks.get("replicas_applicable", True):
+        report.add(Check("health replicas", Status.SKIP, f"{cfg.strategy} shards the parameters: no replicas to "
+                         "compare"))
+    elif not checks.get("replicas"):
+        report.add(Check("health replicas", Status.SKIP, f"no check ran: {cfg.steps} steps, a check every "
+                         f"{cfg.health.every} (--check-replicas-every)"))
+    else:
+        report.add(Check("health replicas", Status.OK, f"every rank's parameters bitwise equal at {checks['replicas']} "
+                         f"check(s), every {cfg.health.every} steps"))
+
+
+def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]], label: str = "") -> float | None:
+    """The analysis of the run's traces (trace/report.py): its breakdown table, and a check that
+    its step times are the harness's (the traces mark the same region). Returns the exposed
+    communication and waiting per step (s, mean over ranks)."""
+    from distval.trace.report import analyze, harness_check
+
+    traced = analyze([Path(cfg.trace.dir)])
+    report.add(harness_check(traced, {s["step"]: s["step_time_s"] for s in steps}, f"trace{label}", cfg.trace.dir))
+    for c in traced.checks:
+        if c.status is not Status.OK and c.name != "trace matching":
+            c.name = f"trace{label} {c.name.removeprefix('trace ')}"
+            report.add(c)
+    breakdown = traced.table("trace_breakdown")
+    if label and report.table("trace_breakdown"):  # compare: one table, a row per strategy and rank
+        report.table("trace_breakdown").rows += [{"run": label.strip(), **r} for r in breakdown.rows]
+    else:
+        breakdown.columns = ["run", *breakdown.columns]
+        breakdown.rows = [{"run": label.strip() or cfg.strategy, **r} for r in breakdown.rows]
+        report.tables.append(breakdown)
+    shares = [(r["comm_exposed"] + r["waiting_for_peers"]) / 100 * r["step_ms"] / 1e3 for r in breakdown.rows]
+    return statistics.fmean(shares) if shares else None
