@@ -39,6 +39,12 @@ class Knob:
         return self.names[0]
 
     @property
+    def label(self) -> str:
+        """How messages name the flag: its short name where it has one (-b, as nccl-tests users type it)."""
+        short = [n for n in self.names[1:] if not n.startswith("--")]
+        return short[0] if short else self.flag.split("/")[0]
+
+    @property
     def param(self) -> str:
         """The flag as a Python identifier: the command's parameter name ("--hang-after" -> hang_after)."""
         return self.flag.split("/")[0].lstrip("-").replace("-", "_")
@@ -116,13 +122,15 @@ def _has_knobs(cls: type) -> bool:
 
 def build(cls: type, values: dict[tuple[str, ...], Any]) -> Any:
     """The config `cls` from flag values keyed by path (text is parsed here, a value already parsed
-    is kept); knobs not given keep their defaults. Parts are built first, from their own knobs."""
-    return _build(cls, (), {path: _parsed(cls, path, v) for path, v in values.items()})
+    is kept); knobs not given, and parsed knobs whose flag was left out (None), keep the field's
+    default. Parts are built first, from their own knobs."""
+    given = {path: v for path, v in values.items() if v is not None or _field(cls, path).metadata[KEY].parse is None}
+    return _build(cls, (), {path: _parsed(cls, path, v) for path, v in given.items()})
 
 
 def _parsed(cls: type, path: tuple[str, ...], value: Any) -> Any:
     meta = _field(cls, path).metadata[KEY]
-    return meta.parse(value, meta.flag) if meta.parse is not None and isinstance(value, str) else value
+    return meta.parse(value, meta.label) if meta.parse is not None and isinstance(value, str) else value
 
 
 def _field(cls: type, path: tuple[str, ...]) -> dataclasses.Field:

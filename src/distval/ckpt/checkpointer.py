@@ -101,10 +101,12 @@ class Journal:
 class Checkpointer:
     """`cfg`: what the user asked of checkpoints; `steps`: the run's length (the last step saves);
     `fields`: what a checkpoint must agree on to be resumed (ckpt/state.py's fingerprint_fields);
-    `strategy`, `optimizer`, `loader`: what a checkpoint holds. Creates a Gloo group: every rank."""
+    `strategy`, `optimizer`, `loader`: what a checkpoint holds; `settle`: called before each save
+    (the loop's: every finished step's record into history). Creates a Gloo group: every rank."""
 
     def __init__(self, ctx: Any, cfg: CheckpointConfig, steps: int, fields: dict[str, Any], strategy: Any,
-                 optimizer: torch.optim.Optimizer, loader: Any, timeout_s: float = 120.0):
+                 optimizer: torch.optim.Optimizer, loader: Any, timeout_s: float = 120.0,
+                 settle: Callable[[], None] = lambda: None):
         self.ctx, self.cfg, self.steps, self.strategy, self.optimizer, self.loader = \
             ctx, cfg, steps, strategy, optimizer, loader
         self.rank = ctx.rank
@@ -114,7 +116,7 @@ class Checkpointer:
         self.fingerprint = ckpt_state.fingerprint(self.fields)
         self.attempt = attempt_number()
         self.history: list[dict[str, Any]] = []
-        self.settle: Callable[[], None] = lambda: None  # the loop's: every finished step's record into history
+        self.settle = settle
         self.stop_requested = False
         self._step: int | None = None  # the step this attempt is in, and when it started
         self._step_time: float | None = None

@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
+from distval import knobs
 from distval.cli.app import JsonOut, app, check_outputs, finish, make_console
 from distval.cli.app import option as O  # noqa: N812
+from distval.launch.job import LaunchOptions
 
 
 @app.command("doctor")
@@ -68,80 +70,17 @@ def doctor(
     json: JsonOut = None,
 ) -> int:
     """Environment, interfaces, routes, hostname, socket-interface variables, topology and NCCL log, with fix hints."""
-    import os
-
     from distval.doctor import report as doctor_report
     from distval.doctor.nccl_log import load_nccl_log
-    from distval.doctor.topo import load_topo, parse_topo, run_nvidia_smi
+    from distval.doctor.topo import load_topo
 
     # Input first: a bad file or flag ends here, before anything runs or is written.
     check_outputs({"--json": json})
     topo = load_topo(topo_file) if topo_file is not None else None
     log = load_nccl_log(nccl_log) if nccl_log is not None else None
-    overrides = {
-        k: v for k, v in (("GLOO_SOCKET_IFNAME", gloo_ifname), ("NCCL_SOCKET_IFNAME", nccl_ifname)) if v is not None
-    }
-    if master_port is None and os.environ.get("MASTER_PORT", "").isdigit():
-        master_port = int(os.environ["MASTER_PORT"])
-
-    cfg = doctor_report.DoctorConfig(
-        master_addr=master_addr or doctor_report.default_master_addr(),
-        master_port=master_port,
-        ifname_overrides=overrides,
-        expect_world=expect_world,
-    )
-
-    from distval import knobs, launch  # torch from here on
-    from distval.doctor.ranks import rank_probe
-    from distval.health.diagnose import WorkerFailure
-    from distval.launch.execute import execute
-    from distval.launch.job import LaunchOptions
-    from distval.results import Check, Status
-
-    mode = launch.detect_mode()
-    cfg.under_launcher = mode != "local"
+    cfg = doctor_report.DoctorConfig.parse(master_addr, master_port, gloo_ifname, nccl_ifname, expect_world)
     opts = knobs.build(LaunchOptions, {("nproc",): nproc, ("backend",): backend, ("timeout_s",): timeout})
-    topo_error = None
-    if topo is None and (text := run_nvidia_smi()) is not None:
-        try:
-            topo = parse_topo(text, "nvidia-smi topo -m")
-        except ValueError as e:  # not the user's input: a finding, not a usage error
-            topo_error = str(e)
-    single = mode == "local" and nproc is None  # this process alone: a world of one
-    world = 1 if single else launch.planned_world_size(opts)
-    if expect_world is not None and world != expect_world:
-        report = doctor_report.world_mismatch_report(cfg, world, mode)
-    elif single:
-        report = doctor_report.single_report(cfg)
-    else:
-        try:
-            report = execute(
-                "doctor", rank_probe, cfg, opts, lambda job: doctor_report.build_ranks_report(job, cfg)
-            )
-        except WorkerFailure as e:
-            # this rank (not 0) failed under torchrun/srun, e.g. the network pre-flight: its own
-            # host checks say why, on this node, where rank 0 cannot see
-            report = doctor_report.single_report(cfg)
-            report.checks = [c for c in report.checks if c.name != "doctor.ranks"]
-            report.add(
-                Check(
-                    "doctor.ranks",
-                    Status.ERROR,
-                    str(e),
-                    hint="the host checks above on this node say why",
-                    where={"rank": e.rank},
-                )
-            )
-        if report is None:
-            return 0  # not rank 0: rank 0 reports
-        if not any(c.name.startswith("doctor.net") for c in report.checks):
-            # the ranks failed: the host checks here usually say why
-            checks, facts = doctor_report.host_checks(cfg)
-            report.checks.extend(checks)
-            report.tables.append(doctor_report.interfaces_table(facts))
-            report.meta.update(
-                interfaces=facts["interfaces"], routes=facts["routes"], route_to_master=facts["route_to_master"]
-            )
-    doctor_report.add_file_checks(report, topo, log, cfg.env(), topo_error)
-    return finish(report, json, make_console())
 
+    from distval.doctor.run import run_doctor  # torch from here on
+
+    return finish(run_doctor(cfg, opts, probe=nproc is not None, topo=topo, log=log), json, make_console())

@@ -3,6 +3,7 @@ OUT/report.json and OUT/report.html."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,6 +13,7 @@ from rich.markup import escape
 
 from distval.cli.app import JsonOut, app, check_outputs, finish, make_console, option, split_list
 from distval.cli.flags import config_flags
+from distval.ladder.config import RunConfig
 from distval.launch.job import LAUNCH, LaunchOptions
 from distval.results import output_dir
 
@@ -19,32 +21,27 @@ _STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "red", "ERROR": "magenta", "S
 
 
 @app.command("run")
+@config_flags("values", RunConfig, only=("out_dir", "keep_going", "model"), build=dict)  # built below: --quick picks
 @config_flags("opts", LaunchOptions, only=LAUNCH)
 def run_cmd(
-    opts: LaunchOptions,
+    values: dict, opts: LaunchOptions,
     quick: Annotated[bool, option("--quick", help="A smoke run (about 2 minutes here): fewer sizes, iterations and "
                                   "steps; every stage still there.")] = False,
     only: Annotated[Optional[str], option("--only", help="Comma list of stages to run: doctor, check, bench, plan, "
                                           "compare, drills, trace, health.")] = None,
     skip: Annotated[Optional[str], option("--skip", help="Comma list of stages to leave out.")] = None,
-    keep_going: Annotated[bool, option("--keep-going", help="Climb on past a failing stage.")] = False,
-    out: Annotated[Path, option("--out", help="Folder for report.json, report.html, bench.json and the traces "
-                                "(created when missing).")] = Path("distval-report"),
-    model: Annotated[str, option("--model", help="Model preset of the plan, compare, drills and traced run.")] = "tiny",
     json: JsonOut = None,
 ) -> int:
     """The acceptance ladder: doctor, comm check, comm bench, plan, compare, drills, a traced run, its health."""
     from distval import ladder
-    from distval.plan import presets
 
-    presets.model(model)
     stages = ladder.select(split_list(only) if only else None, split_list(skip) if skip else None)
+    make = RunConfig.quick_preset if quick else RunConfig
+    cfg = make(stages=stages, **{path[-1]: value for path, value in values.items()})
     check_outputs({"--json": json})
-    out_dir = output_dir(out, "--out")
+    out_dir = output_dir(Path(cfg.out_dir), "--out")
     console = make_console()
-    make = ladder.RunConfig.quick_preset if quick else ladder.RunConfig
-    cfg = make(out_dir=str(out_dir), stages=stages, keep_going=keep_going, model=model)
-    report = ladder.run_ladder(cfg, opts, _Progress(console))
+    report = ladder.run_ladder(dataclasses.replace(cfg, out_dir=str(out_dir)), opts, _Progress(console))
     code = finish(report, json, console)
     if report is not None:
         paths = ladder.write_outputs(report, out_dir)

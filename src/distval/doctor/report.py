@@ -16,7 +16,7 @@ from distval.doctor.topo import Topo, topo_checks, topo_tables
 from distval.results import Check, Report, Status, Table
 
 
-@dataclass
+@dataclass(frozen=True)
 class DoctorConfig:
     master_addr: str
     master_port: int | None = None
@@ -36,6 +36,18 @@ class DoctorConfig:
             except ValueError as e:
                 flag = "--" + var.lower().replace("_", "-")
                 raise ValueError(str(e).replace(f"{var}={value!r}", f"{flag} {value!r}", 1)) from None
+
+    @classmethod
+    def parse(cls, master_addr: str | None, master_port: int | None, gloo_ifname: str | None,
+              nccl_ifname: str | None, expect_world: int | None) -> DoctorConfig:
+        """From the flags: the master's address and port default to MASTER_ADDR/MASTER_PORT (else
+        the address the host name resolves to); the socket-interface values replace the environment's."""
+        if master_port is None and os.environ.get("MASTER_PORT", "").isdigit():
+            master_port = int(os.environ["MASTER_PORT"])
+        overrides = {k: v for k, v in (("GLOO_SOCKET_IFNAME", gloo_ifname), ("NCCL_SOCKET_IFNAME", nccl_ifname))
+                     if v is not None}
+        return cls(master_addr=master_addr or default_master_addr(), master_port=master_port,
+                   ifname_overrides=overrides, expect_world=expect_world)
 
     def env(self) -> dict[str, str]:
         return {**os.environ, **self.ifname_overrides}

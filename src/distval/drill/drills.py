@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from distval.knobs import knob
 from distval.results import Check, Report, Status, Table
 
 DRILL_COLUMNS = ["drill", "status", "detected", "diagnosis_s", "recovery_s", "steps_lost", "resumed_from_step",
@@ -64,18 +65,29 @@ DRILLS = ("kill9_rank", "exception_rank", "sigterm_job", "kill_during_save", "co
 HANG_AFTER = "3s"  # the hang drills' --hang-after: a sub-second-step job, diagnosed in seconds
 
 
-@dataclass
+def _names(text: str, flag: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+@dataclass(frozen=True)
 class DrillConfig:
-    nproc: int = 2
-    model: str = "tiny"
-    strategy: str = "simple_ddp"
-    steps: int = 12
-    ckpt_every: int = 3
-    fault_step: int = 7
+    """What `distval drill` runs; each knob is a flag of the command (cli/flags.py)."""
+
+    nproc: int = knob(2, "--nproc", help="Ranks of each drill job (at least 2).")
+    model: str = knob("tiny", "--model", help="Model preset.")
+    strategy: str = knob("simple_ddp", "--strategy", help="Strategy of the drilled training.")
+    steps: int = knob(12, "--steps", help="Steps of each run.")
+    ckpt_every: int = knob(3, "--ckpt-every", help="Checkpoint every N steps.")
+    fault_step: int = knob(7, "--fault-step", help="The step k the faults fire at.")
     timeout_s: float = 240.0  # each train run
-    drills: tuple[str, ...] = DRILLS
+    drills: tuple[str, ...] = knob(DRILLS, "--only", parse=_names, help=f"Comma list of drills ({', '.join(DRILLS)}).")
 
     def __post_init__(self) -> None:
+        from distval import strategies
+        from distval.plan import presets
+
+        presets.model(self.model)
+        strategies.check_name(self.strategy)
         if self.nproc < 2:
             raise ValueError(f"--nproc must be at least 2 for the drills (rank 1 is the one faulted; got {self.nproc})")
         if not 0 < self.fault_step < self.steps:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from distval.comm import bench, check
+from distval.comm.config import BenchConfig, CheckConfig
 from distval.doctor.report import DoctorConfig, default_master_addr
+from distval.knobs import knob
+from distval.plan import presets
 
 STAGES = ("doctor", "check", "bench", "plan", "compare", "drills", "trace", "health")
 IN_JOB_A = ("doctor", "check", "bench")  # one set of workers for the three
@@ -30,16 +32,19 @@ def select(only: list[str] | None, skip: list[str] | None) -> tuple[str, ...]:
     return chosen
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
-    out_dir: str = "distval-report"
+    """What `distval run` climbs; its knobs are flags of the command (cli/flags.py)."""
+
+    out_dir: str = knob("distval-report", "--out", help="Folder for report.json, report.html, bench.json and the "
+                        "traces (created when missing).")
     stages: tuple[str, ...] = STAGES
-    keep_going: bool = False
+    keep_going: bool = knob(False, "--keep-going", help="Climb on past a failing stage.")
     quick: bool = False
-    model: str = "tiny"
+    model: str = knob("tiny", "--model", help="Model preset of the plan, compare, drills and traced run.")
     doctor: DoctorConfig = field(default_factory=lambda: DoctorConfig(master_addr=default_master_addr()))
-    check: check.CheckConfig = field(default_factory=check.CheckConfig)
-    bench: bench.BenchConfig = field(default_factory=lambda: bench.BenchConfig(
+    check: CheckConfig = field(default_factory=CheckConfig)
+    bench: BenchConfig = field(default_factory=lambda: BenchConfig(
         ops=list(BENCH_OPS), min_bytes=1024, max_bytes=16 * 2**20, factor=4, iters=20, warmup=5))
     compare_steps: int = 20
     drill_steps: int = 12
@@ -47,11 +52,14 @@ class RunConfig:
     trace_skip: int = 10
     trace_active: int = 10
 
+    def __post_init__(self) -> None:
+        presets.model(self.model)
+
     @classmethod
     def quick_preset(cls, **kwargs) -> RunConfig:
         """A smoke run: fewer sizes, iterations and steps, every stage still there."""
         return cls(quick=True,
-                   check=check.CheckConfig(sizes={"one": 1, "odd": 7, "non_pow2": 1000}),
-                   bench=bench.BenchConfig(ops=list(BENCH_OPS), min_bytes=1024, max_bytes=2**20, factor=8, iters=5,
-                                           warmup=1),
+                   check=CheckConfig(sizes={"one": 1, "odd": 7, "non_pow2": 1000}),
+                   bench=BenchConfig(ops=list(BENCH_OPS), min_bytes=1024, max_bytes=2**20, factor=8, iters=5,
+                                     warmup=1),
                    compare_steps=8, trace_steps=12, trace_skip=4, trace_active=4, **kwargs)

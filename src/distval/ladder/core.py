@@ -101,7 +101,7 @@ class Ladder:
         _AGREED.clear()
         self.mode = launch.detect_mode()
         self.reporter = self.mode == "local" or os.environ.get("RANK", "0") == "0"
-        self.cfg.doctor.under_launcher = self.mode != "local"
+        self.cfg = replace(cfg, doctor=replace(cfg.doctor, under_launcher=self.mode != "local"))
         self.out = Path(cfg.out_dir)
         self.results: dict[str, StageResult] = {}
         self.stopped_by: str | None = None

@@ -67,8 +67,9 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     flops_per_token = spec.flops_per_token()
     peak = cfg.peak_flops or device_peak_flops(ctx.device)
     # checkpoints (distval/ckpt): resume restores model, optimizer, RNG, data position and metrics so far
+    # a checkpoint holds the record of every step before it: the read-back (below) settles first
     ckpt = Checkpointer(ctx, cfg.ckpt, cfg.steps, fingerprint_fields(cfg, ctx.world_size), strategy, optimizer,
-                        loader) if cfg.ckpt.enabled else None
+                        loader, settle=lambda: readback.flush()) if cfg.ckpt.enabled else None
     start, steps = ckpt.resume() if ckpt else (0, [])
     ctx.comm.reset_totals()
     logger = MetricsLogger(cfg.metrics if ctx.rank == 0 else None)
@@ -88,8 +89,6 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
                                          "step_time_s": steps[-1]["step_time_s"]})
 
     readback: Readback[PendingStep] = Readback(lag, finished_step)
-    if ckpt:
-        ckpt.settle = readback.flush  # a checkpoint holds the record of every step before it
     finished = False
     try:
         for step in range(start, cfg.steps):
