@@ -22,8 +22,7 @@ from distval import meta
 from distval.comm.agree import Unsupported, run_agreed
 from distval.comm.inputs import DTYPES, Mismatch, dtype_name, parse_dtype
 from distval.comm.layer import REDUCE_OPS
-from distval.comm.names import CHECK_OPS
-from distval.comm.ops import OPS as OP_SPECS
+from distval.comm.names import CHECK_OPS, OP_SPECS
 from distval.comm.ops import Collective, inplace_variants
 from distval.results import Check, Report, Status, Table
 
@@ -31,14 +30,13 @@ if TYPE_CHECKING:  # types only: the launcher and the rank context sit above the
     from distval.launch import JobResult
     from distval.rank import RankContext
 
-OPS = CHECK_OPS
 # Size classes: element counts per rank (for all_gather/reduce_scatter/all_to_all, per chunk).
 SIZES = {"empty": 0, "one": 1, "odd": 7, "non_pow2": 1000, "large_odd": 65537}
 
 
 @dataclass
 class CheckConfig:
-    ops: list[str] = field(default_factory=lambda: list(OPS))
+    ops: list[str] = field(default_factory=lambda: list(CHECK_OPS))
     dtypes: list[str] = field(default_factory=lambda: list(DTYPES))
     sizes: dict[str, int] = field(default_factory=lambda: dict(SIZES))
     iters: int = 1  # -c: repetitions with fresh inputs
@@ -67,9 +65,9 @@ def expand_all(items: list[str], universe: list[str]) -> list[str]:
 
 def parse_ops(names: list[str]) -> list[str]:
     out = []
-    for name in expand_all(names, list(OPS)):
-        if name not in OPS:
-            raise ValueError(f"unknown op {name!r}; choose from {', '.join(OPS)} (or 'all')")
+    for name in expand_all(names, list(CHECK_OPS)):
+        if name not in CHECK_OPS:
+            raise ValueError(f"unknown op {name!r}; choose from {', '.join(CHECK_OPS)} (or 'all')")
         out.append(name)
     return out
 
@@ -89,7 +87,8 @@ class Case:
 def cases(cfg: CheckConfig) -> list[Case]:
     out = []
     for op in cfg.ops:
-        variants = [f"all_reduce/{r}" for r in REDUCE_OPS] if op == "all_reduce" else [op]
+        every_redop = op in OP_SPECS and OP_SPECS[op].every_redop
+        variants = [f"{op}/{r}" for r in REDUCE_OPS] if every_redop else [op]
         dtypes = ["-"] if op == "barrier" else cfg.dtypes
         sizes = {"-": 0} if op == "barrier" else cfg.sizes
         for variant in variants:
@@ -130,12 +129,13 @@ def _run_case(ctx: RankContext, case: Case, seed: int) -> list[tuple[dict[str, A
     if op == "barrier":
         return [({}, _check_barrier(ctx, seed))]
     dtype = DTYPES[case.dtype]
-    if op == "all_reduce" and redop == "avg" and not dtype.is_floating_point:
+    spec = OP_SPECS[op]
+    if redop == "avg" and not dtype.is_floating_point:  # only ops run with every reduce op have one
         raise Unsupported("avg is checked for floating-point dtypes only (integer rounding is backend-defined)")
-    if op == "sendrecv" and ctx.world_size < 2:
-        raise Unsupported("send/recv around the ring needs at least 2 ranks")
+    if ctx.world_size < spec.min_ranks:
+        raise Unsupported(spec.too_few)
     results = []
-    rooted = OP_SPECS[op].rooted
+    rooted = spec.rooted
     for root in range(ctx.world_size) if rooted else [0]:
         for inplace in inplace_variants(op):
             coll = Collective(
