@@ -15,7 +15,7 @@ Per (op, size, in-place form): `warmup` untimed ops, then the timed ones, by one
             burst once in a CUDA graph and replays it (nccl-tests' -G), so even the launch cost
             per op is gone.
 
-algbw = S / t_p50 and busbw = algbw x factor with nccl-tests' S and factors (`ops.py`). After
+algbw = S / t_p50 and busbw = algbw x factor with nccl-tests' S and factors (`names.py`). After
 timing, `-c N` passes re-fill the same buffers with exact inputs, issue one op and count wrong
 elements over all ranks (`#wrong`). On CPU each rank also copies a large buffer concurrently with
 the others to measure this host's memory-copy ceiling, and busbw is reported as a share of it.
@@ -36,7 +36,8 @@ from distval.comm.agree import run_agreed
 from distval.comm.config import GRAPH_NEEDS_CUDA, TIMINGS, BenchConfig  # noqa: F401 (re-exported)
 from distval.comm.fit import fit_alpha_beta
 from distval.comm.inputs import DTYPES
-from distval.comm.ops import OPS, Collective, count_for_bytes, inplace_variants
+from distval.comm.names import OP_SPECS
+from distval.comm.ops import Collective, count_for_bytes, inplace_variants
 from distval.results import Check, Report, Status, Table
 from distval.stats import percentile
 from distval.units import format_size
@@ -63,8 +64,8 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> dict[str, Any]:
     elt = dtype.itemsize
     rows, skipped = [], {}
     for op in cfg.ops:
-        if op == "sendrecv" and ctx.world_size < 2:
-            skipped[op] = "send/recv around the ring needs at least 2 ranks"
+        if ctx.world_size < OP_SPECS[op].min_ranks:
+            skipped[op] = OP_SPECS[op].too_few
             continue
         forms = [f for f in inplace_variants(op) if cfg.inplace == "both" or f == (cfg.inplace == "in")]
         seen_counts = set()
@@ -223,8 +224,8 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
         algbw = r["bytes"] / p50 / 1e9 if p50 > 0 else 0.0
         busbw = algbw * r["busbw_factor"]
         bench.add(op=r["op"], dtype=cfg.dtype, bytes=r["bytes"], count=r["count"], inplace=r["inplace"],
-                  redop=cfg.redop if OPS[r["op"]].reduces else None,
-                  root=cfg.root if OPS[r["op"]].rooted else None,
+                  redop=cfg.redop if OP_SPECS[r["op"]].reduces else None,
+                  root=cfg.root if OP_SPECS[r["op"]].rooted else None,
                   time_us_p50=p50 * 1e6, time_us_p95=percentile(t, 95) * 1e6, time_us_min=min(t) * 1e6,
                   time_us_max=max(t) * 1e6, algbw_gbps=algbw, busbw_gbps=busbw,
                   busbw_pct_of_copy=100 * busbw / copy_gbps if copy_gbps else None, wrong=r["wrong"])

@@ -23,7 +23,7 @@ from distval.comm.agree import Unsupported, run_agreed
 from distval.comm.config import SIZES, CheckConfig, expand_all, parse_ops  # noqa: F401 (the config's home; re-exported)
 from distval.comm.inputs import DTYPES, Mismatch
 from distval.comm.layer import REDUCE_OPS
-from distval.comm.ops import OPS as OP_SPECS
+from distval.comm.names import OP_SPECS
 from distval.comm.ops import Collective, inplace_variants
 from distval.results import Check, Report, Status, Table
 
@@ -46,7 +46,8 @@ class Case:
 def cases(cfg: CheckConfig) -> list[Case]:
     out = []
     for op in cfg.ops:
-        variants = [f"all_reduce/{r}" for r in REDUCE_OPS] if op == "all_reduce" else [op]
+        every_redop = op in OP_SPECS and OP_SPECS[op].every_redop
+        variants = [f"{op}/{r}" for r in REDUCE_OPS] if every_redop else [op]
         dtypes = ["-"] if op == "barrier" else cfg.dtypes
         sizes = {"-": 0} if op == "barrier" else cfg.sizes
         for variant in variants:
@@ -87,12 +88,13 @@ def _run_case(ctx: RankContext, case: Case, seed: int) -> list[tuple[dict[str, A
     if op == "barrier":
         return [({}, _check_barrier(ctx, seed))]
     dtype = DTYPES[case.dtype]
-    if op == "all_reduce" and redop == "avg" and not dtype.is_floating_point:
+    spec = OP_SPECS[op]
+    if redop == "avg" and not dtype.is_floating_point:  # only ops run with every reduce op have one
         raise Unsupported("avg is checked for floating-point dtypes only (integer rounding is backend-defined)")
-    if op == "sendrecv" and ctx.world_size < 2:
-        raise Unsupported("send/recv around the ring needs at least 2 ranks")
+    if ctx.world_size < spec.min_ranks:
+        raise Unsupported(spec.too_few)
     results = []
-    rooted = OP_SPECS[op].rooted
+    rooted = spec.rooted
     for root in range(ctx.world_size) if rooted else [0]:
         for inplace in inplace_variants(op):
             coll = Collective(

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from distval.comm import names  # torch-free: the collectives' nccl-tests record
+
 PLAN_OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
@@ -45,8 +47,9 @@ def steps(op: str, n: int) -> int:
 
 
 def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' busbw factor: the share of S a rank sends (and receives) in a ring."""
-    return (2 if op == "all_reduce" else 1) * (n - 1) / n
+    """nccl-tests' busbw factor (the collective's record in comm/names.py): the share of S a rank
+    sends (and receives) in a ring."""
+    return names.bus_factor(op, n)
 
 
 def ring_time(op: str, n: int, size_bytes: float, link: Link) -> float:

@@ -12,6 +12,7 @@ from typing import Any
 from distval.plan import levers, memory
 from distval.plan.config import PlanConfig
 from distval.plan.model import StepResult, evaluate, resolve
+from distval.plan.network import PLAN_OPS
 from distval.plan.schedule import COMM
 from distval.results import Check, Report, Status, Table
 
@@ -157,7 +158,7 @@ def _link_rows(inp) -> list[tuple]:
         scopes = [("intra", "intra-node link"), ("inter", "inter-node link (per rank)")]
     out = []
     for scope, label in scopes:
-        for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        for op in PLAN_OPS:
             link = net.link_for(scope, op)
             if link is None:
                 out.append((f"{label}, {op}", "none given", "—"))

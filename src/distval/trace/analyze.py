@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from distval.comm.names import OPS
+from distval.comm.names import OP_SPECS
 from distval.trace import intervals as iv
 from distval.trace.events import Collective, RankTrace
 
@@ -38,7 +38,7 @@ class Step:
 
 
 def bus_factor(op: str, world: int) -> float:
-    spec = OPS.get(op)
+    spec = OP_SPECS.get(op)
     return spec.bus_factor(world) if spec and world > 1 else 1.0
 
 
@@ -75,7 +75,8 @@ def match(ranks: list[RankTrace]) -> tuple[list[Matched], list[str]]:
     for rt in ranks:
         keyed: dict[tuple[str, int], list[Collective]] = defaultdict(list)
         for c in rt.collectives:
-            if c.op != "sendrecv":  # point to point: a send and its receive are not one call on every rank
+            spec = OP_SPECS.get(c.op)
+            if not (spec and spec.point_to_point):  # a send and its receive are not one call on every rank
                 keyed[(c.op, c.bytes)].append(c)
         by_rank[rt.rank] = keyed
     keys = set().union(*(k.keys() for k in by_rank.values()))

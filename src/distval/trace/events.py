@@ -35,17 +35,18 @@ DTYPE_BYTES = {"float": 4, "float32": 4, "c10::half": 2, "half": 2, "float16": 2
                "double": 8, "float64": 8, "long int": 8, "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2,
                "int16": 2, "unsigned char": 1, "uint8": 1, "byte": 1, "signed char": 1, "char": 1, "int8": 1,
                "bool": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1}
-_OPS = (("all_reduce", ("allreduce", "all_reduce")), ("reduce_scatter", ("reducescatter", "reduce_scatter")),
-        ("all_gather", ("allgather", "all_gather")), ("all_to_all", ("alltoall", "all_to_all")),
-        ("broadcast", ("broadcast",)), ("sendrecv", ("sendrecv", "send", "recv")), ("reduce", ("reduce",)),
-        ("barrier", ("barrier",)), ("gather", ("gather",)), ("scatter", ("scatter",)))
+# the op for words found in kernel and work names; the first match wins (all_reduce before reduce)
+_KERNEL_NAMES = (("all_reduce", ("allreduce", "all_reduce")), ("reduce_scatter", ("reducescatter", "reduce_scatter")),
+                 ("all_gather", ("allgather", "all_gather")), ("all_to_all", ("alltoall", "all_to_all")),
+                 ("broadcast", ("broadcast",)), ("sendrecv", ("sendrecv", "send", "recv")), ("reduce", ("reduce",)),
+                 ("barrier", ("barrier",)), ("gather", ("gather",)), ("scatter", ("scatter",)))
 
 
 def op_name(text: str) -> str:
     """A collective's name in nccl-tests' vocabulary, from a kernel name, a Gloo/NCCL work
     title or a `Collective name` argument (`_allgather_base`, `ncclDevKernel_AllReduce_Sum_f32`)."""
     low = text.lower().split("(")[0]
-    for op, keys in _OPS:
+    for op, keys in _KERNEL_NAMES:
         if any(k in low for k in keys):
             return op
     return "other"
