@@ -16,7 +16,7 @@ LOCAL_ONLY = ("compare", "drills")  # start local jobs of their own: not under a
 COMPARE_STRATEGIES = ("pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2")
 DRILLS = ("kill9_rank", "hang_rank", "corrupt_file", "slow_rank")
 TRACED_STRATEGY = "pytorch_ddp"
-BENCH_OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
 
 def select(only: list[str] | None, skip: list[str] | None) -> tuple[str, ...]:
@@ -45,7 +45,7 @@ class RunConfig:
     doctor: DoctorConfig = field(default_factory=lambda: DoctorConfig(master_addr=default_master_addr()))
     check: CheckConfig = field(default_factory=CheckConfig)
     bench: BenchConfig = field(default_factory=lambda: BenchConfig(
-        ops=list(BENCH_OPS), min_bytes=1024, max_bytes=16 * 2**20, factor=4, iters=20, warmup=5))
+        ops=BENCH_OPS, min_bytes=1024, max_bytes=16 * 2**20, factor=4, iters=20, warmup=5))
     compare_steps: int = 20
     drill_steps: int = 12
     trace_steps: int = 30
@@ -54,12 +54,21 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         presets.model(self.model)
+        unknown = [s for s in self.stages if s not in STAGES]
+        if unknown:
+            raise ValueError(f"{','.join(unknown)}: not a stage; the stages are {', '.join(STAGES)}")
+        for name in ("compare_steps", "drill_steps", "trace_steps", "trace_active"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if not 0 <= self.trace_skip <= self.trace_steps - self.trace_active:
+            raise ValueError(f"trace_skip {self.trace_skip} + trace_active {self.trace_active} must fit in "
+                             f"trace_steps {self.trace_steps}")
 
     @classmethod
     def quick_preset(cls, **kwargs) -> RunConfig:
         """A smoke run: fewer sizes, iterations and steps, every stage still there."""
         return cls(quick=True,
                    check=CheckConfig(sizes={"one": 1, "odd": 7, "non_pow2": 1000}),
-                   bench=BenchConfig(ops=list(BENCH_OPS), min_bytes=1024, max_bytes=2**20, factor=8, iters=5,
+                   bench=BenchConfig(ops=BENCH_OPS, min_bytes=1024, max_bytes=2**20, factor=8, iters=5,
                                      warmup=1),
                    compare_steps=8, trace_steps=12, trace_skip=4, trace_active=4, **kwargs)
