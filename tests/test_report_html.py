@@ -16,8 +16,8 @@ from distval.results import Check, Report, Status, Table
 XSS = "<script>alert(1)</script>"
 XSS_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
 WORLD_SIZE = 4
-# op -> (in-place forms, bus factor at WORLD_SIZE, alpha_us, beta_gbps): nccl-tests' factors
-OPS = {
+# the fake bench run drawn here: op -> (in-place forms, bus factor at WORLD_SIZE, alpha_us, beta_gbps)
+FAKE_BENCH_OPS = {
     "all_reduce": ((True,), 2 * (WORLD_SIZE - 1) / WORLD_SIZE, 30.0, 4.0),
     "all_gather": ((False, True), (WORLD_SIZE - 1) / WORLD_SIZE, 20.0, 6.0),
 }
@@ -33,7 +33,7 @@ def bench_tables() -> tuple[Table, Table]:
     )
     fits = Table("alpha_beta", ["op", "dtype", "alpha_us", "beta_gbps", "r2", "n_half_bytes", "num_points"],
                  title="alpha-beta model", units={"alpha_us": "us", "beta_gbps": "GB/s (1e9)", "n_half_bytes": "B"})
-    for op, (forms, factor, alpha_us, beta_gbps) in OPS.items():
+    for op, (forms, factor, alpha_us, beta_gbps) in FAKE_BENCH_OPS.items():
         for inplace in forms:
             for size in SIZES:
                 t_us = alpha_us + size / (beta_gbps * 1e3) * (1.1 if inplace else 1.0)
@@ -213,7 +213,7 @@ def test_one_line_per_series_and_one_dashed_model_per_op(doc):
     for points in polylines:
         xs = [float(p.split(",")[0]) for p in points.split()]
         assert len(xs) == len(SIZES) and xs == sorted(xs) and len(set(xs)) == len(xs)
-    assert len(re.findall(r'<path class="model"[^>]*stroke-dasharray', svg)) == len(OPS)
+    assert len(re.findall(r'<path class="model"[^>]*stroke-dasharray', svg)) == len(FAKE_BENCH_OPS)
     for label in ("all_reduce in-place", "all_gather out-of-place", "all_gather in-place", "all_gather α–β model"):
         assert f">{label}</text>" in svg
     for tick in (">16</text>", ">1K</text>", ">1M</text>", ">16M</text>"):
@@ -231,8 +231,8 @@ def test_model_curve_is_factor_times_alpha_beta_bandwidth():
     bench, fits = bench_tables()
     series = _series(bench.rows)
     curves = _model_curves(fits.rows, bench.rows, series)
-    assert set(curves) == set(OPS)
-    for op, (_, factor, alpha_us, beta_gbps) in OPS.items():
+    assert set(curves) == set(FAKE_BENCH_OPS)
+    for op, (_, factor, alpha_us, beta_gbps) in FAKE_BENCH_OPS.items():
         for size, busbw in curves[op]:
             expected = factor * size / (alpha_us * 1e-6 + size / (beta_gbps * 1e9)) / 1e9
             assert busbw == pytest.approx(expected, rel=1e-9)

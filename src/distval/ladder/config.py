@@ -16,7 +16,8 @@ LOCAL_ONLY = ("compare", "drills")  # start local jobs of their own: not under a
 COMPARE_STRATEGIES = ("pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2")
 DRILLS = ("kill9_rank", "hang_rank", "corrupt_file", "slow_rank")
 TRACED_STRATEGY = "pytorch_ddp"
-BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+# the ops the ladder's bench step sweeps: a subset of comm.names.BENCH_OPS
+LADDER_BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
 
 def select(only: list[str] | None, skip: list[str] | None) -> tuple[str, ...]:
@@ -45,7 +46,7 @@ class RunConfig:
     doctor: DoctorConfig = field(default_factory=lambda: DoctorConfig(master_addr=default_master_addr()))
     check: CheckConfig = field(default_factory=CheckConfig)
     bench: BenchConfig = field(default_factory=lambda: BenchConfig(
-        ops=BENCH_OPS, min_bytes=1024, max_bytes=16 * 2**20, factor=4, iters=20, warmup=5))
+        ops=LADDER_BENCH_OPS, min_bytes=1024, max_bytes=16 * 2**20, factor=4, iters=20, warmup=5))
     compare_steps: int = 20
     drill_steps: int = 12
     trace_steps: int = 30
@@ -69,6 +70,6 @@ class RunConfig:
         """A smoke run: fewer sizes, iterations and steps, every stage still there."""
         return cls(quick=True,
                    check=CheckConfig(sizes={"one": 1, "odd": 7, "non_pow2": 1000}),
-                   bench=BenchConfig(ops=BENCH_OPS, min_bytes=1024, max_bytes=2**20, factor=8, iters=5,
+                   bench=BenchConfig(ops=LADDER_BENCH_OPS, min_bytes=1024, max_bytes=2**20, factor=8, iters=5,
                                      warmup=1),
                    compare_steps=8, trace_steps=12, trace_skip=4, trace_active=4, **kwargs)
