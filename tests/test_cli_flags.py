@@ -13,14 +13,19 @@ import typer
 
 from distval import knobs
 from distval.cli import app
+from distval.comm.config import BenchConfig, CheckConfig
+from distval.doctor.report import DoctorConfig
+from distval.drill.drills import DrillConfig
+from distval.ladder.config import RunConfig
 from distval.launch.job import LAUNCH, LaunchOptions
 from distval.plan.config import PlanConfig
 from distval.train.config import TrainConfig
 
 # the configs whose knobs each command takes as flags
-USES = {"train": (TrainConfig, LaunchOptions), "compare": (TrainConfig, LaunchOptions), "plan": (PlanConfig,),
-        "comm check": (LaunchOptions,), "comm bench": (LaunchOptions,), "run": (LaunchOptions,),
-        "launch": (LaunchOptions,)}
+USES = {"plan": (PlanConfig,), "train": (TrainConfig, LaunchOptions), "compare": (TrainConfig, LaunchOptions),
+        "comm check": (CheckConfig, LaunchOptions), "comm bench": (BenchConfig, LaunchOptions),
+        "run": (RunConfig, LaunchOptions), "launch": (LaunchOptions,), "drill": (DrillConfig,),
+        "doctor": (DoctorConfig,)}
 OWN = {("compare", "--bucket-mb")}  # a comma list that sweeps, where the knob takes one size
 
 def _commands() -> dict[str, Any]:
@@ -61,6 +66,10 @@ def test_a_flag_named_like_a_knob_of_the_commands_configs_is_that_knob(name):
     ("train", TrainConfig, set()),
     ("compare", TrainConfig, {"strategy", "ckpt", "metrics", "health", "strategy_cfg.bucket_mb"}),
     ("plan", PlanConfig, set()),
+    ("comm check", CheckConfig, set()),
+    ("comm bench", BenchConfig, set()),
+    ("drill", DrillConfig, set()),
+    ("doctor", DoctorConfig, set()),
 ])
 def test_a_command_takes_every_knob_of_its_config_with_the_fields_default(name, cls, skip):
     options = _options(COMMANDS[name])
@@ -69,7 +78,8 @@ def test_a_command_takes_every_knob_of_its_config_with_the_fields_default(name, 
         if flag.path[0] in skip or ".".join(flag.path) in skip:
             continue
         option = options[flag.knob.flag.split("/")[0]]
-        assert option.default == defaults.get(flag.knob.param, flag.default), (name, flag.path)
+        default = defaults.get(flag.knob.param, flag.default)
+        assert option.default == (list(default) if isinstance(default, tuple) else default), (name, flag.path)
         assert option.help == flag.knob.help
 
 

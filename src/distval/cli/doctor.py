@@ -10,11 +10,15 @@ from typing import Annotated, Optional
 from distval import knobs
 from distval.cli.app import JsonOut, app, check_outputs, finish, make_console
 from distval.cli.app import option as O  # noqa: N812
+from distval.cli.flags import config_flags
+from distval.doctor.report import DoctorConfig
 from distval.launch.job import LaunchOptions
 
 
 @app.command("doctor")
+@config_flags("cfg", DoctorConfig)
 def doctor(
+    cfg: DoctorConfig,
     nproc: Annotated[
         Optional[int],
         O(
@@ -33,36 +37,6 @@ def doctor(
             help="An NCCL_DEBUG=INFO log: transports per channel, chosen interface, P2P-over-SYS hang risk.",
         ),
     ] = None,
-    master_addr: Annotated[
-        Optional[str],
-        O(
-            "--master-addr",
-            help="Address the job rendezvouses at "
-            "(default: MASTER_ADDR, else the address this host name resolves to, else 127.0.0.1).",
-        ),
-    ] = None,
-    master_port: Annotated[
-        Optional[int],
-        O("--master-port", help="Check TCP reachability of MASTER_ADDR:PORT (default: MASTER_PORT when set)."),
-    ] = None,
-    gloo_ifname: Annotated[
-        Optional[str],
-        O(
-            "--gloo-socket-ifname",
-            help="Check this GLOO_SOCKET_IFNAME value instead of the environment's (nothing is set).",
-        ),
-    ] = None,
-    nccl_ifname: Annotated[
-        Optional[str],
-        O(
-            "--nccl-socket-ifname",
-            help="Check this NCCL_SOCKET_IFNAME value instead of the environment's (nothing is set).",
-        ),
-    ] = None,
-    expect_world: Annotated[
-        Optional[int],
-        O("--expect-world", help="FAIL unless the world has exactly N ranks (catches every process running alone)."),
-    ] = None,
     backend: Annotated[
         str, O("--backend", help="Backend of the probe's world group: auto, gloo, nccl or mpi.")
     ] = "auto",
@@ -70,7 +44,6 @@ def doctor(
     json: JsonOut = None,
 ) -> int:
     """Environment, interfaces, routes, hostname, socket-interface variables, topology and NCCL log, with fix hints."""
-    from distval.doctor import report as doctor_report
     from distval.doctor.nccl_log import load_nccl_log
     from distval.doctor.topo import load_topo
 
@@ -78,7 +51,6 @@ def doctor(
     check_outputs({"--json": json})
     topo = load_topo(topo_file) if topo_file is not None else None
     log = load_nccl_log(nccl_log) if nccl_log is not None else None
-    cfg = doctor_report.DoctorConfig.parse(master_addr, master_port, gloo_ifname, nccl_ifname, expect_world)
     opts = knobs.build(LaunchOptions, {("nproc",): nproc, ("backend",): backend, ("timeout_s",): timeout})
 
     from distval.doctor.run import run_doctor  # torch from here on

@@ -6,25 +6,40 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from distval import meta
 from distval.doctor import net, system
 from distval.doctor.nccl_log import NcclLog, nccl_checks, nccl_table
 from distval.doctor.topo import Topo, topo_checks, topo_tables
+from distval.knobs import knob
 from distval.results import Check, Report, Status, Table
 
 
 @dataclass(frozen=True)
 class DoctorConfig:
-    master_addr: str
-    master_port: int | None = None
-    ifname_overrides: dict[str, str] = field(default_factory=dict)  # GLOO_/NCCL_SOCKET_IFNAME to check instead of env
-    expect_world: int | None = None
+    """What `distval doctor` checks; each knob is a flag of the command (cli/flags.py). The master's
+    address and port default to MASTER_ADDR/MASTER_PORT (else the address the host name resolves
+    to); the socket-interface values, when given, are checked instead of the environment's."""
+
+    master_addr: str | None = knob(None, "--master-addr", help="Address the job rendezvouses at (default: "
+                                   "MASTER_ADDR, else the address this host name resolves to, else 127.0.0.1).")
+    master_port: int | None = knob(None, "--master-port", help="Check TCP reachability of MASTER_ADDR:PORT "
+                                   "(default: MASTER_PORT when set).")
+    gloo_ifname: str | None = knob(None, "--gloo-socket-ifname", help="Check this GLOO_SOCKET_IFNAME value instead "
+                                   "of the environment's (nothing is set).")
+    nccl_ifname: str | None = knob(None, "--nccl-socket-ifname", help="Check this NCCL_SOCKET_IFNAME value instead "
+                                   "of the environment's (nothing is set).")
+    expect_world: int | None = knob(None, "--expect-world", help="FAIL unless the world has exactly N ranks "
+                                    "(catches every process running alone).")
     under_launcher: bool = False  # a worker of torchrun/srun/mpirun: the store on MASTER_PORT must be up
 
     def __post_init__(self) -> None:
+        if self.master_addr is None:
+            object.__setattr__(self, "master_addr", default_master_addr())
+        if self.master_port is None and os.environ.get("MASTER_PORT", "").isdigit():
+            object.__setattr__(self, "master_port", int(os.environ["MASTER_PORT"]))
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise ValueError(f"--master-port {self.master_port} is not a TCP port (1-65535)")
         if self.expect_world is not None and self.expect_world < 1:
@@ -37,17 +52,11 @@ class DoctorConfig:
                 flag = "--" + var.lower().replace("_", "-")
                 raise ValueError(str(e).replace(f"{var}={value!r}", f"{flag} {value!r}", 1)) from None
 
-    @classmethod
-    def parse(cls, master_addr: str | None, master_port: int | None, gloo_ifname: str | None,
-              nccl_ifname: str | None, expect_world: int | None) -> DoctorConfig:
-        """From the flags: the master's address and port default to MASTER_ADDR/MASTER_PORT (else
-        the address the host name resolves to); the socket-interface values replace the environment's."""
-        if master_port is None and os.environ.get("MASTER_PORT", "").isdigit():
-            master_port = int(os.environ["MASTER_PORT"])
-        overrides = {k: v for k, v in (("GLOO_SOCKET_IFNAME", gloo_ifname), ("NCCL_SOCKET_IFNAME", nccl_ifname))
-                     if v is not None}
-        return cls(master_addr=master_addr or default_master_addr(), master_port=master_port,
-                   ifname_overrides=overrides, expect_world=expect_world)
+    @property
+    def ifname_overrides(self) -> dict[str, str]:
+        """GLOO_/NCCL_SOCKET_IFNAME to check instead of the environment's."""
+        return {k: v for k, v in (("GLOO_SOCKET_IFNAME", self.gloo_ifname), ("NCCL_SOCKET_IFNAME", self.nccl_ifname))
+                if v is not None}
 
     def env(self) -> dict[str, str]:
         return {**os.environ, **self.ifname_overrides}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from distval.comm.config import BenchConfig, CheckConfig
-from distval.doctor.report import DoctorConfig, default_master_addr
+from distval.doctor.report import DoctorConfig
 from distval.knobs import knob
 from distval.plan import presets
 
@@ -43,7 +43,7 @@ class RunConfig:
     keep_going: bool = knob(False, "--keep-going", help="Climb on past a failing stage.")
     quick: bool = False
     model: str = knob("tiny", "--model", help="Model preset of the plan, compare, drills and traced run.")
-    doctor: DoctorConfig = field(default_factory=lambda: DoctorConfig(master_addr=default_master_addr()))
+    doctor: DoctorConfig = field(default_factory=DoctorConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
     bench: BenchConfig = field(default_factory=lambda: BenchConfig(
         ops=LADDER_BENCH_OPS, min_bytes=1024, max_bytes=16 * 2**20, factor=4, iters=20, warmup=5))
