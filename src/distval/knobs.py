@@ -80,19 +80,16 @@ def flags(cls: type) -> list[Flag]:
 def _walk(cls: type, prefix: tuple[str, ...]) -> Iterator[Flag]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        kind = _part(hints[f.name])
-        if kind is not None and f.name not in _knob_names(cls):
-            yield from _walk(kind, prefix + (f.name,))
-            continue
         meta = f.metadata.get(KEY)
         if meta is None:
+            if (kind := _part(hints[f.name])) is not None:
+                yield from _walk(kind, prefix + (f.name,))
             continue
-        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-        if meta.parse is not None:
-            typ, default = (str if default is not None else Optional[str]), meta.text
+        if meta.parse is not None:  # the flag takes text, as typed
+            yield Flag(prefix + (f.name,), meta, str if meta.text is not None else Optional[str], meta.text)
         else:
-            typ = _plain(hints[f.name])
-        yield Flag(prefix + (f.name,), meta, typ, default)
+            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            yield Flag(prefix + (f.name,), meta, _plain(hints[f.name]), default)
 
 
 def _plain(annotation: Any) -> Any:
@@ -101,10 +98,6 @@ def _plain(annotation: Any) -> Any:
     if type(None) in args and len(args) == 2:
         return Optional[next(a for a in args if a is not type(None))]
     return annotation
-
-
-def _knob_names(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls) if KEY in f.metadata}
 
 
 def _part(annotation: Any) -> type | None:
@@ -117,7 +110,7 @@ def _part(annotation: Any) -> type | None:
 
 @functools.cache
 def _has_knobs(cls: type) -> bool:
-    return any(True for _ in _walk(cls, ()))
+    return next(_walk(cls, ()), None) is not None
 
 
 def build(cls: type, values: dict[tuple[str, ...], Any]) -> Any:
