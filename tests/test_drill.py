@@ -30,7 +30,7 @@ def test_the_drills_in_order():
 @pytest.fixture(scope="module")
 def halves(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, str, dict | None]]:
     """The drills in two `distval drill` runs side by side (each drill waits on its jobs more than
-    it computes), once for the module: per half (exit code, stderr, JSON report or None)."""
+    it computes), once for the module: per half (exit code, output, JSON report or None)."""
     tmp_path = tmp_path_factory.mktemp("drill")
 
     def half(i: int) -> tuple[int, str, dict | None]:
@@ -40,7 +40,7 @@ def halves(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, str, dic
                           timeout=900)
         except subprocess.TimeoutExpired as e:
             return -1, f"timed out after {e.timeout} s", None
-        return res.returncode, res.stderr, json.loads(out.read_text()) if out.exists() else None
+        return res.returncode, res.stdout + res.stderr, json.loads(out.read_text()) if out.exists() else None
 
     with ThreadPoolExecutor(2) as pool:
         return list(pool.map(half, (0, 1)))
