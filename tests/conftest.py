@@ -1,5 +1,5 @@
 """Shared helpers: run the real CLI in a subprocess with a hard timeout, so a hang fails the test
-instead of the suite."""
+instead of the suite; train the one-process reference the multi-rank tests compare against."""
 
 from __future__ import annotations
 
@@ -24,6 +24,21 @@ def run_cli(*args: str, timeout: float = 180, env: dict[str, str] | None = None,
     full_env.update(env or {})
     cmd = (prefix or [sys.executable, "-m", "distval"]) + list(args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+
+
+def reference_run(cfg, world: int, **changes) -> dict:
+    """What `world` ranks of micro-batch B train (a TrainConfig), trained by one process on
+    micro-batch world x B: the same global batch, accumulation, seed and data, as `distval compare`
+    trains its reference. Returns rank 0's result: "steps" (each step's loss, grad_norm, ...) and,
+    with return_params, "params" (the final parameters, flattened). The strategy is simple_ddp_ga
+    unless `changes` names another; `changes` replace any other field of `cfg` too."""
+    import dataclasses
+
+    from distval.launch import LaunchOptions, run
+    from distval.train.loop import train_rank
+
+    ref = dataclasses.replace(cfg, **{"strategy": "simple_ddp_ga", "micro_batch": cfg.micro_batch * world, **changes})
+    return run(train_rank, ref, LaunchOptions(nproc=1, timeout_s=60)).results[0]
 
 
 def free_port() -> int:

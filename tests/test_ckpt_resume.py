@@ -15,6 +15,8 @@ from distval.rank import RankContext
 from distval.train.config import OptimConfig, TrainConfig
 from distval.train.loop import train_rank
 
+from conftest import reference_run
+
 BASE = TrainConfig(model="tiny", steps=8, micro_batch=2, optim=OptimConfig(lr=3e-3, warmup_steps=2), seed=5,
                    return_params=True, peak_flops=1e12, ckpt=CheckpointConfig(every=3, keep=5))
 
@@ -83,19 +85,13 @@ def test_sharded_strategy_resumes_bitwise(tmp_path):
         assert manifest["form"] == "sharded" and "dcp/.metadata" in manifest["files"]
 
 
-def _resume_on_one_rank(ctx: RankContext, cfg: TrainConfig) -> dict:
-    return train_rank(ctx, cfg)
-
-
 def test_checkpoint_loads_on_another_world_size(tmp_path):
     """Saved by 2 ranks x micro-batch 2, resumed by 1 rank x micro-batch 4: same global batch,
     same samples per step, so the losses agree closely (not bitwise: another summation order)."""
     cfg = dataclasses.replace(BASE, strategy="simple_ddp", ckpt=with_ckpt(BASE, dir=str(tmp_path)), steps=6)
     two = run(train_rank, cfg, LaunchOptions(nproc=2, timeout_s=60)).results[0]
-    one_cfg = dataclasses.replace(
-        cfg, micro_batch=4, ckpt=with_ckpt(cfg, dir=None, resume=str(tmp_path / "step-00000003"))
-    )
-    one = run(_resume_on_one_rank, one_cfg, LaunchOptions(nproc=1, timeout_s=60)).results[0]
+    one = reference_run(cfg, 2, strategy=cfg.strategy,
+                        ckpt=with_ckpt(cfg, dir=None, resume=str(tmp_path / "step-00000003")))
     assert [s["loss"] for s in one["steps"][:3]] == [s["loss"] for s in two["steps"][:3]]  # carried over
     for a, b in zip(one["steps"][3:], two["steps"][3:]):
         assert abs(a["loss"] - b["loss"]) < 1e-4

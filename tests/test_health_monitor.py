@@ -1,12 +1,17 @@
 """The training health monitor in real `distval train` jobs (Gloo, 2 and 3 ranks): a slowed
 rank (its compute stretched, or stopped from outside its process), a drifted replica, a NaN loss
 and a leak are each named with the right rank and step; a clean run of the same length stays
-quiet. The jobs run side by side."""
+quiet. The jobs run once, side by side, for the whole module; each case is its own test."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 from distval.ckpt.store import step_name
 
@@ -24,58 +29,106 @@ CASES = {  # name: (fault, ranks, steps)
 }
 
 
-def test_each_health_finding_names_the_rank_and_the_step_and_a_clean_run_is_quiet(tmp_path):
-    def train(name: str) -> tuple[int, dict, str]:
+class Job(NamedTuple):
+    code: int
+    doc: dict
+    stderr: str
+    dir: Path  # where the job wrote its report, JSONL log and checkpoints
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, dict | None, str, Path]]:
+    """Every case's `distval train` job, all side by side in one pool, once for the module:
+    name -> (exit code, JSON report or None when none was written, stderr, directory)."""
+    tmp_path = tmp_path_factory.mktemp("health")
+
+    def train(name: str) -> tuple[int, dict | None, str, Path]:
         fault, nproc, steps = CASES[name]
         out, log = tmp_path / f"{name}.json", tmp_path / f"{name}.jsonl"
         stop = ("--on-nan", "stop", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "5") \
             if name == "nan_stop" else ("--metrics-readback", "late") if name == "grad_desync" else ()
-        res = run_cli("train", "--nproc", nproc, "--model", "tiny", "--strategy", "simple_ddp", "--steps", steps,
-                      "--check-replicas-every", "10", "--log-jsonl", str(log), "--json", str(out), *stop,
-                      env={"DISTVAL_FAULT": fault} if fault else {}, timeout=300)
-        return res.returncode, json.loads(out.read_text()), res.stderr
+        try:
+            res = run_cli("train", "--nproc", nproc, "--model", "tiny", "--strategy", "simple_ddp", "--steps", steps,
+                          "--check-replicas-every", "10", "--log-jsonl", str(log), "--json", str(out), *stop,
+                          env={"DISTVAL_FAULT": fault} if fault else {}, timeout=300)
+        except subprocess.TimeoutExpired as e:  # fails this case only
+            return -1, None, f"timed out after {e.timeout} s", tmp_path
+        return res.returncode, json.loads(out.read_text()) if out.exists() else None, res.stderr, tmp_path
 
     with ThreadPoolExecutor(len(CASES)) as pool:
-        runs = dict(zip(CASES, pool.map(train, CASES)))
-    findings = {name: {f["kind"]: f for f in doc["tables"].get("health", {}).get("rows", [])}
-                for name, (_, doc, _) in runs.items()}
+        return dict(zip(CASES, pool.map(train, CASES)))
 
-    code, doc, _ = runs["clean"]
-    assert code == 0 and findings["clean"] == {}, findings["clean"]
+
+def _job(runs: dict, name: str) -> Job:
+    """One case's job; a job that wrote no report fails its own case only."""
+    code, doc, stderr, where = runs[name]
+    assert doc is not None, f"{name}: no report (exit {code}): {stderr[-3000:]}"
+    return Job(code, doc, stderr, where)
+
+
+def _findings(doc: dict) -> dict[str, dict]:
+    return {f["kind"]: f for f in doc["tables"].get("health", {}).get("rows", [])}
+
+
+def test_a_clean_run_is_quiet(runs):
+    code, doc, _, _ = _job(runs, "clean")
+    assert code == 0 and _findings(doc) == {}, _findings(doc)
     statuses = {c["name"]: c["status"] for c in doc["checks"] if c["name"].startswith("health")}
     assert statuses == {"health stragglers": "OK", "health numerics": "OK", "health memory": "OK",
                         "health replicas": "OK"}
 
-    slow = findings["slow"]["straggler"]
-    assert slow["ranks"] == [1] and 15 <= slow["step"] <= 45 and "rank 1 is a straggler" in slow["summary"]
-    assert runs["slow"][0] == 0 and "distval: health WARN: rank 1 is a straggler" in runs["slow"][2]  # live
 
-    throttled = [c for c in runs["throttled"][1]["checks"] if c["name"] == "health stragglers"]
+def test_a_slowed_rank_is_a_straggler_named_live(runs):
+    code, doc, stderr, _ = _job(runs, "slow")
+    slow = _findings(doc)["straggler"]
+    assert slow["ranks"] == [1] and 15 <= slow["step"] <= 45 and "rank 1 is a straggler" in slow["summary"]
+    assert code == 0 and "distval: health WARN: rank 1 is a straggler" in stderr  # live
+
+
+def test_a_rank_stopped_from_outside_is_a_straggler_by_its_lost_time(runs):
+    code, doc, stderr, _ = _job(runs, "throttled")
+    throttled = [c for c in doc["checks"] if c["name"] == "health stragglers"]
     outside = [c for c in throttled if c["details"].get("decided_by") == ["lost_time"]]
-    assert runs["throttled"][0] == 0 and {c["where"]["rank"] for c in throttled} == {1}, throttled
+    assert code == 0 and {c["where"]["rank"] for c in throttled} == {1}, throttled
     assert outside and 20 <= outside[0]["where"]["step"] <= 60, outside
     assert 0.3 < outside[0]["details"]["stopped_share"] < 0.6, outside
-    assert "distval: health WARN: rank 1 is a straggler slowed from outside its process" in runs["throttled"][2]
+    assert "distval: health WARN: rank 1 is a straggler slowed from outside its process" in stderr
 
-    desync = findings["desync"]["replicas"]
-    assert runs["desync"][0] == 1 and desync["ranks"] == [2] and desync["step"] == 29  # the first check after 20
+
+def test_a_drifted_replica_is_named_at_the_first_check_after(runs):
+    code, doc, _, _ = _job(runs, "desync")
+    desync = _findings(doc)["replicas"]
+    assert code == 1 and desync["ranks"] == [2] and desync["step"] == 29, desync  # the first check after 20
     assert "tok_emb.weight" in desync["summary"] and "(gradient)" not in desync["summary"]
-    grads = findings["grad_desync"]["replicas"]  # the gradients as synchronised differ: named as such
-    assert runs["grad_desync"][0] == 1 and grads["ranks"] == [0] and grads["step"] == 19, grads
-    assert "tok_emb.weight (gradient)" in grads["summary"]
-    assert [s["step"] for s in runs["grad_desync"][1]["tables"]["steps"]["rows"]] == list(range(30))
 
-    nan = findings["nan"]["nonfinite"]
-    assert runs["nan"][0] == 1 and nan["ranks"] == [1] and nan["step"] == 15 and "tok_emb.weight" in nan["summary"]
-    lines = [json.loads(x) for x in (tmp_path / "nan.jsonl").read_text().splitlines()]
+
+def test_drifted_gradients_are_named_as_gradients(runs):
+    code, doc, _, _ = _job(runs, "grad_desync")
+    grads = _findings(doc)["replicas"]  # the gradients as synchronised differ: named as such
+    assert code == 1 and grads["ranks"] == [0] and grads["step"] == 19, grads
+    assert "tok_emb.weight (gradient)" in grads["summary"]
+    assert [s["step"] for s in doc["tables"]["steps"]["rows"]] == list(range(30))
+
+
+def test_a_nan_loss_is_named_with_its_rank_step_and_in_the_jsonl_sink(runs):
+    code, doc, _, where = _job(runs, "nan")
+    nan = _findings(doc)["nonfinite"]
+    assert code == 1 and nan["ranks"] == [1] and nan["step"] == 15 and "tok_emb.weight" in nan["summary"], nan
+    lines = [json.loads(x) for x in (where / "nan.jsonl").read_text().splitlines()]
     assert any(x.get("health") and x["step"] == 15 for x in lines)  # the finding in the JSONL sink, at its step
 
-    assert findings["leak"]["memory_growth"]["ranks"] == [0]
-    (check,) = [c for c in runs["leak"][1]["checks"] if "bytes_per_step" in c["details"]]
+
+def test_a_leak_is_named_with_its_rank_and_rate(runs):
+    _, doc, _, _ = _job(runs, "leak")
+    assert _findings(doc)["memory_growth"]["ranks"] == [0]
+    (check,) = [c for c in doc["checks"] if "bytes_per_step" in c["details"]]
     assert check["where"]["rank"] == 0 and 6 < check["details"]["bytes_per_step"] / 2**20 < 10, check["summary"]
 
-    code, doc, _ = runs["nan_stop"]  # stopped before the update, rank 1 named; the last checkpoint is step 5's
+
+def test_on_nan_stop_ends_before_the_update_and_keeps_the_last_checkpoint(runs):
+    # stopped before the update, rank 1 named; the last checkpoint is step 5's
+    code, doc, _, where = _job(runs, "nan_stop")
     (check,) = [c for c in doc["checks"] if c["status"] == "FAIL"]
     assert code == 1 and check["where"]["rank"] == 1 and "step 7: the loss of rank 1 is nan" in check["summary"]
-    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step"))
+    saved = sorted(p.name for p in (where / "ckpt").iterdir() if p.name.startswith("step"))
     assert saved == [step_name(5)], saved

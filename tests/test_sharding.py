@@ -18,7 +18,7 @@ from distval.train.compare import parity
 from distval.train.config import OptimConfig, TrainConfig
 from distval.train.loop import train_rank
 
-from conftest import run_cli
+from conftest import reference_run, run_cli
 
 # clip 0.5: the tiny model's gradient norm is ~1 early on, so clipping scales most steps and the
 # global norm across shards must be right for parity to hold.
@@ -33,11 +33,6 @@ def _sharded(ctx: RankContext, cfg: TrainConfig) -> dict:
     return {name: train_rank(ctx, dataclasses.replace(cfg, strategy=name)) for name in [*SHARDED, "simple_ddp_ga"]}
 
 
-def _reference(cfg: TrainConfig, world: int) -> dict:
-    ref = dataclasses.replace(cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world)
-    return run(train_rank, ref, LaunchOptions(nproc=1, timeout_s=60)).results[0]
-
-
 def _num_params() -> int:
     from distval.plan import presets
     from distval.train.model import build_model
@@ -49,7 +44,7 @@ def _num_params() -> int:
 @pytest.mark.parametrize("world, grad_accum", [(2, 1), (3, 4)])
 def test_sharded_strategies_match_one_process_hold_their_memory_and_move_their_bytes(world, grad_accum):
     cfg = dataclasses.replace(BASE, grad_accum=grad_accum)
-    reference = _reference(cfg, world)
+    reference = reference_run(cfg, world)
     job = run(_sharded, cfg, LaunchOptions(nproc=world, timeout_s=90))
     res = job.results[0]
     assert sum(s["grad_norm"] > cfg.optim.clip for s in reference["steps"]) >= 5  # clipping was active

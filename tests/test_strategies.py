@@ -14,6 +14,8 @@ from distval.train.compare import parity
 from distval.train.config import OptimConfig, TrainConfig
 from distval.train.loop import train_rank
 
+from conftest import reference_run
+
 # lr 1e-3: Adam turns the last-bit differences of a different summation order into parameter
 # differences that grow with the learning rate (3e-3 gives ~1.2e-5 after 20 steps, 1e-3 ~3.6e-6).
 BASE = TrainConfig(model="tiny", steps=20, micro_batch=2, optim=OptimConfig(lr=1e-3, warmup_steps=3, clip=1.0), seed=3,
@@ -25,16 +27,11 @@ def _all_strategies(ctx: RankContext, cfg: TrainConfig) -> dict:
     return {name: train_rank(ctx, dataclasses.replace(cfg, strategy=name)) for name in strategies.DDP_FAMILY}
 
 
-def _reference(cfg: TrainConfig, world: int) -> torch.Tensor:
-    ref = dataclasses.replace(cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world)
-    return run(train_rank, ref, LaunchOptions(nproc=1, timeout_s=60)).results[0]["params"]
-
-
 # the plainest case and the hardest (an odd world: uneven splits; accumulation: the no-sync paths)
 @pytest.mark.parametrize("world, grad_accum", [(2, 1), (3, 4)])
 def test_every_strategy_matches_one_process(world, grad_accum):
     cfg = dataclasses.replace(BASE, grad_accum=grad_accum, strategy_cfg=StrategyConfig(bucket_mb=0.02))
-    reference = _reference(cfg, world)
+    reference = reference_run(cfg, world)["params"]
     job = run(_all_strategies, cfg, LaunchOptions(nproc=world, timeout_s=60))
     results = job.results[0]
     for name, res in results.items():
@@ -103,7 +100,7 @@ def test_ddp_compression_hooks_halve_the_bytes(hook, factor):
     r = run(train_rank, cfg, LaunchOptions(nproc=2, timeout_s=60)).results[0]
     grad_bytes = sum(p.numel() * 4 for p in _tiny_params())
     assert [s["comm_bytes"] for s in r["steps"]] == [int(grad_bytes * factor)] * 3
-    reference = _reference(dataclasses.replace(cfg, strategy="simple_ddp_ga"), 2)
+    reference = reference_run(cfg, 2)["params"]
     assert parity(r["params"], reference) < 1e-2  # lossy but close
 
 
