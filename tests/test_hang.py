@@ -1,13 +1,14 @@
 """Hangs named in seconds (health/hang.py): the decision from heartbeats (fast cases), then real
 jobs — `distval train` with injected faults and `distval launch` of a plain DDP script written
-here — each diagnosed with the right rank within 15 s of the fault. The real jobs of one test run
-side by side: a hung job mostly waits, so they share the two cores well."""
+here — each diagnosed with the right rank within 15 s of the fault. The real jobs of one kind run
+once for the module, side by side (a hung job mostly waits, so they share the two cores well), and
+each case is its own test."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import textwrap
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -306,36 +307,66 @@ def _train(tmp_path: Path, name: str, fault: str, *args: str) -> tuple[int, Path
     return res.returncode, out, res.stdout + res.stderr
 
 
-def test_train_hangs_deaths_and_mismatches_are_named_with_the_culprit(tmp_path):
-    hangs = {  # name: (fault, ranks, the culprit's kind, a word of the verdict)
-        "stopped": ("step=25,rank=1,action=stop", "2", "stopped", "stopped (SIGSTOP"),
-        "spin": ("step=25,rank=2,action=spin", "3", "outside", "past the kill limit of 8 s"),
-        "skip": ("op=all_reduce,rank=1,action=skip,nth=600", "2", "outside", "skipped a collective"),
-    }
-    others = {"reshape": ("step=25,rank=1,action=reshape", "2"), "killed": ("step=25,rank=1,action=kill_in_op", "2")}
-    cases = {**{n: c[:2] for n, c in hangs.items()}, **others}
+TRAIN_HANGS = {  # name: (fault, ranks, the culprit's kind, a word of the verdict)
+    "stopped": ("step=25,rank=1,action=stop", "2", "stopped", "stopped (SIGSTOP"),
+    "spin": ("step=25,rank=2,action=spin", "3", "outside", "past the kill limit of 8 s"),
+    "skip": ("op=all_reduce,rank=1,action=skip,nth=600", "2", "outside", "skipped a collective"),
+}
+TRAIN_OTHERS = {"reshape": ("step=25,rank=1,action=reshape", "2"), "killed": ("step=25,rank=1,action=kill_in_op", "2")}
+
+
+def _side_by_side(job, names) -> dict:
+    """`job(name)` for every name at once, in threads (each waits on its processes more than it
+    computes); a job that timed out is (-1, None, why) and fails only its own case."""
+    def one(name):
+        try:
+            return job(name)
+        except subprocess.TimeoutExpired as e:
+            return -1, None, f"timed out after {e.timeout} s"
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        return dict(zip(names, pool.map(one, names)))
+
+
+@pytest.fixture(scope="module")
+def train_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, Path | None, str]]:
+    """The `distval train` hang, death and mismatch jobs, once for the module, side by side."""
+    tmp_path = tmp_path_factory.mktemp("train")
+    cases = {**{n: c[:2] for n, c in TRAIN_HANGS.items()}, **TRAIN_OTHERS}
     kill = {"spin": ("--hang-kill-after", "8s")}  # a rank outside any collective is a pause until then
-    with ThreadPoolExecutor(len(cases)) as pool:
-        runs = dict(zip(cases, pool.map(lambda n: _train(tmp_path, n, cases[n][0], "--nproc", cases[n][1],
-                                                         *kill.get(n, ())), cases)))
-    for name, (fault, _, kind, words) in hangs.items():
-        code, out, text = runs[name]
-        assert code == 3, (name, text[-3000:])
-        check = _error(out)
-        culprit = int(fault.split("rank=")[1].split(",")[0])
-        assert check["where"]["rank"] == culprit and check["details"]["hang"] == kind, (name, check["summary"])
-        assert words in check["summary"], (name, check["summary"])
-        assert check["details"]["diagnosed_s"] < 15, (name, check["details"]["diagnosed_s"])
-        assert check["details"]["stacks"].get(str(culprit)), (name, check["details"]["stacks_note"])
-        assert "distval: hang after" in text  # the verdict on the terminal at once, before the teardown
-    assert "_spin (distval/health/faults.py" in _error(runs["spin"][1])["summary"]  # the culprit's line of code
+    return _side_by_side(lambda n: _train(tmp_path, n, cases[n][0], "--nproc", cases[n][1], *kill.get(n, ())),
+                         list(cases))
+
+
+@pytest.mark.parametrize("name", TRAIN_HANGS)
+def test_a_train_hang_is_named_with_the_culprit(train_runs, name):
+    fault, _, kind, words = TRAIN_HANGS[name]
+    code, out, text = train_runs[name]
+    assert code == 3, (name, text[-3000:])
+    check = _error(out)
+    culprit = int(fault.split("rank=")[1].split(",")[0])
+    assert check["where"]["rank"] == culprit and check["details"]["hang"] == kind, (name, check["summary"])
+    assert words in check["summary"], (name, check["summary"])
+    assert check["details"]["diagnosed_s"] < 15, (name, check["details"]["diagnosed_s"])
+    assert check["details"]["stacks"].get(str(culprit)), (name, check["details"]["stacks_note"])
+    assert "distval: hang after" in text  # the verdict on the terminal at once, before the teardown
+    if name == "spin":
+        assert "_spin (distval/health/faults.py" in check["summary"]  # the culprit's line of code
+
+
+def test_a_reshaped_collective_in_train_is_named_mid_run(train_runs):
     # same bytes in another shape: Gloo lets it through; the fingerprint check names rank 1 mid-run (FAIL, exit 1)
-    code, out, text = runs["reshape"]
+    code, out, text = train_runs["reshape"]
+    assert out is not None and out.exists(), text[-3000:]
     check = _error(out, "FAIL")
     assert code == 1 and check["where"]["rank"] == 1 and not check["details"]["hung"], check["summary"]
     assert "rank 1 issued all_reduce [[1, " in check["summary"] and check["details"]["diagnosed_s"] < 15
     assert int(check["where"]["status"].split("step ")[1]) < 3000  # stopped mid-run, not found at the end
-    code, out, text = runs["killed"]  # SIGKILLed inside an all_reduce: named by the launcher that saw it die
+
+
+def test_a_rank_killed_inside_a_collective_in_train_is_named(train_runs):
+    code, out, text = train_runs["killed"]  # SIGKILLed inside an all_reduce: named by the launcher that saw it die
+    assert out is not None and out.exists(), text[-3000:]
     check = _error(out)
     assert code == 3 and check["where"]["rank"] == 1 and "killed by SIGKILL" in check["summary"], check["summary"]
 
@@ -408,44 +439,69 @@ def _launch(tmp_path: Path, name: str, nproc: str, *script_args: str) -> tuple[i
     return res.returncode, out, res.stdout + res.stderr
 
 
-def test_launch_runs_a_plain_ddp_script_and_names_its_hangs(tmp_path):
+@pytest.fixture(scope="module")
+def launch_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, Path | None, str]]:
+    """`distval launch` of the plain DDP script with each fault (and of `distval train` itself:
+    "module"), once for the module, side by side."""
+    tmp_path = tmp_path_factory.mktemp("launch")
     (tmp_path / "ddp_script.py").write_text(SCRIPT)
     # a stopped rank: "module" (distval train under launch) and the two-node test below; a user
-    # script's line in the verdict: "mismatch"; a spinning rank, a pause: the test above
+    # script's line in the verdict: "mismatch"; a spinning rank, a pause: the train jobs above
     cases = {"mismatch": ("3", "3000", "mismatch"),
              "skip": ("2", "200", "skip"), "kill": ("2", "3000", "kill"), "reshape": ("3", "3000", "reshape"),
              "module": ("2",), "slow": ("2", "150", "slow")}
-    with ThreadPoolExecutor(len(cases)) as pool:
-        runs = dict(zip(cases, pool.map(lambda n: _launch(tmp_path, n, *cases[n]), cases)))
+    return _side_by_side(lambda n: _launch(tmp_path, n, *cases[n]), list(cases))
+
+
+def test_launch_runs_a_slowed_script_to_its_end_and_names_the_straggler(launch_runs):
     # the script runs to its end (its own output on the terminal), slower on rank 1 from step 20 (40 ms more per
     # step): no hang, and rank 1 named a straggler from its arrivals at each step's collectives
-    code, out, text = runs["slow"]
+    code, out, text = launch_runs["slow"]
     assert code == 0 and "[rank0]: rank 0 done" in text and "[rank1]: rank 1 done" in text, text[-2000:]
     checks = json.loads(out.read_text())["checks"]
     assert [c["name"] for c in checks] == ["launch script", "launch stragglers"], checks
     check = checks[1]
     assert check["status"] == "WARN" and check["where"]["rank"] == 1, check
     assert 15 <= check["where"]["step"] <= 40 and "distval: health WARN: rank 1 is a straggler" in text
-    code, out, text = runs["mismatch"]
+
+
+def test_launch_names_a_mismatch_at_the_scripts_line(launch_runs):
+    code, out, text = launch_runs["mismatch"]
     assert code == 3, text[-3000:]
     check = _error(out)
     assert check["where"]["rank"] == 1 and check["details"]["hang"] == "mismatch", check["summary"]
     assert check["details"]["diagnosed_s"] < 15, check["details"]
     assert "ddp_script.py:" in check["summary"]  # the line of the user's script each rank is at
-    assert "sizes [[5]]" in _error(runs["mismatch"][1])["summary"]
-    code, out, text = runs["skip"]  # rank 1 skipped a step, finished early and left the others waiting
+    assert "sizes [[5]]" in check["summary"]
+
+
+def test_launch_names_a_rank_that_skipped_a_step(launch_runs):
+    code, out, text = launch_runs["skip"]  # rank 1 skipped a step, finished early and left the others waiting
+    assert code == 3, text[-3000:]
     check = _error(out)
-    assert code == 3 and check["where"]["rank"] == 1 and "it skipped" in check["summary"], check["summary"]
-    code, out, text = runs["kill"]
+    assert check["where"]["rank"] == 1 and "it skipped" in check["summary"], check["summary"]
+
+
+def test_launch_names_a_killed_rank(launch_runs):
+    code, out, text = launch_runs["kill"]
+    assert code == 3, text[-3000:]
     check = _error(out)
-    assert code == 3 and check["where"]["rank"] == 1 and "killed by SIGKILL" in check["summary"], check["summary"]
-    code, out, text = runs["reshape"]  # found by the fingerprint check while the script ran on
+    assert check["where"]["rank"] == 1 and "killed by SIGKILL" in check["summary"], check["summary"]
+
+
+def test_launch_names_a_reshaped_collective_while_the_script_runs_on(launch_runs):
+    code, out, text = launch_runs["reshape"]  # found by the fingerprint check while the script ran on
+    assert code == 1, text[-3000:]
     check = _error(out, "FAIL")
-    assert code == 1 and check["where"]["rank"] == 1 and not check["details"]["hung"], check["summary"]
+    assert check["where"]["rank"] == 1 and not check["details"]["hung"], check["summary"]
     assert "rank 1 issued all_reduce [[1, 4]] Float, while ranks 0, 2 issued all_reduce [[4]] Float" in check["summary"]
-    code, out, text = runs["module"]  # distval train under distval launch: its own status, the same verdict
+
+
+def test_launch_of_distval_train_gives_the_same_verdict(launch_runs):
+    code, out, text = launch_runs["module"]  # distval train under distval launch: its own status, the same verdict
+    assert code == 3, text[-3000:]
     check = _error(out)
-    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
+    assert check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
     assert "train simple_ddp step 25" in check["summary"]
 
 
@@ -512,28 +568,32 @@ dist.destroy_process_group()
 """
 
 
-def test_launch_never_kills_a_healthy_script_and_blames_the_right_rank(tmp_path):
-    """Rank 0 alone evaluates for 12 s and saves for about 8 s: named live, never ended (exit 0,
-    a WARN); rank 1 stopped after the evaluation: named and ended at once; rank 1 spinning
-    outside any collective: named live, ended at --hang-kill-after; rank 2 skipping a metric
-    all_reduce, which makes Gloo abort rank 1: rank 2 named, a mismatch (FAIL)."""
+@pytest.fixture(scope="module")
+def eval_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, dict | None, str]]:
+    """`distval launch` of EVAL_SCRIPT: rank 0 alone evaluates for 12 s and saves for about 8 s
+    ("healthy"); rank 1 stopped after the evaluation ("stop"); rank 1 spinning outside any
+    collective ("spin"); rank 2 skipping a metric all_reduce ("skip"). Once for the module, side by
+    side: name -> (exit code, JSON report or None, output)."""
+    tmp_path = tmp_path_factory.mktemp("eval")
     script = tmp_path / "train.py"
     script.write_text(EVAL_SCRIPT)
     cases = {"healthy": ("2", "30", "12", "8", "-"), "stop": ("2", "3000", "6", "0", "stop"),
              "spin": ("2", "3000", "0", "0", "spin"), "skip": ("3", "30", "0", "0", "skip")}
 
-    def run(name: str) -> tuple[int, dict, str, float]:
+    def run(name: str) -> tuple[int, dict | None, str]:
         nproc, *args = cases[name]
         out = tmp_path / f"{name}.json"
-        started = time.monotonic()
         kill = ("--hang-kill-after", "12s") if name == "spin" else ()
         res = run_cli("launch", "--nproc", nproc, "--hang-after", "3s", *kill, "--json", str(out), str(script), *args,
                       timeout=240)
-        return res.returncode, json.loads(out.read_text()), res.stdout + res.stderr, time.monotonic() - started
+        return res.returncode, json.loads(out.read_text()) if out.exists() else None, res.stdout + res.stderr
 
-    with ThreadPoolExecutor(len(cases)) as pool:
-        runs = dict(zip(cases, pool.map(run, cases)))
-    code, doc, text, _ = runs["healthy"]
+    return _side_by_side(run, list(cases))
+
+
+def test_launch_never_kills_a_healthy_script_whose_rank_0_evaluates_and_saves(eval_runs):
+    """Rank 0 alone evaluates and saves: named live, never ended (exit 0, a WARN)."""
+    code, doc, text = eval_runs["healthy"]
     assert code == 0 and "[rank1]: rank 1 done" in text, text[-3000:]
     lines = [line for line in text.splitlines() if line.startswith("distval: pause: rank 0 outside any collective")]
     save = next(n for n, line in enumerate(EVAL_SCRIPT.splitlines(), 1) if "torch.save" in line)
@@ -543,19 +603,32 @@ def test_launch_never_kills_a_healthy_script_and_blames_the_right_rank(tmp_path)
     pauses = check["details"]["pauses"]
     assert check["status"] == "WARN" and [p["ranks"] for p in pauses] == [[0], [0]], check
     assert pauses[0]["length_s"] >= 10 and pauses[1]["length_s"] >= 7, pauses
-    code, doc, text, _ = runs["stop"]  # a pause first (the evaluation), then a stopped rank: certain
+
+
+def test_launch_ends_a_rank_stopped_after_a_pause_at_once(eval_runs):
+    code, doc, text = eval_runs["stop"]  # a pause first (the evaluation), then a stopped rank: certain
+    assert code == 3 and doc is not None, text[-3000:]
     check = _error_in(doc)
-    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
+    assert check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
     assert check["details"]["diagnosed_s"] < 15, check["details"]
-    code, doc, text, _ = runs["spin"]  # named live, then ended at the kill limit
+
+
+def test_launch_names_a_spinning_rank_live_and_ends_it_at_the_kill_limit(eval_runs):
+    code, doc, text = eval_runs["spin"]  # named live, then ended at the kill limit
+    assert code == 3 and doc is not None, text[-3000:]
     check = _error_in(doc)
-    assert code == 3 and check["where"]["rank"] == 1 and check["details"]["hang"] == "outside", check["summary"]
+    assert check["where"]["rank"] == 1 and check["details"]["hang"] == "outside", check["summary"]
     assert "past the kill limit of 12 s (--hang-kill-after)" in check["summary"], check["summary"]
     assert "[rank 1: <module> (train.py:" in check["summary"] and 12 <= check["details"]["diagnosed_s"] < 20
     assert "distval: pause: rank 1 outside any collective for" in text
-    code, doc, text, _ = runs["skip"]
+
+
+def test_launch_names_the_rank_that_skipped_a_metric_all_reduce(eval_runs):
+    """Rank 2 skips it, which makes Gloo abort rank 1: rank 2 named, a mismatch (FAIL)."""
+    code, doc, text = eval_runs["skip"]
+    assert code == 1 and doc is not None, text[-3000:]
     check = _error_in(doc, "FAIL")
-    assert code == 1 and check["where"]["rank"] == 2, check["summary"]
+    assert check["where"]["rank"] == 2, check["summary"]
     assert "collective mismatch: rank 2 skipped all_reduce [[1]] Float" in check["summary"], check["summary"]
     assert "aborted rank 1 on mismatched sizes" in check["summary"] or "aborted rank 0" in check["summary"]
 
