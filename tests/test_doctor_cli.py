@@ -180,7 +180,8 @@ def test_two_local_ranks_probe_the_rendezvous(tmp_path):
     # each rank listens (Gloo, one listener per group: world and control) on the address the host name gives Gloo
     gloo_addr = net.resolve(socket.gethostname())[0] if net.resolve(socket.gethostname()) else "127.0.0.1"
     gloo_addr = (
-        "127.0.0.1" if net.is_loopback(gloo_addr) or net.owner_of(gloo_addr, net.interfaces()) is None else gloo_addr
+        "127.0.0.1" if net.is_loopback(gloo_addr) or net.interface_of(gloo_addr, net.held_by(net.interfaces())) is None
+        else gloo_addr
     )
     for rank in (0, 1):
         assert len(bound[rank]["listen"]) >= 2 and bound[rank]["addresses"] == [gloo_addr], bound

@@ -1,6 +1,7 @@
 """This host's addresses as the kernel and Gloo see them, without a subprocess: interface names,
 their IPv4 and IPv6 addresses, which interface holds an address, which source address the kernel
-picks for a destination, what a host name resolves to, and which address Gloo binds.
+picks for a destination and the interface it leaves by, what a host name resolves to, and which
+address Gloo binds: one function per fact.
 
 Shared by the worker's pre-flight (`distval.launch.netcheck`, which runs in every rank and so must stay
 cheap) and `distval doctor` (`distval.doctor.net`, which prefers iproute2 and falls back to these),
@@ -19,6 +20,7 @@ import fcntl
 import ipaddress
 import socket
 import struct
+from collections.abc import Iterable, Mapping
 
 _SIOCGIFADDR, _SIOCGIFNETMASK = 0x8915, 0x891B
 _IF_INET6 = "/proc/net/if_inet6"
@@ -83,11 +85,15 @@ def interface_address(name: str) -> str | None:
     return ipv4_of(name) or next(iter(ipv6_of(name)), None)
 
 
-def interface_of(address: str) -> str | None:
-    """The interface that holds `address` (loopback addresses: lo); None when none does."""
-    ip = ipaddress.ip_address(address)
+def interface_of(address: str, held: Mapping[str, Iterable[str]] | None = None) -> str | None:
+    """The interface that holds `address` (loopback addresses: lo); None when none does. `held`:
+    {interface: its addresses} to look in (doctor's list, from iproute2); by default this host's,
+    read from the kernel."""
     if is_loopback(address):
         return "lo"
+    if held is not None:
+        return next((name for name, ips in held.items() if address in ips), None)
+    ip = ipaddress.ip_address(address)
     for name in interface_names():
         if (ip.version == 4 and ipv4_of(name) == address) or (ip.version == 6 and address in ipv6_of(name)):
             return name
@@ -123,6 +129,15 @@ def route_source(address: str, port: int = 9) -> str | None:
         except OSError:
             return None
         return s.getsockname()[0]
+
+
+def route_interface(address: str, port: int = 9, held: Mapping[str, Iterable[str]] | None = None,
+                    ) -> tuple[str | None, str | None]:
+    """(source, interface) of the route to `address`: the source address the kernel picks and the
+    interface holding it, the one packets leave by (`held` as for `interface_of`); (None, None)
+    when there is no route."""
+    source = route_source(address, port)
+    return source, interface_of(source, held) if source else None
 
 
 def resolve(host: str, ipv4_first: bool = True) -> list[str]:

@@ -1,12 +1,13 @@
 """Network facts and the checks on them: interfaces, routes, hostname resolution, the socket
-interface variables of Gloo and NCCL, decoy interfaces, port reachability. Torch-free, so the
-launcher's pre-flight and `distval emulate` can import it cheaply.
+interface variables of Gloo and NCCL, decoy interfaces, port reachability. Torch-free: `distval
+doctor`'s host checks run before it imports torch.
 
 Where the facts come from: `ip -j addr`, `ip -j route`, `ip -j route get ADDR` (iproute2, the
 current network namespace) with /sys/class/net for link speed; without iproute2, the interface
 list of the socket module, /sys/class/net, /proc/net/if_inet6, an ioctl for IPv4 addresses, and a
 connected UDP socket to learn which source address (hence interface) the kernel picks (those
-readers, and name resolution, live in `distval.netaddr`, shared with the worker's pre-flight).
+readers, which interface holds an address or a route leaves by, and name resolution, live in
+`distval.netaddr`, shared with the worker's pre-flight `distval.launch.netcheck`).
 
 The two variables have different grammars (verified against torch 2.13's Gloo and the NCCL
 environment-variable documentation):
@@ -39,11 +40,12 @@ from typing import Any
 from distval.netaddr import (
     family_of,
     interface_names,
+    interface_of,
     ipv4_with_prefix,
     ipv6_addresses,
     is_loopback,
     resolve,
-    route_source,
+    route_interface,
 )
 from distval.results import Check, Status
 
@@ -170,12 +172,9 @@ def routes() -> list[dict[str, Any]]:
     return out
 
 
-def owner_of(addr: str, ifaces: list[Interface]) -> str | None:
-    """The interface that holds `addr` (this host's own address), or None."""
-    for i in ifaces:
-        if addr in i.ips:
-            return i.name
-    return None
+def held_by(ifaces: list[Interface]) -> dict[str, list[str]]:
+    """{interface: its addresses}, what `netaddr.interface_of` looks in."""
+    return {i.name: i.ips for i in ifaces}
 
 
 def route_to(addr: str, ifaces: list[Interface] | None = None) -> dict[str, Any] | None:
@@ -187,15 +186,15 @@ def route_to(addr: str, ifaces: list[Interface] | None = None) -> dict[str, Any]
     if data:
         r = data[0]
         local = r.get("type") == "local"
-        dev = (owner_of(addr, ifaces) or r.get("dev")) if local else r.get("dev")
+        dev = (interface_of(addr, held_by(ifaces)) or r.get("dev")) if local else r.get("dev")
         return {"addr": addr, "dev": dev, "src": r.get("prefsrc"), "gateway": r.get("gateway"), "local": local}
     if shutil.which("ip") is not None:
         return None  # iproute2 answered "unreachable"
-    src = route_source(addr)
+    src, leaves_by = route_interface(addr, held=held_by(ifaces))
     if src is None:
         return None
-    local = owner_of(addr, ifaces) is not None
-    return {"addr": addr, "dev": owner_of(addr if local else src, ifaces), "src": src, "gateway": None, "local": local}
+    owner = interface_of(addr, held_by(ifaces))
+    return {"addr": addr, "dev": owner or leaves_by, "src": src, "gateway": None, "local": owner is not None}
 
 
 def interface_for(addr: str) -> str | None:
@@ -440,7 +439,8 @@ def check_hostname(ifaces: list[Interface], hostname: str | None = None, route: 
     if all(is_loopback(a) for a in addrs):
         return Check(name, Status.WARN, f"host name {hostname!r} resolves to loopback ({', '.join(addrs)})",
                      details={"addresses": addrs}, hint=hint_loop, where=where)
-    foreign = [a for a in addrs if not is_loopback(a) and owner_of(a, ifaces) is None]
+    held = held_by(ifaces)
+    foreign = [a for a in addrs if not is_loopback(a) and interface_of(a, held) is None]
     if foreign and len(foreign) == len([a for a in addrs if not is_loopback(a)]):
         return Check(
             name,
@@ -451,20 +451,20 @@ def check_hostname(ifaces: list[Interface], hostname: str | None = None, route: 
             hint=hint_loop,
             where=where,
         )
-    first = next(a for a in addrs if not is_loopback(a) and owner_of(a, ifaces))
+    first = next(a for a in addrs if not is_loopback(a) and interface_of(a, held))
     dev = (route or {}).get("dev")
-    if dev and dev != "lo" and owner_of(first, ifaces) != dev:
+    if dev and dev != "lo" and interface_of(first, held) != dev:
         return Check(
             name,
             Status.WARN,
-            f"host name {hostname!r} resolves to {first} ({owner_of(first, ifaces)}), but the route "
+            f"host name {hostname!r} resolves to {first} ({interface_of(first, held)}), but the route "
             f"to MASTER_ADDR leaves by {dev}: with GLOO_SOCKET_IFNAME unset Gloo advertises {first}, which the "
             "other ranks may not reach (init hangs)",
             details={"addresses": addrs, "route_dev": dev},
             hint=f"export GLOO_SOCKET_IFNAME={dev}, or map {hostname} to {dev}'s address in /etc/hosts",
             where=where,
         )
-    return Check(name, Status.OK, f"host name {hostname!r} resolves to {first} ({owner_of(first, ifaces)})",
+    return Check(name, Status.OK, f"host name {hostname!r} resolves to {first} ({interface_of(first, held)})",
                  details={"addresses": addrs}, where=where)
 
 

@@ -31,7 +31,15 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
-from distval.netaddr import family_of, hostname_address, interface_address, interface_names, interface_of, is_loopback
+from distval.netaddr import (
+    family_of,
+    hostname_address,
+    interface_address,
+    interface_names,
+    interface_of,
+    is_loopback,
+    route_interface,
+)
 from distval.netaddr import ipv4_of as ipv4_of  # re-exported: part of this module's interface
 from distval.netaddr import route_source as route_source  # re-exported likewise
 from distval.results import CannotRun
@@ -134,8 +142,7 @@ def preflight(env: Mapping[str, str] | None = None, timeout_s: float = 5.0, warn
     except socket.gaierror as e:
         raise NetworkPreflightError(f"{where}: MASTER_ADDR={master} does not resolve ({e.strerror}); "
                                     f"set MASTER_ADDR to an address of the first node") from None
-    source = route_source(master_ip, port)
-    route_if = interface_of(source) if source else None
+    source, route_if = route_interface(master_ip, port)
     fix = (
         f"set GLOO_SOCKET_IFNAME={route_if}"
         if route_if
