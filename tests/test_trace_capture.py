@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from distval.cli.app import bucket_sizes
+from distval.strategies.config import bucket_sizes
 from distval.trace.config import TraceConfig
 
 from conftest import run_cli
