@@ -14,6 +14,7 @@ import typer
 from distval import knobs
 from distval.cli import app
 from distval.comm.config import BenchConfig, CheckConfig
+from distval.comm.names import BENCH_OPS
 from distval.doctor.report import DoctorConfig
 from distval.drill.drills import DrillConfig
 from distval.ladder.config import RunConfig
@@ -108,3 +109,26 @@ def test_the_config_is_built_from_the_flags_text():
 def test_the_command_line_reads_its_flags_without_torch():
     code = "import sys, distval.cli; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0, "import distval.cli imported torch"
+
+
+def test_every_config_is_frozen_and_normalised_at_construction():
+    import dataclasses
+
+    from distval.ckpt.config import CheckpointConfig
+    from distval.health.config import HealthConfig
+    from distval.health.hang import HangPolicy
+    from distval.strategies.config import StrategyConfig
+    from distval.trace.config import TraceConfig
+    from distval.train.config import OptimConfig
+    from distval.train.metrics import MetricsConfig
+
+    for cls in (LaunchOptions, HangPolicy, TrainConfig, OptimConfig, StrategyConfig, CheckpointConfig, MetricsConfig,
+                HealthConfig, TraceConfig, PlanConfig, CheckConfig, BenchConfig, DoctorConfig, DrillConfig, RunConfig):
+        assert cls.__dataclass_params__.frozen, cls.__name__  # type: ignore[attr-defined]
+    bench = BenchConfig(ops=["all"], dtype="fp16")
+    assert bench.ops == tuple(BENCH_OPS) and bench.dtype == "float16"  # normalised by the constructor
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        bench.dtype = "float32"  # type: ignore[misc]
+    assert PlanConfig(model="gpt2", param_dtype="bfloat16").grad_dtype == "bf16"
+    with pytest.raises(ValueError, match="-r 2 is not a rank of a world of 2"):
+        BenchConfig(root=2).check_job("gloo", 2)
