@@ -1,5 +1,7 @@
-"""The Typer app, the options several commands share, and the builders that turn flags into the
-library's configs. Command modules (cli/<command>.py) add their commands to `app`.
+"""The Typer app, the few options that are no config's field (--json, --trace, --trace-dir), and
+what every command does around its one library call (check outputs, render, exit code). Command
+modules (cli/<command>.py) add their commands to `app`; their flags come from the configs' knobs
+(cli/flags.py).
 
 Commands import torch-backed modules (launch, comm, train) inside their bodies, so `--help` and
 `distval plan` answer without paying for `import torch`.
@@ -50,7 +52,7 @@ def _root(version: Annotated[bool, typer.Option("--version", help="Print the ver
 
 
 def option(*names: str, help: str) -> typer.models.OptionInfo:  # noqa: A002 (typer's keyword)
-    """A flag with its help text; the shared flags below and every command module use it."""
+    """A flag that is no config's knob, with its help text."""
     return typer.Option(*names, help=help)
 
 
