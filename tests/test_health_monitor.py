@@ -70,6 +70,16 @@ def _findings(doc: dict) -> dict[str, dict]:
     return {f["kind"]: f for f in doc["tables"].get("health", {}).get("rows", [])}
 
 
+def _finding(runs: dict, name: str, kind: str) -> dict:
+    """The case's finding of this kind; missing, the failure says what the job did instead."""
+    job = _job(runs, name)
+    found = _findings(job.doc)
+    trouble = [(c["name"], c["status"], c["summary"]) for c in job.doc["checks"] if c["status"] != "OK"]
+    assert kind in found, f"{name}: no {kind} finding (exit {job.code}; findings {sorted(found)}; " \
+        f"checks not OK {trouble}): {job.stderr[-2000:]}"
+    return found[kind]
+
+
 def test_a_clean_run_is_quiet(runs):
     code, doc, _, _ = _job(runs, "clean")
     assert code == 0 and _findings(doc) == {}, _findings(doc)
@@ -80,7 +90,7 @@ def test_a_clean_run_is_quiet(runs):
 
 def test_a_slowed_rank_is_a_straggler_named_live(runs):
     code, doc, stderr, _ = _job(runs, "slow")
-    slow = _findings(doc)["straggler"]
+    slow = _finding(runs, "slow", "straggler")
     assert slow["ranks"] == [1] and 15 <= slow["step"] <= 45 and "rank 1 is a straggler" in slow["summary"]
     assert code == 0 and "distval: health WARN: rank 1 is a straggler" in stderr  # live
 
@@ -97,14 +107,14 @@ def test_a_rank_stopped_from_outside_is_a_straggler_by_its_lost_time(runs):
 
 def test_a_drifted_replica_is_named_at_the_first_check_after(runs):
     code, doc, _, _ = _job(runs, "desync")
-    desync = _findings(doc)["replicas"]
+    desync = _finding(runs, "desync", "replicas")
     assert code == 1 and desync["ranks"] == [2] and desync["step"] == 29, desync  # the first check after 20
     assert "tok_emb.weight" in desync["summary"] and "(gradient)" not in desync["summary"]
 
 
 def test_drifted_gradients_are_named_as_gradients(runs):
     code, doc, _, _ = _job(runs, "grad_desync")
-    grads = _findings(doc)["replicas"]  # the gradients as synchronised differ: named as such
+    grads = _finding(runs, "grad_desync", "replicas")  # the gradients as synchronised differ: named as such
     assert code == 1 and grads["ranks"] == [0] and grads["step"] == 19, grads
     assert "tok_emb.weight (gradient)" in grads["summary"]
     assert [s["step"] for s in doc["tables"]["steps"]["rows"]] == list(range(30))
@@ -112,7 +122,7 @@ def test_drifted_gradients_are_named_as_gradients(runs):
 
 def test_a_nan_loss_is_named_with_its_rank_step_and_in_the_jsonl_sink(runs):
     code, doc, _, where = _job(runs, "nan")
-    nan = _findings(doc)["nonfinite"]
+    nan = _finding(runs, "nan", "nonfinite")
     assert code == 1 and nan["ranks"] == [1] and nan["step"] == 15 and "tok_emb.weight" in nan["summary"], nan
     lines = [json.loads(x) for x in (where / "nan.jsonl").read_text().splitlines()]
     assert any(x.get("health") and x["step"] == 15 for x in lines)  # the finding in the JSONL sink, at its step
@@ -120,7 +130,7 @@ def test_a_nan_loss_is_named_with_its_rank_step_and_in_the_jsonl_sink(runs):
 
 def test_a_leak_is_named_with_its_rank_and_rate(runs):
     _, doc, _, _ = _job(runs, "leak")
-    assert _findings(doc)["memory_growth"]["ranks"] == [0]
+    assert _finding(runs, "leak", "memory_growth")["ranks"] == [0]
     (check,) = [c for c in doc["checks"] if "bytes_per_step" in c["details"]]
     assert check["where"]["rank"] == 0 and 6 < check["details"]["bytes_per_step"] / 2**20 < 10, check["summary"]
 
