@@ -124,3 +124,13 @@ def test_dtype_names_and_aliases():
     assert parse_dtype("half") is torch.float16 and parse_dtype("bf16") is torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype 'complex'"):
         parse_dtype("complex")
+
+
+def test_the_torch_free_dtype_names_agree_with_torch():
+    from distval.comm.config import DTYPE_NAMES, FLOAT_DTYPES, REDUCE_OPS
+    from distval.comm.inputs import DTYPES
+    from distval.comm.layer import _REDUCE_OPS
+
+    assert tuple(DTYPES) == DTYPE_NAMES and all(str(d) == f"torch.{n}" for n, d in DTYPES.items())
+    assert {n for n, d in DTYPES.items() if d.is_floating_point} == set(FLOAT_DTYPES)
+    assert tuple(_REDUCE_OPS) == REDUCE_OPS and _REDUCE_OPS["prod"] == torch.distributed.ReduceOp.PRODUCT

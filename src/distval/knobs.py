@@ -50,6 +50,18 @@ class Knob:
         return self.flag.split("/")[0].lstrip("-").replace("-", "_")
 
 
+def comma_list(text: str, flag: str = "") -> tuple[str, ...]:
+    """A flag's comma list ("a, b,,c" -> ("a", "b", "c")): the parser of every list-valued knob."""
+    return tuple(x for x in (s.strip() for s in str(text).split(",")) if x)
+
+
+def normalise(cfg: Any, **values: Any) -> None:
+    """Set a frozen config's fields to their normal form while it is being constructed (from its
+    `__post_init__`, before anything reads them); never after."""
+    for name, value in values.items():
+        object.__setattr__(cfg, name, value)
+
+
 def knob(default: Any = MISSING, *names: str, help: str, parse: Optional[Callable[[str, str], Any]] = None,  # noqa: A002
          text: Optional[str] = None, factory: Optional[Callable[[], Any]] = None) -> Any:
     """A dataclass field that is also a flag (see the module's docstring)."""

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from distval import __version__
+from distval.knobs import comma_list
 from distval.report import terminal
 from distval.results import Report, check_writable, output_dir
 
@@ -72,7 +73,7 @@ def make_console() -> Console:
 
 
 def split_list(text: str) -> list[str]:
-    return [x for x in (s.strip() for s in text.split(",")) if x]
+    return list(comma_list(text))
 
 
 def finish(report: Report | None, json_path: Path | None, console: Console) -> int:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # types only: the launcher and the rank context sit above the
     from distval.rank import RankContext
     from distval.results import JobResult
 
+
 @dataclass(frozen=True)
 class Case:
     op: str  # e.g. "all_reduce/sum", "broadcast"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from distval.comm.names import BENCH_OPS, CHECK_OPS
-from distval.knobs import knob
+from distval.knobs import comma_list, knob, normalise
 from distval.units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -54,13 +54,9 @@ def parse_ops(names: tuple[str, ...] | list[str], known: tuple[str, ...] = CHECK
     return tuple(out)
 
 
-def _items(text: str, flag: str) -> tuple[str, ...]:
-    return tuple(x for x in (s.strip() for s in text.split(",")) if x)
-
-
 def _counts(text: str, flag: str) -> dict[str, int]:
     out = {}
-    for item in _items(text, flag):
+    for item in comma_list(text, flag):
         try:
             value = int(item)
         except ValueError:
@@ -71,25 +67,19 @@ def _counts(text: str, flag: str) -> dict[str, int]:
     return out
 
 
-def _set(cfg: object, **values: object) -> None:
-    """Normalise a frozen config's fields while it is being constructed (never after)."""
-    for name, value in values.items():
-        object.__setattr__(cfg, name, value)
-
-
 @dataclass(frozen=True)
 class CheckConfig:
-    ops: tuple[str, ...] = knob(CHECK_OPS, "--ops", parse=_items, text="all",
+    ops: tuple[str, ...] = knob(CHECK_OPS, "--ops", parse=comma_list, text="all",
                                 help=f"Comma list of {', '.join(CHECK_OPS)}, or all.")
-    dtypes: tuple[str, ...] = knob(DTYPE_NAMES, "--dtypes", "-d", parse=_items, text="all", help=DTYPE_HELP)
+    dtypes: tuple[str, ...] = knob(DTYPE_NAMES, "--dtypes", "-d", parse=comma_list, text="all", help=DTYPE_HELP)
     sizes: dict[str, int] = knob(None, "--counts", parse=_counts, factory=lambda: dict(SIZES),
                                  help="Comma list of element counts per rank to check (default 0,1,7,1000,65537).")
     iters: int = knob(1, "--check-iters", "-c", help="Repeat every check N times with fresh inputs.")
     seed: int = knob(0, "--seed", help="Seed of the input generator.")
 
     def __post_init__(self) -> None:
-        _set(self, ops=parse_ops(self.ops), dtypes=tuple(dtype_key(d) for d in expand_all(self.dtypes, DTYPE_NAMES)),
-             sizes=dict(self.sizes))
+        dtypes = tuple(dtype_key(d) for d in expand_all(self.dtypes, DTYPE_NAMES))
+        normalise(self, ops=parse_ops(self.ops), dtypes=dtypes, sizes=dict(self.sizes))
         if self.iters < 1:
             raise ValueError(f"-c/--check-iters must be at least 1 (got {self.iters})")
         if not self.sizes:
@@ -101,7 +91,7 @@ class CheckConfig:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    ops: tuple[str, ...] = knob(("all_reduce",), "--ops", parse=_items, text="all_reduce",
+    ops: tuple[str, ...] = knob(("all_reduce",), "--ops", parse=comma_list, text="all_reduce",
                                 help=f"Comma list of {', '.join(BENCH_OPS)}, or all.")
     dtype: str = knob("float32", "--datatype", "-d", help="Element type, e.g. float32, bfloat16, int8.")
     min_bytes: int = knob(8, "--minbytes", "-b", parse=parse_size, text="8",
@@ -128,7 +118,7 @@ class BenchConfig:
         for op in ops:
             if op not in BENCH_OPS:
                 raise ValueError(f"unknown op {op!r}; choose from {', '.join(BENCH_OPS)} (or 'all')")
-        _set(self, ops=tuple(ops), dtype=dtype_key(self.dtype))
+        normalise(self, ops=tuple(ops), dtype=dtype_key(self.dtype))
         if self.redop not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {self.redop!r}; choose from {', '.join(REDUCE_OPS)}")
         if self.redop == "avg" and self.dtype not in FLOAT_DTYPES:

@@ -19,19 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from distval.comm.config import dtype_key
+from distval.comm.config import DTYPE_NAMES, dtype_key
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-}
-# nccl-tests spellings accepted too
+# torch's dtype for each of comm/config.py's names (torch spells them the same)
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 # Largest integer held exactly (floats: 2^mantissa_bits), and for products the largest power of two.
 _EXACT_INT = {torch.float16: 2**11, torch.bfloat16: 2**8, torch.float32: 2**24, torch.float64: 2**53,
               torch.int8: 127, torch.uint8: 255, torch.int32: 2**31 - 1, torch.int64: 2**62}

@@ -32,16 +32,12 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from distval.comm.config import REDUCE_OPS
 from distval.comm.inputs import dtype_name
 
-_REDUCE_OPS = {
-    "sum": dist.ReduceOp.SUM,
-    "prod": dist.ReduceOp.PRODUCT,
-    "min": dist.ReduceOp.MIN,
-    "max": dist.ReduceOp.MAX,
-    "avg": dist.ReduceOp.AVG,
-}
-REDUCE_OPS = tuple(_REDUCE_OPS)
+# torch's reduce op for each of comm/config.py's names, in their order
+_REDUCE_OPS = dict(zip(REDUCE_OPS, (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX,
+                                    dist.ReduceOp.AVG), strict=True))
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

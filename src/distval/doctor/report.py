@@ -13,7 +13,7 @@ from distval import meta
 from distval.doctor import net, system
 from distval.doctor.nccl_log import NcclLog, nccl_checks, nccl_table
 from distval.doctor.topo import Topo, topo_checks, topo_tables
-from distval.knobs import knob
+from distval.knobs import knob, normalise
 from distval.results import Check, Report, Status, Table
 
 
@@ -37,9 +37,9 @@ class DoctorConfig:
 
     def __post_init__(self) -> None:
         if self.master_addr is None:
-            object.__setattr__(self, "master_addr", default_master_addr())
+            normalise(self, master_addr=default_master_addr())
         if self.master_port is None and os.environ.get("MASTER_PORT", "").isdigit():
-            object.__setattr__(self, "master_port", int(os.environ["MASTER_PORT"]))
+            normalise(self, master_port=int(os.environ["MASTER_PORT"]))
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise ValueError(f"--master-port {self.master_port} is not a TCP port (1-65535)")
         if self.expect_world is not None and self.expect_world < 1:

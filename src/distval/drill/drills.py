@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from distval.knobs import knob
+from distval.knobs import comma_list, knob
 from distval.results import Check, Report, Status, Table
 
 DRILL_COLUMNS = ["drill", "status", "detected", "diagnosis_s", "recovery_s", "steps_lost", "resumed_from_step",
@@ -63,10 +63,6 @@ DRILL_COLUMNS = ["drill", "status", "detected", "diagnosis_s", "recovery_s", "st
 DRILLS = ("kill9_rank", "exception_rank", "sigterm_job", "kill_during_save", "corrupt_file", "disk_full", "hang_rank",
           "skip_collective", "dead_rank_in_collective", "mismatch_shape", "slow_rank", "desync", "nan_rank")
 HANG_AFTER = "3s"  # the hang drills' --hang-after: a sub-second-step job, diagnosed in seconds
-
-
-def _names(text: str, flag: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
 @dataclass(frozen=True)
@@ -80,7 +76,8 @@ class DrillConfig:
     ckpt_every: int = knob(3, "--ckpt-every", help="Checkpoint every N steps.")
     fault_step: int = knob(7, "--fault-step", help="The step k the faults fire at.")
     timeout_s: float = 240.0  # each train run
-    drills: tuple[str, ...] = knob(DRILLS, "--only", parse=_names, help=f"Comma list of drills ({', '.join(DRILLS)}).")
+    drills: tuple[str, ...] = knob(DRILLS, "--only", parse=comma_list,
+                                   help=f"Comma list of drills ({', '.join(DRILLS)}).")
 
     def __post_init__(self) -> None:
         from distval import strategies

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from distval.health.hang import HangPolicy
-from distval.knobs import knob
+from distval.knobs import knob, normalise
 from distval.results import JobResult  # noqa: F401 (re-exported: what run() returns)
 from distval.units import parse_duration
 
@@ -74,7 +74,7 @@ class LaunchOptions:
                 raise ValueError(f"--rdzv-endpoint must be HOST:PORT (got {self.rdzv_endpoint!r}), e.g. node1:29400")
         from distval import device as devices  # torch: only once a job is asked for, not for --help
 
-        object.__setattr__(self, "backend", devices.check_backend(self.backend))
+        normalise(self, backend=devices.check_backend(self.backend))
 
 
 # the knobs every command that launches ranks takes (train adds --max-restarts, launch its own)

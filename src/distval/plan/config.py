@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from distval.knobs import knob
+from distval.knobs import knob, normalise
 from distval.plan import presets
 from distval.plan.presets import ModelSpec
 
@@ -124,10 +124,8 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         param = dtype_name(self.param_dtype, "--param-dtype")
-        object.__setattr__(self, "param_dtype", param)
-        grad = dtype_name(self.grad_dtype, "--grad-dtype") if self.grad_dtype else param
-        object.__setattr__(self, "grad_dtype", grad)
-        object.__setattr__(self, "optim_dtype", dtype_name(self.optim_dtype, "--optim-dtype"))
+        normalise(self, param_dtype=param, optim_dtype=dtype_name(self.optim_dtype, "--optim-dtype"),
+                  grad_dtype=dtype_name(self.grad_dtype, "--grad-dtype") if self.grad_dtype else param)
         self._check_numbers()
         self._check_choices()
         self._check_links()
