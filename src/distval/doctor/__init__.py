@@ -11,4 +11,6 @@ Torch-free modules other code may import (the launcher's pre-flight, `distval em
 Torch-backed, used by the command only:
   ranks.py     the per-rank probe (facts, bound addresses) and the comparison across ranks
   report.py    one Report from all of the above
+  run.py       `run_doctor`: the whole command as one call (mode, world check, probe or host checks,
+               topology and NCCL log)
 """
