@@ -7,6 +7,9 @@ each case is its own test."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
@@ -150,6 +153,45 @@ def test_a_certain_hang_is_declared_once_when_progress_stops(clock):
     _ticks(dog, reader, clock, 1.5)
     assert len(fired) == 1 and fired[0].culprits == [1] and fired[0].kind == "outside" and fired[0].certain
     assert "it skipped a collective" in fired[0].verdict and not said
+
+
+def test_a_watchdog_that_came_late_takes_stepping_ranks_for_a_running_loop(clock):
+    """Under load the watchdog may first read the heartbeats after every rank stepped and one
+    went wrong (here skipped a collective), and see no change after: the steps (not a measured gap) end the start-up allowance.
+    Ranks that have not stepped yet keep it."""
+    for step, due in ((5, 4.0), (None, 120.0)):
+        fired = []
+        dog, reader = Watchdog(2, HangPolicy(floor_s=3.0), fired.append), _Reader()
+        reader.beats = {0: beat(21, 20, pending(21)), 1: beat(20, 20, pending(3, pg="1"), **{"1": [3, 2]})}
+        for b in reader.beats.values():
+            b["step"] = step
+        dog.tick(reader)
+        _ticks(dog, reader, clock, due - 0.5)
+        assert not fired
+        _ticks(dog, reader, clock, 1.0)
+        assert len(fired) == 1 and fired[0].culprits == [1], step
+
+
+def test_a_stopped_rank_on_this_host_is_named_at_the_floor_even_in_start_up(clock):
+    """No step seen yet (a script still loading), so the allowance is start-up's: a stopped
+    process of this host is certain at any phase, found by its state alone."""
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        fired = []
+        dog, reader = Watchdog(2, HangPolicy(floor_s=3.0), fired.append), _Reader()
+        reader.beats = {0: beat(21, 20, pending(21)), 1: beat(20, 20)}
+        reader.beats[1].update(pid=proc.pid, host=socket.gethostname())
+        for b in reader.beats.values():
+            b["step"] = None
+        dog.tick(reader)
+        _ticks(dog, reader, clock, 2.5)
+        assert not fired
+        _ticks(dog, reader, clock, 1.0)
+        assert len(fired) == 1 and (fired[0].culprits, fired[0].kind) == ([1], "stopped")
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_rank_outside_any_collective_is_a_pause_named_live_and_the_job_goes_on(clock):

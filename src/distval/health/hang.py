@@ -440,18 +440,23 @@ class Watchdog:
         # learning starts once every rank's process group is up: start-up (imports, rendezvous,
         # data loading) is not a gap between steps
         ready = len(progress) == self.world_size and all(groups for groups, _ in progress.values())
-        if progress != self._progress:
+        changed = progress != self._progress
+        if changed:
             if self.pause is not None:
                 self._pause_ended(now)  # a pause is remembered by its site, not learned as a gap
             elif ready and self._ready:
                 self.gaps.append(now - self._changed)
             self._running = self._running or (ready and self._progress is not None)
             self._progress, self._changed, self._ready = progress, now, ready
+        # the loop runs once every rank has stepped: a watchdog that came late (under load) may have
+        # seen no change with every group up, and the steps say start-up is over all the same
+        self._running = self._running or (ready and all((step or 0) >= 1 for _, step in progress.values()))
+        if changed:
             return
         busy = any(b and b.get("busy") for b in beats.values()) or now < self._compiling_until
         stalled = now - self._changed
-        if self.pause is None and not (progress and stalled >= self.policy.threshold(list(self.gaps), busy,
-                                                                                      running=self._running)):
+        if self.pause is None and not (progress and (stalled >= self.policy.threshold(
+                list(self.gaps), busy, running=self._running) or self._stopped_here(beats, stalled))):
             return
         if self.pause is not None and now - self._looked < LOOK_EVERY_S:
             self._pause_live(stalled)
@@ -470,6 +475,15 @@ class Watchdog:
             self._declare(hang)
         else:
             self._pause_seen(hang, now)
+
+    def _stopped_here(self, beats: dict[int, Any], stalled: float) -> bool:
+        """Past the floor, whatever the allowance: a stopped rank on this host is certain at any
+        phase of the job (a /proc read per rank; a dead one its launcher sees exit)."""
+        if stalled < self.policy.floor_s:
+            return False
+        here = socket.gethostname()
+        return any(process_state(b["pid"]) in ("T", "t")
+                   for b in beats.values() if b and b.get("host") == here)
 
     def _declare(self, hang: Hang) -> None:
         if self.pause is not None:  # it began as a pause, which turned certain

@@ -92,8 +92,9 @@ def main(argv: list[str]) -> None:
     status = f"running {script if module else os.path.basename(script)}"
     channel.publish("status", {"status": status}, flush=True)
     last_words = LastWords(channel, rank, status).install()
-    heartbeat = Heartbeat(channel, lambda: (status, {})).start()
     steps = StepClock(channel).start()  # the script's optimizer steps, for the straggler rule (health/steps.py)
+    # the step in the heartbeat tells the watchdog the script's loop runs (health/hang.py Watchdog)
+    heartbeat = Heartbeat(channel, lambda: (status, {"step": steps.step})).start()
     _beat_before_destroy(heartbeat)
     tracer = from_env(rank)  # `distval launch --trace`: the script's optimizer steps are the steps
     sys.argv = [script, *args]
