@@ -157,8 +157,8 @@ def test_a_certain_hang_is_declared_once_when_progress_stops(clock):
 
 def test_a_watchdog_that_came_late_takes_stepping_ranks_for_a_running_loop(clock):
     """Under load the watchdog may first read the heartbeats after every rank stepped and one
-    went wrong (here skipped a collective), and see no change after: the steps (not a measured gap) end the start-up allowance.
-    Ranks that have not stepped yet keep it."""
+    went wrong (here skipped a collective), and see no change after: the steps (not a measured
+    gap) end the start-up allowance. Ranks that have not stepped yet keep it."""
     for step, due in ((5, 4.0), (None, 120.0)):
         fired = []
         dog, reader = Watchdog(2, HangPolicy(floor_s=3.0), fired.append), _Reader()
@@ -501,8 +501,11 @@ def test_launch_runs_a_slowed_script_to_its_end_and_names_the_straggler(launch_r
     code, out, text = launch_runs["slow"]
     assert code == 0 and "[rank0]: rank 0 done" in text and "[rank1]: rank 1 done" in text, text[-2000:]
     checks = json.loads(out.read_text())["checks"]
-    assert [c["name"] for c in checks] == ["launch script", "launch stragglers"], checks
-    check = checks[1]
+    by = {c["name"]: c for c in checks}
+    assert list(by) == ["launch script", "health stragglers", "health numerics", "health memory",
+                        "health replicas"], checks
+    assert [by[n]["status"] for n in ("health numerics", "health memory", "health replicas")] == ["OK"] * 3, checks
+    check = by["health stragglers"]
     assert check["status"] == "WARN" and check["where"]["rank"] == 1, check
     assert 15 <= check["where"]["step"] <= 40 and "distval: health WARN: rank 1 is a straggler" in text
 

@@ -94,24 +94,39 @@ def test_replica_checksums_are_exact_and_the_minority_is_named():
 
 
 class _Reader:
-    """What the launcher's rank channel holds: each rank's latest `steps` publication."""
+    """What the launcher's rank channel holds: each rank's latest `steps` and `probe` publications
+    and its `probe_names`."""
 
     def __init__(self, world: int, host: str = "h"):
         self.payloads = {r: {"host": host, "rows": []} for r in range(world)}
+        self.probes: dict[int, dict | None] = {r: None for r in range(world)}
+        self.names: dict[int, dict] = {}
 
     def all(self, world: int, kind: str) -> dict:
-        assert kind == "steps"
-        return self.payloads
+        return {"steps": self.payloads, "probe": self.probes}[kind]
+
+    def latest(self, rank: int, kind: str) -> dict | None:
+        assert kind == "probe_names"
+        return self.names.get(rank)
+
+
+def _checks(watch) -> dict:
+    from distval.results import Report
+
+    report = Report("launch")
+    watch.report(report)
+    return {c.name: c for c in report.checks}
 
 
 def test_a_scripts_late_arrivals_make_the_straggler_and_gaps_and_hosts_are_handled():
-    """distval launch (health/steps.py): rank 1 creates each step's last collective 20 ms after
+    """distval launch (health/script.py): rank 1 creates each step's last collective 20 ms after
     rank 0 from step 30 (its backward is slower); rank 0 waits those 20 ms. Published 64 rows at
     a time, with a step rank 0's recorder never resolved; the rule names rank 1 from step 30."""
-    from distval.health.steps import KEEP, StragglerWatch, aligned_rows
+    from distval.health.script import ScriptMonitor
+    from distval.health.steps import KEEP, aligned_rows
 
     reader, found = _Reader(2), []
-    watch = StragglerWatch(2, on_finding=found.append)
+    watch = ScriptMonitor(2, on_finding=found.append)
     rng = random.Random(0)
     for step in range(200):
         late = 0.02 if step >= 30 else 0.0
@@ -119,23 +134,79 @@ def test_a_scripts_late_arrivals_make_the_straggler_and_gaps_and_hosts_are_handl
         for rank, t in ((0, t0), (1, t0 + late + rng.gauss(0, 0.0005))):
             if (rank, step) != (0, 77):  # a step this rank published no row for
                 rows = reader.payloads[rank]["rows"]
-                rows.append([step, 0.05, "0", step * 2 + 1, int(t * 1e9)])
+                rows.append([step, 0.05, "0", step * 2 + 1, int(t * 1e9), 2**30, 2**30])
                 del rows[:-KEEP]
         if step % 10 == 9:
             watch.tick(reader)
     watch.tick(reader)
     assert len(found) == 1 and found[0].ranks == [1] and 28 <= found[0].step <= 34, found
-    check = watch.check()
+    check = _checks(watch)["health stragglers"]
     assert check.status.value == "WARN" and check.where["rank"] == 1 and "steps/s" in check.summary
     assert watch.steps_seen == 199  # step 77 skipped once every rank had moved past it
+    assert _checks(watch)["health memory"].status.value == "OK"
     assert aligned_rows([{5: [5, 0.05, "0", 11, 10**9]}, {5: [5, 0.05, "0", 12, 10**9]}], 5) is None  # desync
     short = _Reader(2)
     for rank in (0, 1):
         short.payloads[rank]["rows"] = [[step, 0.05, "0", step, 10**9 * step] for step in range(10)]
-    few = StragglerWatch(2)
+    few = ScriptMonitor(2)
     few.tick(short)
-    assert few.check().status.value == "SKIP" and "10 optimizer step(s) with a collective seen" in few.check().summary
-    two = StragglerWatch(2)
+    check = _checks(few)["health stragglers"]
+    assert check.status.value == "SKIP" and "10 optimizer step(s) with a collective seen" in check.summary
+    two = ScriptMonitor(2)
     two.tick(_Reader(2))
     two.hosts = {"a", "b"}
-    assert two.check().status.value == "SKIP" and "ranks on 2 hosts" in two.check().summary
+    check = _checks(two)["health stragglers"]
+    assert check.status.value == "SKIP" and "ranks on 2 hosts" in check.summary
+
+
+def _probe(layout: str = "ddp", shard: tuple = (), nonfinite: dict | None = None, replicas: tuple = ()) -> dict:
+    return {"layout": layout, "shard": list(shard), "names_key": 7, "nonfinite": nonfinite, "nan_every": 10,
+            "replicas_every": 50, "replicas": [{"step": s, "sums": sums} for s, sums in replicas]}
+
+
+def test_a_scripts_probe_notes_name_the_first_nonfinite_and_the_replica_outside_the_majority():
+    """The launcher's side of the probe (health/script.py): the earliest non-finite step and every
+    rank that saw it there, even when a rank's note comes later; DDP replicas compared by
+    majority; a plain model whose first check disagrees is not replicas; FSDP over every rank
+    has none to compare."""
+    from distval.health.script import ScriptMonitor
+
+    reader, found = _Reader(3), []
+    watch = ScriptMonitor(3, on_finding=found.append)
+    reader.names = {r: {"names": ["fc.weight", "fc.bias"]} for r in range(3)}
+    nan = {"step": 40, "what": "gradient", "param": "fc.weight", "value": float("nan")}
+    reader.probes = {0: _probe(nonfinite=nan, replicas=[(0, [1, 2])]), 1: _probe(replicas=[(0, [1, 2])]),
+                     2: _probe(replicas=[(0, [1, 2])])}
+    watch.tick(reader)
+    assert [f.kind for f in found] == ["nonfinite"] and found[0].ranks == [0] and "step 40" in found[0].summary
+    reader.probes[1] = _probe(nonfinite={**nan, "step": 30, "param": "fc.bias"}, replicas=[(0, [1, 2]), (50, [1, 5])])
+    reader.probes[0]["replicas"] += [{"step": 50, "sums": [1, 2]}]
+    reader.probes[2]["replicas"] += [{"step": 50, "sums": [1, 2]}]
+    watch.tick(reader)
+    assert len(found) == 2 and (found[0].step, found[0].ranks) == (30, [1])  # rank 1 saw it first: the finding follows
+    assert "a gradient of rank 1 is nan; first parameter with a non-finite gradient: fc.bias" in found[0].summary
+    assert found[1].kind == "replicas" and found[1].ranks == [1] and found[1].step == 50
+    assert "rank 1 holds other values of fc.bias (the other ranks agree)" in found[1].summary
+    checks = _checks(watch)
+    assert checks["health numerics"].status.value == "FAIL" and checks["health replicas"].status.value == "FAIL"
+
+    plain = ScriptMonitor(2)
+    two = _Reader(2)
+    two.names = {r: {"names": ["w"]} for r in range(2)}
+    two.probes = {0: _probe("plain", replicas=[(0, [1]), (50, [1])]),
+                  1: _probe("plain", replicas=[(0, [2]), (50, [3])])}
+    plain.tick(two)
+    check = _checks(plain)["health replicas"]
+    assert check.status.value == "SKIP" and "not replicas" in check.summary and not plain.health.replicas
+    sharded = ScriptMonitor(2)
+    two.probes = {r: _probe("sharded", shard=(r,), replicas=[(0, [r])]) for r in range(2)}
+    sharded.tick(two)
+    check = _checks(sharded)["health replicas"]
+    assert check.status.value == "SKIP" and "sharded" in check.summary
+    hsdp = ScriptMonitor(4)  # 2 replicas x 2 shards: ranks 0, 2 hold shard 0, ranks 1, 3 shard 1
+    four = _Reader(4)
+    four.names = {r: {"names": ["w"]} for r in range(4)}
+    four.probes = {r: _probe("sharded", shard=(r % 2,), replicas=[(0, [r % 2])]) for r in range(4)}
+    hsdp.tick(four)
+    check = _checks(hsdp)["health replicas"]
+    assert check.status.value == "OK" and "within each of 2 replica groups at 2 check(s)" in check.summary

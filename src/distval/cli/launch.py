@@ -12,6 +12,7 @@ import typer
 
 from distval.cli.app import JsonOut, TraceDir, app, check_outputs, finish, make_console, option, trace_config
 from distval.cli.flags import config_flags
+from distval.health.config import HealthConfig
 from distval.launch.job import LaunchOptions
 
 
@@ -20,9 +21,11 @@ from distval.launch.job import LaunchOptions
 @config_flags("opts", LaunchOptions, only=("nproc", "max_restarts", "nnodes", "rdzv_endpoint", "timeout_s",
                                           "hang.floor_s", "hang.kill_after_s"),
               names={"nproc": ("--nproc-per-node", "--nproc")})
+@config_flags("health", HealthConfig, only=("slow_ratio", "nan_every", "every"))
 def launch_cmd(
     ctx: typer.Context,
     opts: LaunchOptions,
+    health: HealthConfig,
     script: Annotated[
         Path, typer.Argument(help="The training script (with -m: a module); everything after it is its own "
                              "arguments.", show_default=False)
@@ -41,7 +44,8 @@ def launch_cmd(
     json: JsonOut = None,
 ) -> int:
     """Run your own torch.distributed script under distval's watchdog: hangs, dead and stopped ranks named
-    in seconds. Across nodes: the same command on each, with --nnodes and --rdzv-endpoint."""
+    in seconds; stragglers, NaN/Inf, replica drift and memory watched. Across nodes: the same command on
+    each, with --nnodes and --rdzv-endpoint."""
     from distval.launch.execute import check_script, run_script
 
     check_script(str(script), module, rdzv_backend)
@@ -49,4 +53,5 @@ def launch_cmd(
         opts = dataclasses.replace(opts, run_id=run_id)
     check_outputs({"--json": json})
     traced = trace_config(trace, 10**9, trace_dir, script.stem if not module else str(script))
-    return finish(run_script(str(script), list(ctx.args), opts, module=module, trace=traced), json, make_console())
+    return finish(run_script(str(script), list(ctx.args), opts, module=module, trace=traced, health=health), json,
+                  make_console())

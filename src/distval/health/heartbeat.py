@@ -119,8 +119,12 @@ class Heartbeat:
         return self
 
     def close(self) -> None:
-        """Stop, after a last heartbeat: a rank that ends leaves its final counts behind."""
+        """Stop, after a last heartbeat: a rank that ends leaves its final counts behind. The
+        thread is joined: a daemon thread still inside torch's C++ (the recorder's dump) while the
+        interpreter finalizes can end the process in std::terminate."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * self.interval_s + 1)
         try:
             self.last_beat()
         except Exception:  # noqa: BLE001 (the process group may be gone already)

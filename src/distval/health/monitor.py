@@ -159,6 +159,14 @@ def nonfinite_text(step: int, losses: list[float], grad_norm: float, bad_param: 
     return bad, f"first non-finite value at step {step}: {what}{where}"
 
 
+def nonfinite_in_script(step: int, ranks: list[int], what: str, value: float, param: str) -> Finding:
+    """A launched script's first non-finite `what` (gradient | parameter), seen by the probe
+    (health/probe.py) on `ranks` at `step`: the same finding as `distval train`'s."""
+    text = (f"first non-finite value at step {step}: a {what} of {ranks_text(ranks)} is {value}; first "
+            f"{'parameter with a non-finite gradient' if what == 'gradient' else 'non-finite parameter'}: {param}")
+    return Finding("nonfinite", "FAIL", step, ranks, text, {"what": what, "value": value, "parameter": param})
+
+
 class Numerics:
     def __init__(self, cfg: HealthConfig):
         self.cfg = cfg
@@ -240,27 +248,29 @@ def replica_checksums(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[s
     return names, torch.stack(sums).cpu() if sums else torch.zeros(0, dtype=torch.int64)  # one read from a GPU
 
 
-def compare_replicas(step: int, names: list[str], sums: list[torch.Tensor]) -> Finding | None:
-    """`sums[r]`: rank r's checksums, in `names` order. The ranks outside each tensor's majority."""
+def compare_replicas(step: int, names: list[str], sums: list[Any], ranks: list[int] | None = None) -> Finding | None:
+    """`sums[k]`: the checksums of rank `ranks[k]` (default: rank k), in `names` order. The ranks
+    outside each tensor's majority."""
+    ranks = list(range(len(sums))) if ranks is None else ranks
     odd: dict[int, list[str]] = collections.defaultdict(list)
     for i, name in enumerate(names):
         values = collections.Counter(int(s[i]) for s in sums)
         if len(values) > 1:
             top, n = values.most_common(1)[0]
             tie = list(values.values()).count(n) > 1
-            for r, s in enumerate(sums):
+            for r, s in zip(ranks, sums):
                 if tie or int(s[i]) != top:
                     odd[r].append(name)
     if not odd:
         return None
-    ranks = sorted(odd)
+    culprits = sorted(odd)
     tensors = sorted({n for ns in odd.values() for n in ns}, key=names.index)
     shown = ", ".join(tensors[:5]) + (f" and {len(tensors) - 5} more" if len(tensors) > 5 else "")
-    majority = "no majority: every side named" if len(ranks) == len(sums) else "the other ranks agree"
-    verb = "holds" if len(ranks) == 1 else "hold"
-    return Finding("replicas", "FAIL", step, ranks,
-                   f"replicas differ at step {step}: {ranks_text(ranks)} {verb} other values of {shown} ({majority})",
-                   {"tensors": {r: ns for r, ns in odd.items()}})
+    majority = "no majority: every side named" if len(culprits) == len(sums) else "the other ranks agree"
+    verb = "holds" if len(culprits) == 1 else "hold"
+    return Finding("replicas", "FAIL", step, culprits,
+                   f"replicas differ at step {step}: {ranks_text(culprits)} {verb} other values of {shown} "
+                   f"({majority})", {"tensors": {r: ns for r, ns in odd.items()}, "compared": ranks})
 
 
 class HealthMonitor:
@@ -273,8 +283,8 @@ class HealthMonitor:
         self.replica_checks = 0
         self.per_rank: list[dict[str, Any]] = []  # rank -> its recent compute and waiting, peak, current memory
 
-    def update(self, step: int, ranks: list[dict[str, float]], grad_norm: float, bad_param: str | None,
-               tokens: float) -> list[Finding]:
+    def update(self, step: int, ranks: list[dict[str, float]], grad_norm: float | None, bad_param: str | None,
+               tokens: float | None) -> list[Finding]:
         if not self.per_rank:  # the first step (warm-up) is kept apart: used only if it stays the only one
             self.per_rank = [{"first": (r["compute_s"], r["blocked_s"]), "peak": 0.0,
                               "compute": collections.deque(maxlen=RANK_WINDOW),
@@ -285,7 +295,8 @@ class HealthMonitor:
                 mine["blocked"].append(row["blocked_s"])
         for mine, row in zip(self.per_rank, ranks):
             mine["peak"], mine["current"] = max(mine["peak"], row["mem_peak"]), row["mem_current"]
-        found = [self.numerics.update(step, [r["loss"] for r in ranks], grad_norm, bad_param),
+        found = [self.numerics.update(step, [r["loss"] for r in ranks], grad_norm, bad_param)
+                 if grad_norm is not None else None,  # a launched script: its probe's findings come apart
                  self.stragglers.update(step, ranks, tokens),
                  self.memory.update(step, [r["mem_current"] for r in ranks], [r["mem_peak"] for r in ranks])]
         return [f for f in found if f is not None]

@@ -93,34 +93,41 @@ def check_script(script: str, module: bool, rdzv_backend: str = "c10d") -> None:
 
 
 def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool = False,
-               trace: Any = None) -> Report:
-    """`distval launch`: a user's script on local workers under the watchdog (launch/local.py);
+               trace: Any = None, health: Any = None) -> Report:
+    """`distval launch`: a user's script on local workers under the watchdog (launch/local.py) and
+    the health monitor (`health`, a HealthConfig: health/script.py, fed by each rank's probe);
     `trace` (a TraceConfig): its optimizer steps recorded, then analysed (trace/report.py)."""
+    from distval.health.config import HealthConfig
     from distval.health.lost import LostTime
-    from distval.health.steps import StragglerWatch
+    from distval.health.probe import ENV as PROBE_ENV
+    from distval.health.script import ScriptMonitor
     from distval.launch.local import run_script as run_local_script
-    from distval.trace.capture import ENV
+    from distval.trace.capture import ENV as TRACE_ENV
 
+    health = health or HealthConfig()
     started = time.monotonic()
     info = {"script": script, "module": module, "args": args, "launch": "local",
             "world_size": known_world_size(opts)}
     report = Report("launch", meta=meta.collect(None, None, **info))
     traced = trace is not None and trace.enabled
-    if traced:  # the shim of every worker reads it (inherited through torchrun's agent)
-        os.environ[ENV] = f"{trace.skip}:{trace.active}:{trace.dir}"
-    stragglers = StragglerWatch(info["world_size"] or 1, on_finding=say_finding)
-    lost = LostTime(info["world_size"] or 1, step=lambda reader: stragglers.next_step, on_finding=say_finding)
+    env = {PROBE_ENV: f"{health.nan_every}:{health.every}"}  # the shim of every worker reads them (inherited
+    if traced:  # through torchrun's agent)
+        env[TRACE_ENV] = f"{trace.skip}:{trace.active}:{trace.dir}"
+    monitor = ScriptMonitor(info["world_size"] or 1, health, on_finding=say_finding)
+    lost = LostTime(info["world_size"] or 1, health, step=lambda reader: monitor.next_step, on_finding=say_finding)
     pauses: list[Pause] = []
+    os.environ.update(env)
     try:
-        ranks = run_local_script(script, args, opts, watchers=[stragglers, lost], module=module, pauses=pauses)
+        ranks = run_local_script(script, args, opts, watchers=[monitor, lost], module=module, pauses=pauses)
     except CannotRun as e:
         report.add(failure_check("launch", e))
         return report
     finally:
-        os.environ.pop(ENV, None)
+        for key in env:
+            os.environ.pop(key, None)
     report.add(Check("launch script", Status.OK, f"{script} ended on all {ranks} ranks in "
                      f"{time.monotonic() - started:.1f} s, no hang"))
-    report.add(stragglers.check(lost.findings))
+    monitor.report(report, lost.findings)
     if pauses:
         report.add(pause_check("launch", pauses))
     if traced:

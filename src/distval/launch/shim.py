@@ -24,6 +24,8 @@ import time
 import traceback
 
 from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives
+from distval.health.probe import Probe
+from distval.health.probe import from_env as probe_settings
 from distval.health.steps import StepClock
 from distval.launch import channel as channels
 from distval.rank import state_payload
@@ -92,7 +94,8 @@ def main(argv: list[str]) -> None:
     status = f"running {script if module else os.path.basename(script)}"
     channel.publish("status", {"status": status}, flush=True)
     last_words = LastWords(channel, rank, status).install()
-    steps = StepClock(channel).start()  # the script's optimizer steps, for the straggler rule (health/steps.py)
+    # the script's optimizer steps: stragglers, memory (health/steps.py); NaN/Inf, replicas (health/probe.py)
+    steps = StepClock(channel, probe=Probe(*probe_settings())).start()
     # the step in the heartbeat tells the watchdog the script's loop runs (health/hang.py Watchdog)
     heartbeat = Heartbeat(channel, lambda: (status, {"step": steps.step})).start()
     _beat_before_destroy(heartbeat)

@@ -67,7 +67,7 @@ class Tracer:
         (health/steps.py); returns the hook's handle."""
         from distval.health.steps import follow_first_optimizer
 
-        return follow_first_optimizer(self.step)
+        return follow_first_optimizer(lambda optimizer: self.step())
 
 
 ENV = "DISTVAL_TRACE"  # `distval launch --trace`: SKIP:N:DIR for the shim of every worker

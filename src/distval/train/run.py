@@ -11,7 +11,7 @@ from typing import Any
 
 from distval import meta
 from distval.health.lost import LostTime
-from distval.health.monitor import STRAGGLER_HINT
+from distval.health.report import add_health as report_health
 from distval.launch import JobResult, LaunchOptions, Watcher
 from distval.launch.execute import execute, known_world_size, say_finding
 from distval.results import Check, Report, Status, Table
@@ -20,8 +20,6 @@ from distval.train.loop import train_rank
 
 STEP_COLUMNS = ["step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "comm_calls", "comm_bytes",
                 "comm_time_s", "comm_blocked_s", "mfu", "peak_mem_bytes", "slowest_rank", "compute_skew"]
-HEALTH_COLUMNS = ["kind", "status", "step", "ranks", "summary"]
-RANK_HEALTH_COLUMNS = ["rank", "compute_ms", "waiting_ms", "peak_mem_bytes", "current_mem_bytes"]
 
 
 def steps_table(result: dict[str, Any]) -> Table:
@@ -63,53 +61,17 @@ def _latest_step(reader: Any) -> int | None:
     return row.get("step") if row else None
 
 
-_HEALTH_CHECKS = {  # check: (finding kinds, what OK says, hint)
-    "stragglers": (("straggler",), "no straggler: no rank's compute stayed {ratio:g}x its peers' over {window} steps, "
-                   "none lost time to causes outside its process", STRAGGLER_HINT),
-    "numerics": (("nonfinite", "grad_spike"), "every loss and gradient norm finite; no gradient-norm spike",
-                 "lower the learning rate, check the named rank's batch and the named parameter; bf16 overflow"),
-    "memory": (("memory_imbalance", "memory_growth"), "memory balanced across ranks, no steady growth",
-               "tensors kept across steps (a list of losses with their graphs, a cache) on the named rank"),
-}
-
-
 def add_health(report: Report, result: dict[str, Any], cfg: TrainConfig) -> None:
-    """The health monitor's findings (health/monitor.py): a table and one check per detector."""
-    findings = result.get("health", [])
-    table = Table("health", HEALTH_COLUMNS, title="training health: stragglers, numerics, replicas, memory")
-    for f in findings:
-        table.add(**{c: f[c] for c in HEALTH_COLUMNS})
-    report.tables.append(table)
-    per_rank = Table("rank_health", RANK_HEALTH_COLUMNS, title="every rank over the run (median per step; memory: "
-                     "peak and last current)", units={"compute_ms": "ms", "waiting_ms": "ms", "peak_mem_bytes": "B",
-                                                      "current_mem_bytes": "B"})
-    for row in result.get("health_ranks", []):
-        per_rank.add(**row)
-    report.tables.append(per_rank)
-    for name, (kinds, ok, hint) in _HEALTH_CHECKS.items():
-        mine = [f for f in findings if f["kind"] in kinds]
-        for f in mine:
-            report.add(Check(f"health {name}", Status(f["status"]), f["summary"], details=f["details"], hint=hint,
-                             where={"rank": f["ranks"][0] if len(f["ranks"]) == 1 else f["ranks"], "step": f["step"]}))
-        if not mine:
-            report.add(Check(f"health {name}", Status.OK, ok.format(ratio=cfg.health.slow_ratio,
-                                                                      window=cfg.health.window)))
+    """The health monitor's findings (health/monitor.py), as a launched script's (health/report.py)."""
     checks = result.get("health_checks", {})
-    bad = [f for f in findings if f["kind"] == "replicas"]
-    if bad:
-        report.add(Check("health replicas", Status.FAIL, bad[0]["summary"], details=bad[0]["details"],
-                         where={"rank": bad[0]["ranks"], "step": bad[0]["step"]},
-                         hint="a rank-dependent update (an unsynchronised gradient, a rank-local RNG, a bit flip); "
-                              "the named tensors diverged first"))
-    elif not checks.get("replicas_applicable", True):
-        report.add(Check("health replicas", Status.SKIP, f"{cfg.strategy} shards the parameters: no replicas to "
-                         "compare"))
+    if not checks.get("replicas_applicable", True):
+        replicas = f"SKIP: {cfg.strategy} shards the parameters: no replicas to compare"
     elif not checks.get("replicas"):
-        report.add(Check("health replicas", Status.SKIP, f"no check ran: {cfg.steps} steps, a check every "
-                         f"{cfg.health.every} (--check-replicas-every)"))
+        replicas = f"SKIP: no check ran: {cfg.steps} steps, a check every {cfg.health.every} (--check-replicas-every)"
     else:
-        report.add(Check("health replicas", Status.OK, f"every rank's parameters bitwise equal at {checks['replicas']} "
-                         f"check(s), every {cfg.health.every} steps"))
+        replicas = (f"every rank's parameters bitwise equal at {checks['replicas']} check(s), every "
+                    f"{cfg.health.every} steps")
+    report_health(report, result.get("health", []), result.get("health_ranks", []), cfg.health, replicas)
 
 
 def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]], label: str = "") -> float | None:

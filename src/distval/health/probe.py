@@ -1,0 +1,181 @@
+"""A launched script's numerics, replicas and memory, seen from its optimizer steps (rank side; the
+launcher's rules are health/script.py's).
+
+The shim (launch/shim.py) gives the step clock (health/steps.py) a `Probe`; at each `step()` of
+the script's first optimizer it notes, on the training thread:
+  memory    the device's current and peak allocation (host RSS on CPU): two counters, every step,
+            carried in the clock's step rows
+  numerics  every `nan_every` steps, whether a gradient or a parameter of the optimizer is
+            non-finite: one max-abs per tensor (a fused foreach kernel), NaN and Inf kept by it,
+            copied to the host in stream order and read one step later on a GPU (no host sync in
+            the step, train/readback.py); the first non-finite tensor named by its module path
+  replicas  every `replicas_every` steps, an exact checksum of each parameter (health/monitor.py
+            `replica_checksums`, the one `distval train` compares), read back the same way
+No collective is added: the step clock's publisher thread puts what was noted on the rank channel
+(kinds `probe` and, once, `probe_names`) and the launcher compares the ranks.
+
+The module is found once, at the first step: among the live modules the one whose parameters are
+the optimizer's, its wrapper's prefix dropped (DDP's `module.`), so names are the script's own. Its
+replica `layout` says what may be compared: `ddp` (replicas by construction), `plain` (replicas if
+equal at the first check), `sharded` (FSDP2 DTensors: the ranks holding the same shard coordinates;
+FSDP1's flat shards: none).
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import math
+import os
+import threading
+import zlib
+from typing import Any
+
+import torch
+
+from distval import device as devices
+from distval.health.monitor import replica_checksums
+from distval.train.readback import Readback, lag_for, to_host
+
+ENV = "DISTVAL_PROBE"  # "NAN_EVERY:REPLICAS_EVERY" (0: off), set by `distval launch` for every worker
+CHECKS_KEPT = 4  # replica checksums kept per publication: ranks publish at their own pace
+
+
+def from_env() -> tuple[int, int]:
+    """(nan_every, replicas_every) as `distval launch` asked; (0, 0) outside it."""
+    nan, _, replicas = os.environ.get(ENV, "0:0").partition(":")
+    return int(nan or 0), int(replicas or 0)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this rank
+
+
+def find_model(params: list[torch.Tensor]) -> tuple[Any, dict[int, str]]:
+    """The live module holding the most of `params` (the innermost of equals: DDP's `module`, so
+    names carry no wrapper prefix), and each parameter's name by id; (None, {}) if none holds any."""
+    ids = {id(p) for p in params}
+    best, best_key = None, None
+    for obj in gc.get_objects():
+        if not isinstance(obj, torch.nn.Module):
+            continue
+        try:
+            named = list(obj.named_parameters())
+        except Exception:  # noqa: BLE001 (a half-built or exotic module: not the model)
+            continue
+        held = sum(id(p) in ids for _, p in named)
+        key = (held, -sum(len(n) for n, _ in named))
+        if held and (best_key is None or key > best_key):
+            best, best_key = obj, key
+    if best is None:
+        return None, {}
+    return best, {id(p): n for n, p in best.named_parameters()}
+
+
+def layout_of(model: Any, params: list[torch.Tensor]) -> tuple[str, list[int]]:
+    """(`ddp` | `plain` | `sharded`, the shard coordinates of this rank: ranks with equal ones hold
+    replicas). FSDP2 shards DTensors over mesh dimensions; the coordinates on the Shard ones pick
+    the replica group (HSDP: the ranks across the replicate dimension)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    dtensor = next((p for p in params if hasattr(p, "device_mesh") and hasattr(p, "placements")), None)
+    if dtensor is not None:
+        coords = dtensor.device_mesh.get_coordinate() or []
+        return "sharded", [c for c, pl in zip(coords, dtensor.placements) if pl.is_shard()]
+    if any(type(p).__name__ == "FlatParameter" for p in params):  # FSDP1: every rank a different flat shard
+        return "sharded", [int(os.environ.get("RANK", "0"))]
+    wrapped = any(isinstance(m, DistributedDataParallel) and m.module is model for m in gc.get_referrers(model))
+    return ("ddp" if wrapped or isinstance(model, DistributedDataParallel) else "plain"), []
+
+
+class Probe:
+    """Noted in the optimizer-step hook (`stepped`), published by the step clock's thread
+    (`payload`)."""
+
+    def __init__(self, nan_every: int, replicas_every: int):
+        self.nan_every, self.replicas_every = nan_every, replicas_every
+        self.checks: collections.deque[dict[str, Any]] = collections.deque(maxlen=CHECKS_KEPT)
+        self.nonfinite: dict[str, Any] | None = None  # the first one this rank saw
+        self.names: list[str] = []
+        self.layout: tuple[str, list[int]] = ("plain", [])
+        self.params: list[torch.Tensor] = []
+        self.device = torch.device("cpu")
+        self._readback: Readback[tuple[int, list[tuple[str, Any, Any]]]] | None = None
+        self._version = 0
+        self._lock = threading.Lock()  # noted on the training thread, read by the clock's publisher
+
+    def start(self, optimizer: Any) -> None:
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
+        model, names = find_model(self.params)
+        self.names = [names.get(id(p), f"optimizer parameter {i}") for i, p in enumerate(self.params)]
+        self.layout = layout_of(model, self.params) if model is not None else ("plain", [])
+        self.device = _local(self.params[0]).device if self.params else torch.device("cpu")
+        self._readback = Readback(lag_for("auto", self.device), self._finish)
+
+    def stepped(self, step: int, optimizer: Any) -> tuple[int, int]:
+        """The hook, on the training thread: nothing here waits for the device. Returns the
+        memory held now and at peak (bytes: the device's allocator, or host RSS on CPU)."""
+        if self._readback is None:
+            self.start(optimizer)
+        assert self._readback is not None
+        noted = []  # read back one step later on a GPU (lag 1), at once on the host
+        if self.nan_every and self.nonfinite is None and step % self.nan_every == 0:
+            flags, where = self._nonfinite_flags()
+            noted.append(("nan", to_host(flags), where))
+        if self.replicas_every and step % self.replicas_every == 0:
+            _, sums = replica_checksums((n, _local(p)) for n, p in zip(self.names, self.params))
+            noted.append(("replicas", to_host(sums), None))
+        self._readback.push((step, noted))
+        return devices.current_memory_bytes(self.device), devices.peak_memory_bytes(self.device)
+
+    def close(self) -> None:
+        if self._readback is not None:
+            self._readback.flush()
+
+    def _nonfinite_flags(self) -> tuple[torch.Tensor, list[tuple[str, int]]]:
+        """Per tensor (each gradient, then each parameter): its largest |value| (NaN wins), and
+        which (`gradient` | `parameter`, index in the optimizer) each one is."""
+        where = [("gradient", i) for i, p in enumerate(self.params) if p.grad is not None] + \
+            [("parameter", i) for i in range(len(self.params))]
+        tensors = [_local(self.params[i].grad if kind == "gradient" else self.params[i]).detach() for kind, i in where]
+        kept = [k for k, t in enumerate(tensors) if t.numel()]
+        tensors, where = [tensors[k] for k in kept], [where[k] for k in kept]
+        if not tensors:
+            return torch.zeros(0), []
+        try:
+            norms = torch._foreach_norm(tensors, ord=math.inf)
+        except (RuntimeError, TypeError, AttributeError):  # an older torch, or tensors on several devices
+            norms = [torch.linalg.vector_norm(t, math.inf) for t in tensors]
+        return torch.stack([n.float().to(self.device) for n in norms]), where
+
+    def _finish(self, pending: tuple[int, list[tuple[str, Any, Any]]]) -> None:
+        step, noted = pending
+        for what, host, where in noted:
+            if what == "replicas":
+                with self._lock:
+                    self.checks.append({"step": step, "sums": [int(v) for v in host.tolist()]})
+                    self._version += 1
+                continue
+            bad = (~torch.isfinite(host)).nonzero()
+            if self.nonfinite is None and len(bad):
+                first = int(bad[0])
+                kind, index = where[first]
+                with self._lock:
+                    self.nonfinite = {"step": step, "what": kind, "param": self.names[index],
+                                      "value": float(host[first])}
+                    self._version += 1
+
+    def names_payload(self) -> dict[str, Any]:
+        """The parameters' names in checksum order (kind `probe_names`, published once)."""
+        return {"names": self.names}
+
+    def payload(self) -> tuple[int, dict[str, Any]]:
+        """(a version that changes with what was noted, the payload of kind `probe`)."""
+        with self._lock:
+            return self._version, self._payload()
+
+    def _payload(self) -> dict[str, Any]:
+        return {
+            "layout": self.layout[0], "shard": self.layout[1], "names_key": zlib.crc32("\n".join(self.names).encode()),
+            "nonfinite": self.nonfinite, "replicas": list(self.checks),
+            "nan_every": self.nan_every, "replicas_every": self.replicas_every}

@@ -1,0 +1,164 @@
+"""The health monitor of a launched script (`distval launch`), in the launcher: `distval train`'s
+detectors (health/monitor.py) fed from what every rank's step clock and probe published on the
+rank channel (health/steps.py, health/probe.py), with no collective added to the script.
+
+  stragglers, memory   each optimizer step aligned across ranks (steps.py `aligned_rows`): the
+                       step time, each rank's compute and wait, its current and peak memory, fed
+                       to `HealthMonitor.update` as `distval train`'s gathered rows are
+  numerics             the first non-finite gradient or parameter any rank's probe saw (every
+                       `nan_every` steps): the earliest step, every rank that saw it there, the
+                       parameter's module path
+  replicas             every `every` steps each rank's exact checksums, compared among the ranks
+                       that must hold the same values: every rank for DDP, the ranks of equal
+                       shard coordinates for FSDP2 (none when the model is sharded over every
+                       rank: said, not compared); a model without a DDP wrapper counts as
+                       replicated only if its first check agreed on every rank
+Findings are printed live (`on_finding`) and become the report's health checks and tables
+(health/report.py), worded as `distval train`'s.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+from distval.health.config import HealthConfig
+from distval.health.monitor import Finding, HealthMonitor, compare_replicas, nonfinite_in_script
+from distval.health.report import add_health
+from distval.health.steps import KEEP, KIND, PROBE_KIND, PROBE_NAMES, aligned_rows
+from distval.results import Report
+
+
+class ScriptMonitor:
+    """A monitor-loop watcher (launch/monitor.py) over every rank's steps and probe notes."""
+
+    def __init__(self, world_size: int, cfg: HealthConfig | None = None,
+                 on_finding: Callable[[Finding], None] | None = None):
+        self.world_size = world_size
+        self.cfg = cfg or HealthConfig()
+        self.health = HealthMonitor(self.cfg)
+        self.on_finding = on_finding or (lambda f: None)
+        self.rows: list[dict[int, list[Any]]] = [{} for _ in range(world_size)]
+        self.hosts: set[str] = set()
+        self.next_step = 0
+        self.steps_seen = 0
+        self.probes: dict[int, dict[str, Any]] = {}
+        self.names: dict[int, list[str]] = {}
+        self.nonfinite: Finding | None = None
+        self.compared: set[tuple[int, tuple[int, ...]]] = set()  # (step, ranks) already compared
+        self.unreplicated: list[int] = []  # ranks of a plain model whose first check disagreed: not replicas
+        self.singles = False  # a sharded model with a rank alone in its shard group
+
+    def tick(self, reader: Any) -> None:
+        for rank, payload in reader.all(self.world_size, KIND).items():
+            if payload:
+                self.hosts.add(payload["host"])
+                for row in payload["rows"]:
+                    self.rows[rank][row[0]] = row
+        self.feed()
+        for rank, payload in reader.all(self.world_size, PROBE_KIND).items():
+            if payload:
+                self.probes[rank] = payload
+                if payload["replicas"] and rank not in self.names:
+                    self.names[rank] = (reader.latest(rank, PROBE_NAMES) or {}).get("names", [])
+        self._nonfinite()
+        self._replicas()
+
+    def feed(self) -> None:
+        """Every step all ranks have reported, in order (one host only: one clock)."""
+        while len(self.hosts) == 1:
+            if not all(self.next_step in mine for mine in self.rows):
+                if all(mine and max(mine) > self.next_step for mine in self.rows):
+                    self.next_step += 1  # a rank never resolved this step (its recorder had moved on): skip it
+                    continue
+                break
+            ranks = aligned_rows(self.rows, self.next_step)
+            if ranks is not None:
+                self.steps_seen += 1
+                for found in self.health.update(self.next_step, ranks, None, None, None):
+                    self.on_finding(found)
+            for mine in self.rows:
+                mine.pop(self.next_step - KEEP, None)  # only what a late step could still need
+            self.next_step += 1
+
+    def _nonfinite(self) -> None:
+        seen = {r: p["nonfinite"] for r, p in self.probes.items() if p.get("nonfinite")}
+        if not seen:
+            return
+        step = min(x["step"] for x in seen.values())
+        ranks = sorted(r for r, x in seen.items() if x["step"] == step)
+        first = seen[ranks[0]]
+        found = nonfinite_in_script(step, ranks, first["what"], first["value"], first["param"])
+        if self.nonfinite is None:
+            self.nonfinite = found
+            self.health.numerics.findings.append(found)
+            self.on_finding(found)
+        elif (step, ranks) != (self.nonfinite.step, self.nonfinite.ranks):  # a rank read back later saw it first
+            self.nonfinite.__dict__.update(found.__dict__)
+
+    def _replicas(self) -> None:
+        groups: dict[tuple, list[int]] = collections.defaultdict(list)
+        for r, p in sorted(self.probes.items()):
+            if p["replicas"] and r in self.names:
+                groups[(p["layout"], p["names_key"], tuple(p["shard"]))].append(r)
+        for (layout, _, _), ranks in groups.items():
+            if len(ranks) < 2:
+                self.singles = self.singles or layout == "sharded"
+                continue
+            by_rank = {r: {c["step"]: c["sums"] for c in self.probes[r]["replicas"]} for r in ranks}
+            for step in sorted(set.intersection(*(set(steps) for steps in by_rank.values()))):
+                if (step, tuple(ranks)) in self.compared or set(ranks) <= set(self.unreplicated):
+                    continue
+                first = not any(rs == tuple(ranks) for _, rs in self.compared)
+                self.compared.add((step, tuple(ranks)))
+                self.health.replica_checks += 1
+                found = compare_replicas(step, self.names[ranks[0]], [by_rank[r][step] for r in ranks], ranks)
+                if found and layout == "plain" and first:
+                    self.unreplicated = sorted({*self.unreplicated, *ranks})  # never equal: not replicas
+                elif found and not self.health.replicas:
+                    self.health.replicas.append(found)
+                    self.on_finding(found)
+
+    def close(self) -> None:
+        """Nothing to release: the monitor loop owns the reader."""
+
+    def report(self, report: Report, outside: list[Finding] = ()) -> None:
+        """The health checks and tables (health/report.py); `outside`: the lost-time rule's
+        findings (health/lost.py), which need no aligned steps."""
+        findings = [f.to_dict() for f in sorted([*self.health.findings(), *outside], key=lambda f: f.step)]
+        skips = {}
+        if len(self.hosts) > 1:
+            skips["stragglers"] = skips["memory"] = (f"ranks on {len(self.hosts)} hosts: arrival times on different "
+                                                     "clocks are not compared")
+        elif self.steps_seen < self.cfg.window:
+            skips["stragglers"] = (f"{self.steps_seen} optimizer step(s) with a collective seen; the straggler rule "
+                                   f"needs {self.cfg.window}")
+        if not self.steps_seen:
+            skips["memory"] = "no optimizer step with a collective seen"
+        add_health(report, findings, self.health.rank_rows(), self.cfg, self._replicas_text(),
+                   numerics=self._numerics_text(skips), skips=skips)
+
+    def _numerics_text(self, skips: dict[str, str]) -> str:
+        every = max((p["nan_every"] for p in self.probes.values()), default=0)
+        last = max((max(self.rows[r] or [0]) for r in range(self.world_size)), default=0)
+        if not every:
+            skips["numerics"] = "off (--check-nan-every 0)" if self.probes else "no optimizer step seen"
+        return (f"every gradient and parameter finite at every check, every {every} optimizer step(s) up to step "
+                f"{last}")
+
+    def _replicas_text(self) -> str:
+        every = max((p["replicas_every"] for p in self.probes.values()), default=0)
+        layouts = {p["layout"] for p in self.probes.values()}
+        if not every:
+            return "SKIP: off (--check-replicas-every 0)" if self.probes else "SKIP: no optimizer step seen"
+        if self.unreplicated:
+            return (f"SKIP: the parameters of ranks {self.unreplicated} differed at their first check and no "
+                    "DistributedDataParallel wraps the model: not replicas, not compared")
+        if not self.health.replica_checks and self.singles:
+            return "SKIP: the model is sharded (FSDP) over every rank: no replicas to compare"
+        if not self.health.replica_checks:
+            return f"SKIP: no check ran: a check every {every} optimizer steps (--check-replicas-every)"
+        groups = len({ranks for _, ranks in self.compared})
+        within = f" within each of {groups} replica groups" if groups > 1 or "sharded" in layouts else ""
+        return (f"every rank's parameters bitwise equal{within} at {self.health.replica_checks} check(s), every "
+                f"{every} optimizer steps")
