@@ -13,12 +13,13 @@ hook also takes the memory counters and the probe's numerics and replica checks,
 publishes the probe's notes.
 
 Launcher side (health/script.py `ScriptMonitor`, a launch Watcher, with `aligned_rows`): a step
-whose row names the same (pg, seq) on every rank is aligned across ranks; a rank's lateness is
-its creation time minus the earliest rank's. The rank that arrives last waits for nobody; every other rank waits (latest − its own)
-for it, so its blocked time is that and its compute time is the step time minus it. These rows
-feed the monitor `distval train` uses (health/monitor.py: stragglers persistently slower than the
-peers' median over a window, robust to one-off hiccups; memory imbalance and growth). Creation times are compared on one
-clock, so only while every rank is on one host; across hosts the check says so (SKIP).
+whose row names the same (pg, seq) on every rank is aligned across ranks; a rank's lateness is its
+creation time minus the earliest rank's. The rank that arrives last waits for nobody; every other
+rank waits (latest − its own) for it, so its blocked time is that and its compute time is the step
+time minus it. These rows feed the monitor `distval train` uses (health/monitor.py: stragglers
+persistently slower than the peers' median over a window, robust to one-off hiccups; memory
+imbalance and growth). Creation times are compared on one clock, so only while every rank is on one
+host; across hosts the check says so (SKIP).
 """
 
 from __future__ import annotations
