@@ -19,7 +19,7 @@ from distval.launch.job import LaunchOptions
 @app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                          "allow_interspersed_args": False})
 @config_flags("opts", LaunchOptions, only=("nproc", "max_restarts", "nnodes", "rdzv_endpoint", "timeout_s",
-                                          "hang.floor_s", "hang.kill_after_s"),
+                                          "hang.floor_s", "hang.kill_after_s", "metrics_port"),
               names={"nproc": ("--nproc-per-node", "--nproc")})
 @config_flags("health", HealthConfig, only=("slow_ratio", "nan_every", "every"))
 def launch_cmd(

@@ -35,6 +35,7 @@ import collections
 import dataclasses
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -120,6 +121,13 @@ class Stragglers:
             new = new or found
         return new
 
+
+    def scores(self) -> dict[int, float]:
+        """Each rank's compute over its peers' median, as the window's median (what the rule compares
+        with `slow_ratio`)."""
+        if not self.rows or len(self.rows[-1][1]) < 2:
+            return {}
+        return {r: statistics.median(_ratio(rows, r) for _, rows in self.rows) for r in range(len(self.rows[-1][1]))}
 
     def _onset(self, r: int) -> int:
         """The step rank r's slowness began: the change point of its compute ratio over the history
@@ -282,6 +290,8 @@ class HealthMonitor:
         self.replicas: list[Finding] = []
         self.replica_checks = 0
         self.per_rank: list[dict[str, Any]] = []  # rank -> its recent compute and waiting, peak, current memory
+        self.last: list[dict[str, float]] = []  # the last step's per-rank rows (live metrics: health/metrics.py)
+        self._live: tuple[float, dict[str, Any]] | None = None
 
     def update(self, step: int, ranks: list[dict[str, float]], grad_norm: float | None, bad_param: str | None,
                tokens: float | None) -> list[Finding]:
@@ -295,6 +305,7 @@ class HealthMonitor:
                 mine["blocked"].append(row["blocked_s"])
         for mine, row in zip(self.per_rank, ranks):
             mine["peak"], mine["current"] = max(mine["peak"], row["mem_peak"]), row["mem_current"]
+        self.last = ranks
         found = [self.numerics.update(step, [r["loss"] for r in ranks], grad_norm, bad_param)
                  if grad_norm is not None else None,  # a launched script: its probe's findings come apart
                  self.stragglers.update(step, ranks, tokens),
@@ -321,6 +332,18 @@ class HealthMonitor:
                          "waiting_ms": statistics.median(blocked) * 1e3,
                          "peak_mem_bytes": mine["peak"], "current_mem_bytes": mine["current"]})
         return rows
+
+    def metrics(self) -> dict[str, Any]:
+        """The live figures (health/metrics.py): the last step's per-rank rows with each rank's
+        straggler score, and the findings by (kind, status)."""
+        from distval.health.metrics import finding_counts, rank_row
+
+        now = time.monotonic()
+        if self._live is None or now - self._live[0] >= 1.0:  # at most once a second: the scores are medians
+            scores = self.stragglers.scores()
+            self._live = (now, {"ranks": {r: rank_row(row, scores.get(r)) for r, row in enumerate(self.last)},
+                                "findings": finding_counts(self.findings())})
+        return self._live[1]
 
     def findings(self) -> list[Finding]:
         out = [*self.numerics.findings, *self.replicas, *self.stragglers.findings, *self.memory.findings]

@@ -119,6 +119,10 @@ class ScriptMonitor:
                     self.health.replicas.append(found)
                     self.on_finding(found)
 
+    def metrics(self) -> dict[str, Any]:
+        """The live figures (health/metrics.py): the monitor's, and the last step every rank finished."""
+        return {**self.health.metrics(), **({"step": self.next_step - 1} if self.next_step else {})}
+
     def close(self) -> None:
         """Nothing to release: the monitor loop owns the reader."""
 

@@ -51,8 +51,13 @@ class LaunchOptions:
                        parse=_nnodes, text="1")
     rdzv_endpoint: str | None = knob(None, "--rdzv-endpoint", help="HOST:PORT every node meets at (as torchrun's; "
                                      "--nnodes > 1).")
+    metrics_port: int | None = knob(None, "--metrics-port", help="Serve live OpenMetrics (Prometheus) from the "
+                                    "launcher on this port (0: any free one): per-rank step time, wait, memory, "
+                                    "heartbeat age, findings (docs/health.md).")
 
     def __post_init__(self) -> None:
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"--metrics-port must be a TCP port, 0-65535 (got {self.metrics_port})")
         if self.nproc is not None and self.nproc < 1:
             raise ValueError(f"--nproc must be at least 1 (got {self.nproc})")
         if self.expect_world is not None and self.expect_world < 1:
@@ -78,6 +83,7 @@ class LaunchOptions:
 
 
 # the knobs every command that launches ranks takes (train adds --max-restarts, launch its own)
-LAUNCH = ("nproc", "backend", "expect_world", "timeout_s", "deadline_s", "hang.floor_s", "hang.kill_after_s")
+LAUNCH = ("nproc", "backend", "expect_world", "timeout_s", "deadline_s", "hang.floor_s", "hang.kill_after_s",
+          "metrics_port")
 
 RankFn = Callable[["RankContext", Any], Any]

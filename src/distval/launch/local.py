@@ -24,6 +24,7 @@ from distval.health.diagnose import WorkerFailure, diagnose
 from distval.health.hang import HINTS, Hang, Watchdog, stop_ranks, summary
 from distval.health.heartbeat import FR_ENV, enable_flight_recorder
 from distval.health.heartbeat import KIND as HEARTBEAT
+from distval.health.metrics import exporter_for
 from distval.health.pauses import Pause
 from distval.launch import channel as channels
 from distval.launch.job import JobResult, LaunchOptions, RankFn
@@ -112,7 +113,8 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     saved_handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
     stop = lambda *_: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
     watchdog = Watchdog(world, opts.hang, lambda hang: _abort(hang, stop)) if opts.hang else None
-    monitor = Monitor(reader, world, [*watchers, *([watchdog] if watchdog else [])])
+    exporter = exporter_for(opts.metrics_port, world, list(watchers))  # listening before any rank starts
+    monitor = Monitor(reader, world, [*watchers, *([watchdog] if watchdog else []), *([exporter] if exporter else [])])
     if opts.deadline_s:
         monitor.stop_at(opts.deadline_s, stop)
     if opts.max_restarts:  # a worker that knows a restart cannot help (bad checkpoint, crash loop)

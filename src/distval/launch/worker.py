@@ -25,6 +25,7 @@ from distval.comm.layer import Comm
 from distval.health.diagnose import WorkerFailure, diagnose
 from distval.health.faults import Faults
 from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives, running
+from distval.health.metrics import exporter_for
 from distval.launch import channel as channels
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
@@ -71,8 +72,11 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
                 running().status = beats  # type: ignore[union-attr]
             else:
                 heartbeat = Heartbeat(channel, beats).start()
-        if mode != "local" and rank == 0 and watchers:
-            monitor = Monitor(channel.reader(), ctx.world_size, watchers).start()
+        if mode != "local" and rank == 0:  # under torchrun/Slurm the live views, and metrics, are rank 0's
+            exporter = exporter_for(opts.metrics_port, ctx.world_size, list(watchers))
+            if watchers or exporter:
+                monitor = Monitor(channel.reader(), ctx.world_size, [*watchers, *([exporter] if exporter else [])])
+                monitor.start()
         ctx.status("running")
         result = rank_fn(ctx, cfg)
         ctx.status("gathering results")

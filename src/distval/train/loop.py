@@ -84,9 +84,13 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     def finished_step(pending: PendingStep) -> None:
         steps.append(finish_step(ctx, cfg, pending, tokens, flops_per_token, peak, health))
         logger.log(steps[-1], pending.step)
-        if ctx.rank == 0:  # the live progress view (train/progress.py)
+        if ctx.rank == 0:  # the live progress view (train/progress.py) and metrics (health/metrics.py)
+            live = health.metrics() if health is not None else {}
             ctx.channel.publish("step", {"step": pending.step, "loss": steps[-1]["loss"],
-                                         "step_time_s": steps[-1]["step_time_s"]})
+                                         "step_time_s": steps[-1]["step_time_s"],
+                                         "tokens_per_s": steps[-1]["tokens_per_s"],
+                                         "ranks": [live["ranks"][r] for r in sorted(live.get("ranks", {}))],
+                                         "findings": {"/".join(k): n for k, n in live.get("findings", {}).items()}})
 
     readback: Readback[PendingStep] = Readback(lag, finished_step)
     finished = False
