@@ -34,7 +34,8 @@ def rank_row(row: dict[str, float], score: float | None = None) -> dict[str, flo
     exporter's fields."""
     step_s = max(row["step_s"], 1e-12)
     out = {"step_s": row["step_s"], "compute_share": row["compute_s"] / step_s, "wait_share": row["blocked_s"] / step_s,
-           "mem_current": row.get("mem_current", 0.0), "mem_peak": row.get("mem_peak", 0.0)}
+           "mem_current": row.get("mem_current", 0.0),
+           "mem_peak": max(row.get("mem_peak", 0.0), row.get("mem_current", 0.0))}  # RSS's peak is sampled apart
     if score is not None:
         out["straggler_score"] = score
     return out
