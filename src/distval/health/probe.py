@@ -27,6 +27,7 @@ import collections
 import gc
 import os
 import threading
+import warnings
 import zlib
 from typing import Any
 
@@ -55,9 +56,10 @@ def find_model(params: list[torch.Tensor]) -> tuple[Any, dict[int, str]]:
     names carry no wrapper prefix), and each parameter's name by id; (None, {}) if none holds any."""
     ids = {id(p) for p in params}
     best, best_key = None, None
-    for obj in gc.get_objects():
-        if not isinstance(obj, torch.nn.Module):
-            continue
+    with warnings.catch_warnings():  # isinstance on a deprecated module object warns (torch's reduce_op)
+        warnings.simplefilter("ignore")
+        modules = [obj for obj in gc.get_objects() if isinstance(obj, torch.nn.Module)]
+    for obj in modules:
         try:
             named = list(obj.named_parameters())
         except Exception:  # noqa: BLE001 (a half-built or exotic module: not the model)
