@@ -1,11 +1,11 @@
-"""The step readback queue (train/readback.py): lag 1 finishes each step when the next is
+"""The step readback queue (readback.py): lag 1 finishes each step when the next is
 issued, in order; flush finishes the rest; lag 0 at once."""
 
 import pytest
 import torch
 
 from distval.train.metrics import MetricsConfig
-from distval.train.readback import Readback, StepMarks, lag_for, to_host
+from distval.readback import Readback, StepMarks, lag_for, to_host
 
 
 def test_lag_one_finishes_the_previous_step_when_the_next_is_issued():

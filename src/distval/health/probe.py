@@ -8,7 +8,7 @@ the script's first optimizer it notes, on the training thread:
   numerics  every `nan_every` steps, whether a gradient or a parameter of the optimizer is
             non-finite: one L2 norm per tensor (a fused foreach kernel), NaN and Inf kept by it,
             copied to the host in stream order and read one step later on a GPU (no host sync in
-            the step, train/readback.py); the first non-finite tensor named by its module path
+            the step, readback.py); the first non-finite tensor named by its module path
   replicas  every `replicas_every` steps, an exact checksum of each parameter (health/monitor.py
             `replica_checksums`, the one `distval train` compares), read back the same way
 No collective is added: the step clock's publisher thread puts what was noted on the rank channel
@@ -35,7 +35,7 @@ import torch
 
 from distval import device as devices
 from distval.health.monitor import replica_checksums
-from distval.train.readback import Readback, lag_for, to_host
+from distval.readback import Readback, lag_for, to_host
 
 ENV = "DISTVAL_PROBE"  # "NAN_EVERY:REPLICAS_EVERY" (0: off), set by `distval launch` for every worker
 CHECKS_KEPT = 4  # replica checksums kept per publication: ranks publish at their own pace

@@ -11,7 +11,7 @@ CPU, CUDA peak on GPU), and the collectives the strategy issued (calls, bytes, t
 time) from the collective layer. Metrics bookkeeping goes over the control group, never counted
 as the strategy's traffic.
 A step is issued (train_step) and its figures read back (finish_step) at once on CPU ranks and one
-step later on a GPU, so that nothing in the step waits for the GPU (train/readback.py).
+step later on a GPU, so that nothing in the step waits for the GPU (readback.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from distval.train import data as data_mod
 from distval.train.config import TrainConfig
 from distval.train.metrics import MetricsLogger
 from distval.train.model import build_model
-from distval.train.readback import Readback, StepMarks, lag_for, to_host
+from distval.readback import Readback, StepMarks, lag_for, to_host
 
 
 def loss_of(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import Any
 
 from distval.knobs import knob
 
-READBACKS = ("auto", "now", "late")  # train/readback.py
+READBACKS = ("auto", "now", "late")  # readback.py
 
 
 @dataclass(frozen=True)
