@@ -159,8 +159,10 @@ def test_a_scripts_late_arrivals_make_the_straggler_and_gaps_and_hosts_are_handl
     assert check.status.value == "SKIP" and "ranks on 2 hosts" in check.summary
 
 
-def _probe(layout: str = "ddp", shard: tuple = (), nonfinite: dict | None = None, replicas: tuple = ()) -> dict:
-    return {"layout": layout, "shard": list(shard), "names_key": 7, "nonfinite": nonfinite, "nan_every": 10,
+def _probe(layout: str = "ddp", shard: tuple = (), nonfinite: dict | None = None, replicas: tuple = (),
+           checked: int = 100) -> dict:
+    return {"layout": layout, "shard": list(shard), "names_key": 7, "nonfinite": nonfinite, "checked": checked,
+            "nan_every": 10,
             "replicas_every": 50, "replicas": [{"step": s, "sums": sums} for s, sums in replicas]}
 
 
@@ -175,8 +177,11 @@ def test_a_scripts_probe_notes_name_the_first_nonfinite_and_the_replica_outside_
     watch = ScriptMonitor(3, on_finding=found.append)
     reader.names = {r: {"names": ["fc.weight", "fc.bias"]} for r in range(3)}
     nan = {"step": 40, "what": "gradient", "param": "fc.weight", "value": float("nan")}
-    reader.probes = {0: _probe(nonfinite=nan, replicas=[(0, [1, 2])]), 1: _probe(replicas=[(0, [1, 2])]),
+    reader.probes = {0: _probe(nonfinite=nan, replicas=[(0, [1, 2])]), 1: _probe(replicas=[(0, [1, 2])], checked=30),
                      2: _probe(replicas=[(0, [1, 2])])}
+    watch.tick(reader)
+    assert not found  # rank 1's checks are read back only to step 30: it may have seen one earlier
+    reader.probes[1]["checked"] = 40
     watch.tick(reader)
     assert [f.kind for f in found] == ["nonfinite"] and found[0].ranks == [0] and "step 40" in found[0].summary
     reader.probes[1] = _probe(nonfinite={**nan, "step": 30, "param": "fc.bias"}, replicas=[(0, [1, 2]), (50, [1, 5])])

@@ -4,8 +4,8 @@ issued, in order; flush finishes the rest; lag 0 at once."""
 import pytest
 import torch
 
-from distval.train.metrics import MetricsConfig
 from distval.readback import Readback, StepMarks, lag_for, to_host
+from distval.train.metrics import MetricsConfig
 
 
 def test_lag_one_finishes_the_previous_step_when_the_next_is_issued():

@@ -97,6 +97,7 @@ class Probe:
         self.nan_every, self.replicas_every = nan_every, replicas_every
         self.checks: collections.deque[dict[str, Any]] = collections.deque(maxlen=CHECKS_KEPT)
         self.nonfinite: dict[str, Any] | None = None  # the first one this rank saw
+        self.checked = -1  # the last step whose NaN check was read back
         self.names: list[str] = []
         self.layout: tuple[str, list[int]] = ("plain", [])
         self.params: list[torch.Tensor] = []
@@ -159,6 +160,9 @@ class Probe:
                     self.checks.append({"step": step, "sums": [int(v) for v in host.tolist()]})
                     self._version += 1
                 continue
+            with self._lock:
+                self.checked = step
+                self._version += 1
             bad = (~torch.isfinite(host)).nonzero()
             if self.nonfinite is None and len(bad):
                 first = int(bad[0])
@@ -180,5 +184,5 @@ class Probe:
     def _payload(self) -> dict[str, Any]:
         return {
             "layout": self.layout[0], "shard": self.layout[1], "names_key": zlib.crc32("\n".join(self.names).encode()),
-            "nonfinite": self.nonfinite, "replicas": list(self.checks),
+            "nonfinite": self.nonfinite, "checked": self.checked, "replicas": list(self.checks),
             "nan_every": self.nan_every, "replicas_every": self.replicas_every}

@@ -20,6 +20,7 @@ Findings are printed live (`on_finding`) and become the report's health checks a
 from __future__ import annotations
 
 import collections
+import time
 from typing import Any, Callable
 
 from distval.health.config import HealthConfig
@@ -27,6 +28,8 @@ from distval.health.monitor import Finding, HealthMonitor, compare_replicas, non
 from distval.health.report import add_health
 from distval.health.steps import KEEP, KIND, PROBE_KIND, PROBE_NAMES, aligned_rows
 from distval.results import Report
+
+NAN_WAIT_S = 3.0  # the longest a non-finite finding waits for every rank's checks to be read back
 
 
 class ScriptMonitor:
@@ -45,6 +48,7 @@ class ScriptMonitor:
         self.probes: dict[int, dict[str, Any]] = {}
         self.names: dict[int, list[str]] = {}
         self.nonfinite: Finding | None = None
+        self._nan_seen = 0.0  # when a rank's probe first reported a non-finite value
         self.compared: set[tuple[int, tuple[int, ...]]] = set()  # (step, ranks) already compared
         self.unreplicated: list[int] = []  # ranks of a plain model whose first check disagreed: not replicas
         self.singles = False  # a sharded model with a rank alone in its shard group
@@ -81,7 +85,10 @@ class ScriptMonitor:
                 mine.pop(self.next_step - KEEP, None)  # only what a late step could still need
             self.next_step += 1
 
-    def _nonfinite(self) -> None:
+    def _nonfinite(self, final: bool = False) -> None:
+        """The earliest non-finite step and every rank that saw it there, said once every rank's
+        checks are read back that far (a NaN spreads to every rank at the next all-reduce: the rank
+        that published first is not always where it began), or after NAN_WAIT_S, or at the end."""
         seen = {r: p["nonfinite"] for r, p in self.probes.items() if p.get("nonfinite")}
         if not seen:
             return
@@ -89,12 +96,16 @@ class ScriptMonitor:
         ranks = sorted(r for r, x in seen.items() if x["step"] == step)
         first = seen[ranks[0]]
         found = nonfinite_in_script(step, ranks, first["what"], first["value"], first["param"])
-        if self.nonfinite is None:
+        if self.nonfinite is not None:
+            if (step, ranks) != (self.nonfinite.step, self.nonfinite.ranks):  # a late rank saw it first
+                self.nonfinite.__dict__.update(found.__dict__)
+            return
+        self._nan_seen = self._nan_seen or time.monotonic()
+        everyone = all(self.probes.get(r, {}).get("checked", -1) >= step for r in range(self.world_size))
+        if everyone or final or time.monotonic() - self._nan_seen >= NAN_WAIT_S:
             self.nonfinite = found
             self.health.numerics.findings.append(found)
             self.on_finding(found)
-        elif (step, ranks) != (self.nonfinite.step, self.nonfinite.ranks):  # a rank read back later saw it first
-            self.nonfinite.__dict__.update(found.__dict__)
 
     def _replicas(self) -> None:
         groups: dict[tuple, list[int]] = collections.defaultdict(list)
@@ -124,7 +135,8 @@ class ScriptMonitor:
         return {**self.health.metrics(), **({"step": self.next_step - 1} if self.next_step else {})}
 
     def close(self) -> None:
-        """Nothing to release: the monitor loop owns the reader."""
+        """The monitor loop owns the reader; a non-finite value still waiting for the others is said."""
+        self._nonfinite(final=True)
 
     def report(self, report: Report, outside: list[Finding] = ()) -> None:
         """The health checks and tables (health/report.py); `outside`: the lost-time rule's

@@ -34,12 +34,12 @@ from distval.comm.ops import busbw_factor
 from distval.health.monitor import FIELDS, HealthMonitor, NonFiniteStop, nonfinite_text, replica_checksums
 from distval.plan import presets
 from distval.rank import RankContext
+from distval.readback import Readback, StepMarks, lag_for, to_host
 from distval.trace.capture import Tracer, phase
 from distval.train import data as data_mod
 from distval.train.config import TrainConfig
 from distval.train.metrics import MetricsLogger
 from distval.train.model import build_model
-from distval.readback import Readback, StepMarks, lag_for, to_host
 
 
 def loss_of(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
