@@ -126,7 +126,7 @@ def test_a_scripts_late_arrivals_make_the_straggler_and_gaps_and_hosts_are_handl
     from distval.health.steps import KEEP, aligned_rows
 
     reader, found = _Reader(2), []
-    watch = ScriptMonitor(2, on_finding=found.append)
+    watch = ScriptMonitor(2, on_finding=found.append, read_every_s=0)
     rng = random.Random(0)
     for step in range(200):
         late = 0.02 if step >= 30 else 0.0
@@ -174,7 +174,7 @@ def test_a_scripts_probe_notes_name_the_first_nonfinite_and_the_replica_outside_
     from distval.health.script import ScriptMonitor
 
     reader, found = _Reader(3), []
-    watch = ScriptMonitor(3, on_finding=found.append)
+    watch = ScriptMonitor(3, on_finding=found.append, read_every_s=0)
     reader.names = {r: {"names": ["fc.weight", "fc.bias"]} for r in range(3)}
     nan = {"step": 40, "what": "gradient", "param": "fc.weight", "value": float("nan")}
     reader.probes = {0: _probe(nonfinite=nan, replicas=[(0, [1, 2])]), 1: _probe(replicas=[(0, [1, 2])], checked=30),

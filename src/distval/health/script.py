@@ -29,6 +29,7 @@ from distval.health.report import add_health
 from distval.health.steps import KEEP, KIND, PROBE_KIND, PROBE_NAMES, aligned_rows
 from distval.results import Report
 
+READ_EVERY_S = 0.25
 NAN_WAIT_S = 3.0  # the longest a non-finite finding waits for every rank's checks to be read back
 
 
@@ -36,8 +37,8 @@ class ScriptMonitor:
     """A monitor-loop watcher (launch/monitor.py) over every rank's steps and probe notes."""
 
     def __init__(self, world_size: int, cfg: HealthConfig | None = None,
-                 on_finding: Callable[[Finding], None] | None = None):
-        self.world_size = world_size
+                 on_finding: Callable[[Finding], None] | None = None, read_every_s: float = READ_EVERY_S):
+        self.world_size, self.read_every_s = world_size, read_every_s
         self.cfg = cfg or HealthConfig()
         self.health = HealthMonitor(self.cfg)
         self.on_finding = on_finding or (lambda f: None)
@@ -49,11 +50,20 @@ class ScriptMonitor:
         self.names: dict[int, list[str]] = {}
         self.nonfinite: Finding | None = None
         self._nan_seen = 0.0  # when a rank's probe first reported a non-finite value
+        self._read_at, self._reader = -read_every_s, None
         self.compared: set[tuple[int, tuple[int, ...]]] = set()  # (step, ranks) already compared
         self.unreplicated: list[int] = []  # ranks of a plain model whose first check disagreed: not replicas
         self.singles = False  # a sharded model with a rank alone in its shard group
 
     def tick(self, reader: Any) -> None:
+        """Every `read_every_s` (the ranks publish every 0.5 s): the launcher shares the ranks' host."""
+        now = time.monotonic()
+        if now - self._read_at < self.read_every_s:
+            return
+        self._read_at, self._reader = now, reader
+        self._read(reader)
+
+    def _read(self, reader: Any) -> None:
         for rank, payload in reader.all(self.world_size, KIND).items():
             if payload:
                 self.hosts.add(payload["host"])
@@ -135,7 +145,10 @@ class ScriptMonitor:
         return {**self.health.metrics(), **({"step": self.next_step - 1} if self.next_step else {})}
 
     def close(self) -> None:
-        """The monitor loop owns the reader; a non-finite value still waiting for the others is said."""
+        """The last publications read (the monitor loop's final tick may fall inside the interval),
+        and a non-finite value still waiting for the others said."""
+        if self._reader is not None:
+            self._read(self._reader)
         self._nonfinite(final=True)
 
     def report(self, report: Report, outside: list[Finding] = ()) -> None:
