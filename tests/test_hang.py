@@ -648,6 +648,8 @@ def test_launch_never_kills_a_healthy_script_whose_rank_0_evaluates_and_saves(ev
     pauses = check["details"]["pauses"]
     assert check["status"] == "WARN" and [p["ranks"] for p in pauses] == [[0], [0]], check
     assert pauses[0]["length_s"] >= 10 and pauses[1]["length_s"] >= 7, pauses
+    health = {c["name"]: c["status"] for c in doc["checks"] if c["name"].startswith("health")}
+    assert set(health.values()) <= {"OK", "SKIP"} and not doc["tables"]["health"]["rows"], doc["checks"]  # clean
 
 
 def test_launch_ends_a_rank_stopped_after_a_pause_at_once(eval_runs):

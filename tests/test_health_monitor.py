@@ -23,8 +23,7 @@ CASES = {  # name: (fault, ranks, steps)
     "throttled": ("step=30,rank=1,action=throttle,percent=100", "2", "140"),  # stopped 50 of every 100 ms
     "desync": ("step=20,rank=2,action=perturb", "3", "40"),
     "grad_desync": ("step=15,rank=0,action=grad_drift", "3", "30"),  # figures read one step late, as on a GPU
-    "nan": ("step=15,rank=1,action=nan", "2", "20"),
-    "leak": ("step=10,rank=0,action=leak,mib=8", "2", "80"),
+    "nan_leak": ("step=15,rank=1,action=nan;step=10,rank=0,action=leak,mib=8", "2", "80"),  # two faults, one job
     "nan_stop": ("step=7,rank=1,action=nan", "2", "20"),  # with --on-nan stop and a checkpoint every 5 steps
 }
 
@@ -121,16 +120,16 @@ def test_drifted_gradients_are_named_as_gradients(runs):
 
 
 def test_a_nan_loss_is_named_with_its_rank_step_and_in_the_jsonl_sink(runs):
-    code, doc, _, where = _job(runs, "nan")
-    nan = _finding(runs, "nan", "nonfinite")
+    code, doc, _, where = _job(runs, "nan_leak")
+    nan = _finding(runs, "nan_leak", "nonfinite")
     assert code == 1 and nan["ranks"] == [1] and nan["step"] == 15 and "tok_emb.weight" in nan["summary"], nan
-    lines = [json.loads(x) for x in (where / "nan.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (where / "nan_leak.jsonl").read_text().splitlines()]
     assert any(x.get("health") and x["step"] == 15 for x in lines)  # the finding in the JSONL sink, at its step
 
 
 def test_a_leak_is_named_with_its_rank_and_rate(runs):
-    _, doc, _, _ = _job(runs, "leak")
-    assert _finding(runs, "leak", "memory_growth")["ranks"] == [0]
+    _, doc, _, _ = _job(runs, "nan_leak")  # a non-finite loss from step 15 does not hide the leak
+    assert _finding(runs, "nan_leak", "memory_growth")["ranks"] == [0]
     (check,) = [c for c in doc["checks"] if "bytes_per_step" in c["details"]]
     assert check["where"]["rank"] == 0 and 6 < check["details"]["bytes_per_step"] / 2**20 < 10, check["summary"]
 
