@@ -1,6 +1,8 @@
 """The training health monitor: stragglers, numerics, replica consistency and memory, decided on
 rank 0 from what every rank measured in the step, gathered in one collective over the control
-group (the same one that already gave the step's slowest time and the mean loss).
+group (the same one that already gave the step's slowest time and the mean loss). A launched
+script's monitor (health/script.py) feeds the same detectors in the launcher, from what each
+rank's step clock and probe published (no loss there: its numerics come from the probe).
 
 Per rank and step (a row of `FIELDS`): the step time, the time the training thread computed (the step
 minus the time it waited in collectives: `comm_blocked_s`), the wait itself, its local loss, its
@@ -120,7 +122,6 @@ class Stragglers:
             self.findings.append(found)
             new = new or found
         return new
-
 
     def scores(self) -> dict[int, float]:
         """Each rank's compute over its peers' median, as the window's median (what the rule compares
