@@ -1,7 +1,9 @@
-"""Job health: the heartbeat and the hang watchdog (heartbeat.py, hang.py), collective
-fingerprints (fingerprints.py), the training health monitor (monitor.py), a script's steps and
-its stragglers under `distval launch` (steps.py), naming the rank that broke a job (diagnose.py)
-and the test/drill faults (faults.py)."""
+"""Job health: the heartbeat and the hang watchdog (heartbeat.py, hang.py), pauses (pauses.py),
+collective fingerprints (fingerprints.py), the training health monitor (monitor.py, config.py)
+and its report (report.py), a script's steps and probe under `distval launch` (steps.py,
+probe.py) and the launcher's monitor over them (script.py), ranks slowed from outside (lost.py),
+live OpenMetrics (metrics.py), naming the rank that broke a job (diagnose.py) and the test/drill
+faults (faults.py)."""
 
 from __future__ import annotations
 
