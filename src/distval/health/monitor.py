@@ -245,16 +245,20 @@ class Memory:
         return found
 
 
-def replica_checksums(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[str], torch.Tensor]:
+def replica_checksums(named: Iterable[tuple[str, torch.Tensor]], host: bool = True) -> tuple[list[str], torch.Tensor]:
     """An exact checksum per tensor: its bits as integers, summed in int64 (equal bits, equal sum;
-    one flipped bit changes it)."""
+    one flipped bit changes it). `host=False`: left on the device (no sync; the caller reads it
+    back later)."""
     names, sums = [], []
     for name, p in named:
         t = p.detach()
         bits = t.contiguous().view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
         names.append(name)
         sums.append(torch.sum(bits, dtype=torch.int64))  # accumulated in int64, no int64 copy
-    return names, torch.stack(sums).cpu() if sums else torch.zeros(0, dtype=torch.int64)  # one read from a GPU
+    if not sums:
+        return names, torch.zeros(0, dtype=torch.int64)
+    stacked = torch.stack(sums)
+    return names, stacked.cpu() if host else stacked  # one read from a GPU
 
 
 def compare_replicas(step: int, names: list[str], sums: list[Any], ranks: list[int] | None = None) -> Finding | None:

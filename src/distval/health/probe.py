@@ -125,7 +125,7 @@ class Probe:
             flags, where = self._nonfinite_flags()
             noted.append(("nan", to_host(flags), where))
         if self.replicas_every and step % self.replicas_every == 0:
-            _, sums = replica_checksums((n, _local(p)) for n, p in zip(self.names, self.params))
+            _, sums = replica_checksums(((n, _local(p)) for n, p in zip(self.names, self.params)), host=False)
             noted.append(("replicas", to_host(sums), None))
         self._readback.push((step, noted))
         current = devices.current_memory_bytes(self.device)

@@ -164,16 +164,14 @@ class ScriptMonitor:
                                    f"needs {self.cfg.window}")
         if not self.steps_seen:
             skips["memory"] = "no optimizer step with a collective seen"
-        add_health(report, findings, self.health.rank_rows(), self.cfg, self._replicas_text(),
-                   numerics=self._numerics_text(skips), skips=skips)
-
-    def _numerics_text(self, skips: dict[str, str]) -> str:
         every = max((p["nan_every"] for p in self.probes.values()), default=0)
-        last = max((max(self.rows[r] or [0]) for r in range(self.world_size)), default=0)
         if not every:
             skips["numerics"] = "off (--check-nan-every 0)" if self.probes else "no optimizer step seen"
-        return (f"every gradient and parameter finite at every check, every {every} optimizer step(s) up to step "
-                f"{last}")
+        checked = min((p.get("checked", -1) for p in self.probes.values()), default=-1)  # read back on every rank
+        numerics = f"every gradient and parameter finite at every check, every {every} optimizer step(s) up to step " \
+                   f"{checked}"
+        add_health(report, findings, self.health.rank_rows(), self.cfg, self._replicas_text(), numerics=numerics,
+                   skips=skips)
 
     def _replicas_text(self) -> str:
         every = max((p["replicas_every"] for p in self.probes.values()), default=0)
