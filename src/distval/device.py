@@ -7,6 +7,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from distval.rocm import platform as rocm_platform
+
 
 def cuda_usable() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
@@ -76,10 +78,44 @@ def device_name(device: torch.device) -> str:
 
 
 def nccl_version() -> str | None:
-    """NCCL's version where NCCL and a GPU are there (e.g. "2.28.9"), else None."""
+    """The collective library's version where it and a GPU are there (e.g. "2.28.9"), else None:
+    NCCL's on CUDA, RCCL's on ROCm (torch keeps the name "nccl" there)."""
     if dist.is_nccl_available() and cuda_usable():
         return ".".join(str(v) for v in torch.cuda.nccl.version())
     return None
+
+
+def collective_library() -> str:
+    """"RCCL" on a ROCm build of torch (backend "nccl" is RCCL underneath), else "NCCL"."""
+    return "RCCL" if torch.version.hip else "NCCL"
+
+
+def gpu_runtime() -> str | None:
+    """"ROCm 6.2" or "CUDA 12.4": what this torch was built for; None for a CPU build."""
+    if torch.version.hip:
+        return f"ROCm {rocm_platform.rocm_version(torch.version.hip) or torch.version.hip}"
+    return f"CUDA {torch.version.cuda}" if torch.version.cuda else None
+
+
+def gpu_arch(device: torch.device) -> str | None:
+    """The gfx target of an AMD GPU ("gfx942"); None elsewhere."""
+    if device.type != "cuda" or not torch.version.hip:
+        return None
+    return rocm_platform.gfx_arch(getattr(torch.cuda.get_device_properties(device), "gcnArchName", None))
+
+
+def gpu_identity(device: torch.device) -> dict | None:
+    """What names a GPU: torch's name and, on ROCm, its gfx target, compute units and memory (a
+    ROCm release may name every GPU "AMD Radeon Graphics"); None on CPU. The planner's presets
+    turn it into a preset (`presets.preset_for`)."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    out = {"name": torch.cuda.get_device_name(device)}
+    if torch.version.hip:
+        out.update(arch=getattr(props, "gcnArchName", None), compute_units=props.multi_processor_count,
+                   memory_bytes=props.total_memory)
+    return out
 
 
 def bf16_unsupported() -> bool:

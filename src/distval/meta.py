@@ -17,7 +17,8 @@ import distval
 if TYPE_CHECKING:
     from distval.results import JobResult
 
-_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "MASTER_", "OMP_NUM_THREADS")
+_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "MASTER_", "OMP_NUM_THREADS", "RCCL_", "HSA_",
+                 "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
 def versions() -> dict[str, Any]:
@@ -32,11 +33,22 @@ def versions() -> dict[str, Any]:
         import torch
         import torch.distributed as dist
 
-        from distval.device import nccl_version
+        from distval.device import collective_library, gpu_runtime, nccl_version
 
+        # on ROCm "nccl" is RCCL's version and `collectives` says so; `runtime` is "ROCm 6.2" there
         out.update(gloo=dist.is_gloo_available(), mpi=dist.is_mpi_available(), cuda=torch.version.cuda,
+                   hip=torch.version.hip, runtime=gpu_runtime(), collectives=collective_library(),
                    nccl=nccl_version())
     return out
+
+
+def stack_text(v: dict[str, Any]) -> str:
+    """The GPU stack of `versions()` in words: "NCCL 2.21.5, CUDA 12.4", "RCCL 2.20.5, ROCm 6.2",
+    "NCCL no" (no GPU library usable)."""
+    library = v.get("collectives") or "NCCL"
+    text = f"{library} {v.get('nccl') or 'no'}"
+    runtime = v.get("runtime") or (f"CUDA {v['cuda']}" if v.get("cuda") else None)
+    return text + (f", {runtime}" if runtime else "")
 
 
 def _version(package: str) -> str | None:

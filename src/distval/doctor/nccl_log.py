@@ -26,16 +26,28 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distval.doctor.net import is_decoy_name
 from distval.doctor.topo import Topo
 from distval.results import Check, Status, Table
 
+if TYPE_CHECKING:
+    from distval.rocm.smi import AmdTopology
+
 _LINE = re.compile(
-    r"(?:(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] )?NCCL (?P<level>INFO|WARN) ?(?P<msg>.*)$"
+    r"(?:(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] )?(?:\S+:\d+ )?"
+    r"NCCL (?P<level>INFO|WARN) ?(?P<msg>.*)$"
 )
-_VERSION = re.compile(r"NCCL version (\S+)")
+# "NCCL version 2.21.5+cuda12.4"; RCCL: "RCCL version 2.18.3+hip5.7 HEAD:b502725" (to 2.20), then a block
+# "RCCL version : 2.21.5-HEAD:eef7b29" / "HIP version  : 6.3.42131-fa1d09cbd" / "ROCm version : 6.3.0.0-39-ce2be3b"
+_VERSION = re.compile(r"\b(?P<lib>NCCL|RCCL) version\s*:?\s*(?P<v>\d[^\s]*)")
+_ROCM_VERSION = re.compile(r"^\s*ROCm version\s*:\s*(\d+\.\d+(?:\.\d+)?)")
+_RCCL_SUFFIX = re.compile(r"\s+comm 0x[0-9a-fA-F]+ nRanks \d+(?: busId \w+)?\s*$")  # RCCL appends it to many lines
+_INIT_DONE = re.compile(r"rank (\d+) nranks (\d+)\b.*- Init COMPLETE")
+_INIT_TIME = re.compile(r"^Init timings.*rank (\d+) nranks \d+ total ([\d.]+)")
+# RCCL's own start-up advice (init.cc checks of the host), not failures of the job
+_ADVISORY = re.compile(r'Missing "|NUMA auto balancing')
 _CHANNEL = re.compile(r"^Channel (?P<ch>\d+)(?:/(?P<sub>\d+))? : (?P<src>\d+)\[(?P<sdev>[0-9a-fA-F]+)\] -> "
                       r"(?P<dst>\d+)\[(?P<ddev>[0-9a-fA-F]+)\](?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$")
 _RING_ORDER = re.compile(r"^Channel (\d+)/(\d+) :\s+((?:\d+\s*)+)$")
@@ -79,6 +91,12 @@ class Connection:
 class NcclLog:
     source: str
     version: str | None = None
+    library: str = "NCCL"  # RCCL on ROCm
+    rocm: str | None = None
+    init_done: set[int] = field(default_factory=set)  # ranks whose communicator reached Init COMPLETE
+    init_s: float | None = None  # the slowest rank's init time (Init timings, NCCL/RCCL 2.23+)
+    msccl: list[str] = field(default_factory=list)  # RCCL's MSCCL/MSCCL++ lines (which algorithms it took)
+    aborted: int = 0  # Abort COMPLETE lines
     connections: list[Connection] = field(default_factory=list)
     rings: dict[int, str] = field(default_factory=dict)
     num_trees: int = 0
@@ -96,7 +114,9 @@ class NcclLog:
 
     def summary(self) -> dict[str, Any]:
         counts = Counter(c.transport for c in self.connections)
-        return {"source": self.source, "version": self.version, "ranks": self.num_ranks, "nodes": self.num_nodes,
+        return {"source": self.source, "library": self.library, "version": self.version, "rocm": self.rocm,
+                "init_complete": len(self.init_done), "init_s": self.init_s, "msccl": self.msccl[:4],
+                "aborted": self.aborted, "ranks": self.num_ranks, "nodes": self.num_nodes,
                 "network": self.network, "socket_interfaces": self.socket_ifs, "ib_hcas": self.ib_hcas,
                 "bootstrap_interface": self.bootstrap_if, "gdr": self.gdr, "transports": dict(counts),
                 "rings": len(self.rings), "trees": self.num_trees, "env": self.env, "warnings": len(self.warnings)}
@@ -105,22 +125,30 @@ class NcclLog:
 def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLog:
     """Parse the NCCL lines of a log (other lines are ignored); ValueError if there are none."""
     log = NcclLog(source)
+    seen_hosts: set[str] = set()
     for n, raw in enumerate(text.splitlines(), 1):
         vm = _VERSION.search(raw)
         if vm and log.version is None:
-            log.version = vm.group(1)
+            log.library, log.version = vm.group("lib"), vm.group("v")
+        if (rm := _ROCM_VERSION.match(raw)) and log.rocm is None:
+            log.rocm = rm.group(1)
         m = _LINE.search(raw)
         if not m:
             continue
         log.num_lines += 1
-        host, msg = m.group("host"), m.group("msg").strip()
+        host, msg = m.group("host"), _RCCL_SUFFIX.sub("", m.group("msg").strip())
+        if host:
+            seen_hosts.add(host)
         if m.group("level") == "WARN":
             log.warnings.append(raw.strip())
             continue
         _read_info(log, host, msg, n)
+    if log.num_nodes is None and len(seen_hosts) > 1:  # no "nNodes" line (RCCL's older logs): the hosts seen
+        log.num_nodes = len(seen_hosts)
     if log.num_lines == 0 and log.version is None:
         raise ValueError(
-            f"{source}: no NCCL lines ('NCCL INFO ...'); run the job with NCCL_DEBUG=INFO and pass its output"
+            f"{source}: no NCCL lines ('NCCL INFO ...', as NCCL and RCCL write them); run the job with "
+            "NCCL_DEBUG=INFO and pass its output"
         )
     return log
 
@@ -157,7 +185,17 @@ def _read_info(log: NcclLog, host: str | None, msg: str, n: int) -> None:
         if host:
             log.hosts[rank] = host
     elif m := _ENV.match(msg):
-        log.env[m.group(1)] = m.group(2).strip()
+        log.env[m.group(1)] = m.group(2).strip().rstrip(".")
+    elif m := _INIT_DONE.search(msg):
+        log.init_done.add(int(m.group(1)))
+        log.num_ranks = log.num_ranks or int(m.group(2))
+    elif m := _INIT_TIME.match(msg):
+        log.init_s = max(log.init_s or 0.0, float(m.group(2)))
+    elif msg.startswith(("MSCCL", "Using MSCCL")):
+        if msg not in log.msccl:
+            log.msccl.append(msg)
+    elif msg.endswith("Abort COMPLETE"):
+        log.aborted += 1
 
 
 def load_nccl_log(path: str | Path) -> NcclLog:
@@ -211,7 +249,15 @@ def check_transports(log: NcclLog) -> Check:
         extra.append("trees")
     if log.gdr is not None or any(c.gdr for c in log.connections):
         extra.append("GDR " + ("on" if log.gdr or any(c.gdr for c in log.connections) else "off"))
-    version = f"NCCL {log.version}: " if log.version else ""
+    number = re.match(r"\d+\.\d+\.\d+", log.version or "")
+    built = re.search(r"\+(hip|cuda)([\d.]+)", log.version or "")  # "2.18.3+hip5.7": built for HIP 5.7
+    runtime = f"ROCm {log.rocm}" if log.rocm else f"{built.group(1).upper()} {built.group(2)}" if built else None
+    version = (f"{log.library} {number.group() if number else log.version}" + (f" ({runtime})" if runtime else "")
+               + ": ") if log.version else ""
+    if log.init_done:
+        extra.append(f"{len(log.init_done)} rank(s) initialised" + (f" in up to {log.init_s:.2f} s" if log.init_s else ""))
+    if log.msccl:
+        extra.append("MSCCL++ on" if any(m.startswith("MSCCL++: Enabled") for m in log.msccl) else "MSCCL on")
     return Check(
         name,
         Status.OK,
@@ -256,7 +302,7 @@ def check_network(log: NcclLog) -> Check:
     return Check(name, Status.OK, text, details=details)
 
 
-def check_p2p_paths(log: NcclLog, topo: Topo | None) -> Check:
+def check_p2p_paths(log: NcclLog, topo: "Topo | AmdTopology | None") -> Check:
     """Seed 002: P2P (CUMEM, IPC or direct) between GPUs whose topology path is SYS: NCCL's kernels
     spin-wait on data that never arrives; both GPUs at 100%, no progress, no error."""
     name = "doctor.nccl p2p-paths"
@@ -269,26 +315,36 @@ def check_p2p_paths(log: NcclLog, topo: Topo | None) -> Check:
             name,
             Status.SKIP,
             f"{len(p2p)} P2P connection(s) ({', '.join(sorted({c.transport for c in p2p}))}); "
-            "give --topo-file (or run where nvidia-smi is) to check their paths",
+            "give --topo-file (or run where nvidia-smi, amd-smi or rocm-smi is) to check their paths",
             details={"reason": "no topology"},
         )
-    if any(_gpu_index(a) is None or _gpu_index(b) is None for a, b in devs):
+    def gpu(dev: str) -> str | None:
+        """The matrix's name of a log's device: a CUDA index, or (RCCL, old NCCL) a PCI bus id the
+        topology knows (amd-smi's tables are keyed by PCI address)."""
+        index = _gpu_index(dev)
+        if index is not None:
+            return f"GPU{index}"
+        by_bus = getattr(topo, "gpu_for_bus", None)
+        return by_bus(dev) if by_bus is not None else None
+
+    if any(gpu(a) is None or gpu(b) is None for a, b in devs):
         return Check(
             name,
             Status.SKIP,
-            "the log names devices by PCI bus id (an old NCCL): cannot match them to the matrix",
+            "the log names devices by PCI bus id and the topology has no bus ids to match them "
+            "(old NCCL, RCCL): give amd-smi's topology, or a log with device indices",
             details={"reason": "bus ids", "devices": devs},
         )
     bad, unknown, paths = [], [], {}
     for key, entry in _pairs(p2p).items():
         host, src, sdev, dst, ddev, transport, _ = key
-        a, b = f"GPU{int(sdev)}", f"GPU{int(ddev)}"
+        a, b = gpu(sdev), gpu(ddev)
         if a not in topo.gpus or b not in topo.gpus:
             unknown.append(f"{a}-{b}")
             continue
         link = topo.link(a, b)
         paths[f"{a}-{b}"] = link
-        if link == "SYS":
+        if topo.crosses_socket(a, b):  # SYS; on AMD, PCIe between GPUs of different NUMA nodes
             bad.append({"host": host, "src_rank": src, "dst_rank": dst, "gpus": f"{a}->{b}", "transport": transport,
                         "channels": entry["channels"], "line": entry["line"], "via": entry["via"]})
     if unknown and not paths:
@@ -302,7 +358,8 @@ def check_p2p_paths(log: NcclLog, topo: Topo | None) -> Check:
         return Check(
             name,
             Status.FAIL,
-            f"P2P between GPUs whose path is SYS (across NUMA nodes){where_host}: {conns}; "
+            f"P2P between GPUs whose path is {paths[first['gpus'].replace('->', '-')]} (across NUMA nodes)"
+            f"{where_host}: {conns}; "
             "the classic P2P hang (kernels spin at 100% with no progress)",
             details={"connections": bad, "paths": paths, "topology": topo.source},
             hint="NCCL_P2P_DISABLE=1 (traffic goes through SHM/NET), or NCCL_P2P_LEVEL=NODE so P2P stops at the "
@@ -324,12 +381,23 @@ def check_p2p_paths(log: NcclLog, topo: Topo | None) -> Check:
 
 
 def check_warnings(log: NcclLog) -> Check:
+    """WARN lines; RCCL's start-up advice about the host (Missing "iommu=pt", NUMA auto balancing)
+    is told apart from the failures, which come first."""
     name = "doctor.nccl warnings"
     if not log.warnings:
         return Check(name, Status.OK, "no NCCL WARN lines", details={"warnings": []})
-    first = log.warnings[0].split("NCCL WARN", 1)[-1].strip()
-    return Check(name, Status.WARN, f"{len(log.warnings)} NCCL WARN line(s), first: {first}",
-                 details={"warnings": log.warnings[:50]}, hint="read them in the log; each names the failing call")
+    failures = [w for w in log.warnings if not _ADVISORY.search(w)]
+    advice = list(dict.fromkeys(w.split("NCCL WARN", 1)[-1].strip() for w in log.warnings if _ADVISORY.search(w)))
+    details = {"warnings": log.warnings[:50], "failures": len(failures), "advice": advice}
+    aborted = f"; {log.aborted} communicator(s) aborted" if log.aborted else ""
+    if failures:
+        first = failures[0].split("NCCL WARN", 1)[-1].strip()
+        return Check(name, Status.WARN, f"{len(failures)} NCCL WARN line(s){aborted}, first: {first}"
+                     + (f" (and {len(advice)} host advisory line(s))" if advice else ""), details=details,
+                     hint="read them in the log; each names the failing call")
+    return Check(name, Status.WARN, f"{log.library}'s host advice: " + "; ".join(advice), details=details,
+                 hint="each line says what to change (sudo sysctl kernel.numa_balancing=0, iommu=pt on the kernel "
+                 "command line, HSA_FORCE_FINE_GRAIN_PCIE=1 for PCIe peer-to-peer); `distval doctor` checks them too")
 
 
 def nccl_checks(log: NcclLog, topo: Topo | None) -> list[Check]:

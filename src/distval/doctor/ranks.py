@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from distval import meta
 from distval.doctor import net
 from distval.results import Check, Status, Table
 
@@ -124,21 +125,20 @@ def _ranks_text(ranks: list[int]) -> str:
 
 def check_versions(facts: dict[int, dict[str, Any]]) -> Check:
     name = "doctor.ranks versions"
-    by_key = {
-        k: {r: f["versions"].get(k) for r, f in facts.items()} for k in ("torch", "nccl", "distval", "python", "cuda")
-    }
+    keys = ("torch", "nccl", "distval", "python", "cuda", "hip")
+    by_key = {k: {r: f["versions"].get(k) for r, f in facts.items()} for k in keys}
     differ = {k: v for k, v in by_key.items() if len(set(v.values())) > 1}
     if not differ:
         v = facts[min(facts)]["versions"]
         return Check(
             name,
             Status.OK,
-            f"{len(facts)} ranks agree: torch {v['torch']}, Python {v['python']}, NCCL {v['nccl'] or 'none'}",
+            f"{len(facts)} ranks agree: torch {v['torch']}, Python {v['python']}, {meta.stack_text(v)}",
             details={"versions": v},
         )
     text = "; ".join(f"{k}: " + ", ".join(f"{val} on {_ranks_text(rs)}" for val, rs in _value_groups(v).items())
                      for k, v in differ.items())
-    severe = any(k in differ for k in ("torch", "nccl", "distval", "cuda"))
+    severe = any(k in differ for k in ("torch", "nccl", "distval", "cuda", "hip"))
     return Check(
         name,
         Status.FAIL if severe else Status.WARN,

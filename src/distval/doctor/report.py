@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from distval import meta
-from distval.doctor import net, system
+from distval.doctor import amd, net, system
 from distval.doctor.nccl_log import NcclLog, nccl_checks, nccl_table
 from distval.doctor.topo import Topo, topo_checks, topo_tables
+from distval.rocm.smi import AmdTopology
 from distval.knobs import knob, normalise
 from distval.results import Check, Report, Status, Table
 
@@ -87,17 +88,27 @@ def host_checks(cfg: DoctorConfig) -> tuple[list[Check], dict[str, Any]]:
     ifaces = net.interfaces()
     route_check, route = net.check_master_route(cfg.master_addr, ifaces)
     gpu_rows = system.gpus()
+    amd_host = amd.read_host() if not gpu_rows else None  # an AMD host: amd-smi or rocm-smi is there
+    if amd_host is not None:
+        gpu_rows = amd_host.rows()
     rdma = system.rdma_devices()
-    checks = [system.check_versions(system.versions(), gpu_rows), system.check_devices(gpu_rows, _torch_cuda_devices()),
+    amd_gpus = amd_host is not None and bool(gpu_rows)
+    checks = [system.check_versions(system.versions(), gpu_rows, amd_gpus),
+              system.check_devices(gpu_rows, _torch_cuda_devices(), amd_gpus),
               net.check_hostname(ifaces, host, route), route_check, *net.check_socket_ifname(env, ifaces, route),
               net.check_decoys(ifaces, route, env)]
     if cfg.master_port:
         checks.append(net.check_port(cfg.master_addr, cfg.master_port, cfg.under_launcher))
     checks += [system.check_shm(), system.check_memlock(rdma), system.check_nofile()]
+    if amd_host is not None:
+        topo, _ = amd.read_topology(amd_host)
+        xgmi = None if topo is None else any(kind == "XGMI" for _, _, kind in topo.gpu_pairs())
+        checks += amd.host_checks(amd_host, env, xgmi)
     for c in checks:
         c.where = {**c.where, "host": host}
     facts = {"hostname": host, "interfaces": [i.to_dict() for i in ifaces], "routes": net.routes(),
-             "route_to_master": route, "gpus": gpu_rows, "rdma_devices": rdma}
+             "route_to_master": route, "gpus": gpu_rows, "rdma_devices": rdma,
+             "amd": amd_host.to_dict() if amd_host is not None else None}
     return checks, facts
 
 
@@ -116,7 +127,7 @@ def interfaces_table(*hosts_facts: dict[str, Any]) -> Table:
 
 
 def _host_meta(facts: dict[str, Any]) -> dict[str, Any]:
-    return {k: facts[k] for k in ("interfaces", "routes", "route_to_master", "gpus", "rdma_devices")}
+    return {k: facts[k] for k in ("interfaces", "routes", "route_to_master", "gpus", "rdma_devices", "amd")}
 
 
 def single_report(cfg: DoctorConfig) -> Report:
@@ -139,7 +150,16 @@ def single_report(cfg: DoctorConfig) -> Report:
                      "torchrun/srun on every node, to compare ranks and probe the rendezvous",
                      details={"reason": "single process"}))
     report.tables.append(interfaces_table(facts))
+    add_amd_table(report, facts)
     return report
+
+
+def add_amd_table(report: Report, *hosts_facts: dict[str, Any]) -> None:
+    """The AMD GPUs of the first host that has them (amd-smi/rocm-smi's readings), as a table."""
+    found = next((f["amd"] for f in hosts_facts if f.get("amd") and f["amd"]["gpus"]), None)
+    if found is not None:
+        report.tables.append(amd.gpus_table(amd.AmdHost(found["tool"], [amd.AmdGpu(**g) for g in found["gpus"]],
+                                                        found["rocm"])))
 
 
 def build_ranks_report(job: Any, cfg: DoctorConfig) -> Report:
@@ -158,6 +178,7 @@ def build_ranks_report(job: Any, cfg: DoctorConfig) -> Report:
     checks, table = ranks.compare(job.results, job.ranks, job.world_size, cfg.expect_world)
     report.checks.extend(checks)
     report.tables.append(interfaces_table(*(v["facts"] for v in hosts.values())))
+    add_amd_table(report, *(v["facts"] for v in hosts.values()))
     report.tables.append(table)
     return report
 
@@ -183,19 +204,24 @@ def world_mismatch_report(cfg: DoctorConfig, world_size: int, mode: str) -> Repo
     return report
 
 
-def add_file_checks(report: Report, topo: Topo | None, nccl: NcclLog | None, env: dict[str, str],
+def add_file_checks(report: Report, topo: "Topo | AmdTopology | None", nccl: NcclLog | None, env: dict[str, str],
                     topo_error: str | None = None) -> None:
     if topo is not None:
         # the log's NCCL_* settings are the job's: NCCL_P2P_DISABLE=1 there keeps P2P off the SYS pairs
-        report.checks.extend(topo_checks(topo, {**env, **(nccl.env if nccl is not None else {})}))
-        report.tables.extend(topo_tables(topo))
+        job_env = {**env, **(nccl.env if nccl is not None else {})}
+        if isinstance(topo, Topo):
+            report.checks.extend(topo_checks(topo, job_env))
+            report.tables.extend(topo_tables(topo))
+        else:
+            report.checks.extend(amd.topo_checks(topo, job_env))
+            report.tables.extend(amd.topo_tables(topo))
         report.meta["topology"] = topo.to_dict()
     elif topo_error is not None:
         report.add(Check("doctor.topo", Status.WARN, f"cannot read this host's topology: {topo_error}",
                          details={"reason": topo_error},
-                         hint="save `nvidia-smi topo -m` to a file and pass it with --topo-file"))
+                         hint="save `nvidia-smi topo -m` (or `amd-smi topology`) to a file and pass it with --topo-file"))
     else:
-        report.add(Check("doctor.topo", Status.SKIP, "no nvidia-smi on this host and no --topo-file",
+        report.add(Check("doctor.topo", Status.SKIP, "no nvidia-smi, amd-smi or rocm-smi on this host and no --topo-file",
                          details={"reason": "no topology"}))
     if nccl is not None:
         report.checks.extend(nccl_checks(nccl, topo))

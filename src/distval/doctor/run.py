@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from distval import launch
+from distval.doctor import amd
 from distval.doctor import report as doctor_report
 from distval.doctor.nccl_log import NcclLog
 from distval.doctor.ranks import rank_probe
@@ -15,9 +16,10 @@ from distval.health.diagnose import WorkerFailure
 from distval.launch.execute import execute
 from distval.launch.job import LaunchOptions
 from distval.results import Check, Report, Status
+from distval.rocm.smi import AmdTopology
 
 
-def run_doctor(cfg: doctor_report.DoctorConfig, opts: LaunchOptions, probe: bool, topo: Topo | None = None,
+def run_doctor(cfg: doctor_report.DoctorConfig, opts: LaunchOptions, probe: bool, topo: "Topo | AmdTopology | None" = None,
                log: NcclLog | None = None) -> Report | None:
     """The doctor's report; None on a rank other than 0 under an outer launcher (rank 0 reports).
     `probe`: start `opts.nproc` local workers (under torchrun or Slurm every worker takes part)."""
@@ -29,6 +31,8 @@ def run_doctor(cfg: doctor_report.DoctorConfig, opts: LaunchOptions, probe: bool
             topo = parse_topo(text, "nvidia-smi topo -m")
         except ValueError as e:  # not the user's input: a finding, not a usage error
             topo_error = str(e)
+    elif topo is None:  # an AMD host: amd-smi topology (rocm-smi --showtopo)
+        topo, topo_error = amd.read_topology(amd.read_host())
     single = mode == "local" and not probe  # this process alone: a world of one
     world = 1 if single else launch.planned_world_size(opts)
     if cfg.expect_world is not None and world != cfg.expect_world:

@@ -24,12 +24,13 @@ def versions() -> dict[str, Any]:
     return meta.versions()
 
 
-def check_versions(v: dict[str, Any], gpus: list[dict[str, Any]]) -> Check:
-    """Gloo must be there (distval's control group and every CPU job use it); with GPUs, NCCL too."""
+def check_versions(v: dict[str, Any], gpus: list[dict[str, Any]], amd: bool = False) -> Check:
+    """Gloo must be there (distval's control group and every CPU job use it); with GPUs, NCCL (RCCL
+    on an AMD host) too."""
     backends = ", ".join(f"{b} {'yes' if v.get(b) else 'no'}" for b in ("gloo", "mpi"))
     nccl = v.get("nccl")
-    text = (f"Python {v['python']}, torch {v['torch']}, {backends}, NCCL {nccl or 'no'}"
-            + (f", CUDA {v['cuda']}" if v.get("cuda") else ""))
+    library = "RCCL" if amd else v.get("collectives") or "NCCL"
+    text = f"Python {v['python']}, torch {v['torch']}, {backends}, {meta.stack_text(v)}"
     if "gloo" in v and not v["gloo"]:
         return Check("doctor.versions", Status.FAIL, text + ": this torch has no Gloo backend", details=v,
                      hint="install a torch build with distributed support (pip install torch)")
@@ -37,9 +38,10 @@ def check_versions(v: dict[str, Any], gpus: list[dict[str, Any]]) -> Check:
         return Check(
             "doctor.versions",
             Status.WARN,
-            text + f": {len(gpus)} GPU(s) but NCCL is not usable from this torch",
+            text + f": {len(gpus)} GPU(s) but {library} is not usable from this torch",
             details=v,
-            hint="install a CUDA build of torch that matches the driver (see pytorch.org), or use --backend gloo",
+            hint=f"install a {'ROCm' if library == 'RCCL' else 'CUDA'} build of torch that matches the driver (see "
+            "pytorch.org), or use --backend gloo",
         )
     return Check("doctor.versions", Status.OK, text, details=v)
 
@@ -69,19 +71,22 @@ def gpus() -> list[dict[str, Any]]:
     return rows
 
 
-def check_devices(gpu_rows: list[dict[str, Any]], cuda_visible: int | None) -> Check:
-    """What the job can run on. `cuda_visible`: GPUs torch sees (None: torch not asked)."""
+def check_devices(gpu_rows: list[dict[str, Any]], cuda_visible: int | None, amd: bool = False) -> Check:
+    """What the job can run on. `cuda_visible`: GPUs torch sees (None: torch not asked); `amd`:
+    the rows come from amd-smi/rocm-smi."""
     cpus = os.cpu_count() or 0
     details = {"cpus": cpus, "gpus": gpu_rows, "torch_cuda_devices": cuda_visible}
     if not gpu_rows:
         return Check(
-            "doctor.devices", Status.OK, f"{cpus} CPUs, no NVIDIA GPU (jobs run on CPU with Gloo)", details=details
+            "doctor.devices", Status.OK, f"{cpus} CPUs, no GPU (jobs run on CPU with Gloo)", details=details
         )
     names = sorted({g["name"] for g in gpu_rows})
     text = f"{cpus} CPUs, {len(gpu_rows)} GPU(s): {', '.join(names)}"
     if cuda_visible is not None and cuda_visible == 0:
-        return Check("doctor.devices", Status.WARN, text + "; torch sees none", details=details,
-                     hint="a CPU-only torch build, or CUDA_VISIBLE_DEVICES hides them; install a CUDA build of torch")
+        hint = ("a CPU-only torch build, or ROCR_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES hide them; install a ROCm build "
+                "of torch (pip install torch --index-url https://download.pytorch.org/whl/rocm6.2)" if amd else
+                "a CPU-only torch build, or CUDA_VISIBLE_DEVICES hides them; install a CUDA build of torch")
+        return Check("doctor.devices", Status.WARN, text + "; torch sees none", details=details, hint=hint)
     return Check("doctor.devices", Status.OK, text, details=details)
 
 

@@ -22,9 +22,12 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distval.results import Check, Status, Table
+
+if TYPE_CHECKING:
+    from distval.rocm.smi import AmdTopology
 
 LINK_RANK = {"X": 0, "NV": 1, "PIX": 2, "PXB": 3, "PHB": 4, "NODE": 5, "SYS": 6}
 _CELL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
@@ -56,6 +59,10 @@ class Topo:
 
     def link(self, a: str, b: str) -> str:
         return self.links[(a, b)]
+
+    def crosses_socket(self, a: str, b: str) -> bool:
+        """SYS: across the SMP interconnect between NUMA nodes (AmdTopology has the same test)."""
+        return self.link(a, b) == "SYS"
 
     def gpu_pairs(self) -> list[tuple[str, str, str]]:
         g = self.gpus
@@ -126,7 +133,10 @@ def _labels(tokens: list[str]) -> list[str]:
     return out
 
 
-def load_topo(path: str | Path) -> Topo:
+def load_topo(path: str | Path) -> "Topo | AmdTopology":
+    """--topo-file: `nvidia-smi topo -m`, `rocm-smi --showtopo` or `amd-smi topology` (text or JSON)."""
+    from distval.doctor.amd import load_topology_file
+
     p = Path(path)
     if not p.is_file():
         raise ValueError(
@@ -136,7 +146,8 @@ def load_topo(path: str | Path) -> Topo:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--topo-file {str(p)!r} cannot be read as text ({e})") from None
-    return parse_topo(text, f"--topo-file {str(p)!r}")
+    source = f"--topo-file {str(p)!r}"
+    return load_topology_file(text, source) or parse_topo(text, source)
 
 
 def run_nvidia_smi() -> str | None:

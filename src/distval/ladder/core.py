@@ -359,10 +359,11 @@ def _device_preset() -> str:
     """The plan's device: the GPU's preset where one matches its name, else this host's CPU."""
     import torch
 
+    from distval import device as devices
     from distval.plan import presets
 
     if torch.cuda.is_available():
-        return presets.device_named(torch.cuda.get_device_name(0)) or "cpu"
+        return presets.preset_for(devices.gpu_identity(torch.device("cuda", 0))) or "cpu"
     return "cpu"
 
 

@@ -146,15 +146,20 @@ def link_levers(cfg: PlanConfig, base: StepResult) -> list[dict]:
     if current is None or base.inputs.world_size == 1:
         return [_row("faster link", "—", base, None, "no link to replace")]
     kinds = _INTRA_KINDS if scope == "intra" else _NETWORK_KINDS
-    if current.name in presets.LINKS:  # a preset: stay within its family (NICs for NICs, fabrics for fabrics)
-        kinds = _INTRA_KINDS if presets.LINKS[current.name].kind in _INTRA_KINDS else _NETWORK_KINDS
+    preset = presets.LINKS.get(current.name.split(" (")[0])  # "xGMI (3 of 7 mesh links)" is the xGMI preset
+    if preset is not None:  # a preset: stay within its family (NICs for NICs, fabrics for fabrics)
+        kinds = _INTRA_KINDS if preset.kind in _INTRA_KINDS else _NETWORK_KINDS
+    fabric = presets.device(cfg.device).fabric
+    if scope == "intra" and fabric and presets.LINKS[fabric].kind in ("nvlink", "xgmi"):
+        kinds = (presets.LINKS[fabric].kind,)  # an MI300X node gets no NVLink, an H100 node no xGMI
+    peers = base.inputs.network.devices_per_node - 1 if scope == "intra" else None
     faster = sorted(
         (
             s
             for s in presets.LINKS.values()
-            if s.kind in kinds and s.gbps * 1e9 * cfg.efficiency > current.bytes_per_s * 1.001
+            if s.kind in kinds and s.rate_gbps(peers) * 1e9 * cfg.efficiency > current.bytes_per_s * 1.001
         ),
-        key=lambda s: s.gbps,
+        key=lambda s: s.rate_gbps(peers),
     )
     if not faster:
         return [_row("faster link", "—", base, None, f"{current.name} is already as fast as the fastest preset")]
@@ -173,7 +178,7 @@ def link_levers(cfg: PlanConfig, base: StepResult) -> list[dict]:
             s.name,
             base,
             r,
-            f"{s.gbps:g} GB/s line rate instead of {was}"
+            f"{s.rate_gbps(peers):g} GB/s line rate instead of {was}"
             + (f"; comm under {cfg.comm_target:.0%}" if meets and s is meets[0] else ""),
         )
         for s, r in chosen

@@ -103,22 +103,30 @@ def resolve(cfg: PlanConfig) -> Inputs:
                   build_network(cfg, calibration), peak, peak_source, memory, memory_source, calibration)
 
 
-def preset_link(name: str, efficiency: float, flag: str) -> Link:
+def preset_link(name: str, efficiency: float, flag: str, peers: int | None = None) -> Link:
+    """A link preset as the model's Link. `peers`: the other devices of the node a device sends
+    to at once, which limits a mesh (xGMI) to the links that reach them."""
     spec = presets.link(name, flag)
-    return Link(spec.name, spec.latency_us * 1e-6, spec.gbps * 1e9 * efficiency, "preset")
+    label = f"{spec.name} ({min(peers, spec.mesh_links)} of {spec.mesh_links} mesh links)" \
+        if spec.mesh_links and peers is not None and peers < spec.mesh_links else spec.name
+    return Link(label, spec.latency_us * 1e-6, spec.rate_gbps(peers) * 1e9 * efficiency, "preset")
 
 
 def build_network(cfg: PlanConfig, calibration: Calibration | None) -> Network:
+    nodes, per_node, two_level = cfg.topology()
+    if not two_level and cfg.link is None and cfg.bandwidth_gbps is None and cfg.inter_link is None \
+            and cfg.intra_link is not None:
+        nodes, per_node = 1, nodes  # `--world N --intra-link X`: N devices in one box
     base = None
-    if cfg.link is not None:
-        base = preset_link(cfg.link, cfg.efficiency, "--link")
+    if cfg.link is not None:  # flat: every rank reaches every other over it
+        base = preset_link(cfg.link, cfg.efficiency, "--link", None if two_level else nodes * per_node - 1)
     elif cfg.bandwidth_gbps is not None:
         base = Link("custom", (cfg.latency_us or 0.0) * 1e-6, cfg.bandwidth_gbps * 1e9 * cfg.efficiency, "given")
-    intra = preset_link(cfg.intra_link, cfg.efficiency, "--intra-link") if cfg.intra_link else base
+    # inside a node: --intra-link, else --link, else the device's own fabric (xGMI for an MI300X)
+    intra_name = cfg.intra_link or (cfg.link if two_level else None) or (
+        presets.device(cfg.device).fabric if two_level and base is None else None)
+    intra = preset_link(intra_name, cfg.efficiency, "--intra-link", per_node - 1) if intra_name else base
     inter = preset_link(cfg.inter_link, cfg.efficiency, "--inter-link") if cfg.inter_link else base
-    nodes, per_node, two_level = cfg.topology()
-    if not two_level and base is None and cfg.inter_link is None and cfg.intra_link is not None:
-        nodes, per_node = 1, nodes  # `--world N --intra-link X`: N devices in one box
     nics = cfg.nics_per_node or per_node
     net = Network(nodes, per_node, nics, intra, inter)
     if calibration is not None:

@@ -163,9 +163,17 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
 @dataclass(frozen=True)
 class LinkSpec:
     name: str
-    gbps: float  # per rank, per direction, decimal GB/s, line rate
+    gbps: float  # per rank, per direction, decimal GB/s, line rate (a mesh: over all its links)
     latency_us: float  # assumed per-message latency α
     kind: str
+    mesh_links: int = 0  # a fully connected mesh (AMD's xGMI): links per device, one per peer; 0: a switch
+
+    def rate_gbps(self, peers: int | None) -> float:
+        """What one device can send to `peers` others at once: through a switch (NVSwitch, a NIC)
+        the whole rate, in a mesh only the links to those peers (4 of 8 MI300X reach 3 of their 7)."""
+        if not self.mesh_links or peers is None:
+            return self.gbps
+        return self.gbps * min(max(peers, 1), self.mesh_links) / self.mesh_links
 
 
 LINKS: dict[str, LinkSpec] = {s.name: s for s in (
@@ -183,7 +191,8 @@ LINKS: dict[str, LinkSpec] = {s.name: s for s in (
     LinkSpec("PCIe5", 63.0, 3.0, "pcie"),
     LinkSpec("NVLink3", 300.0, 2.0, "nvlink"),
     LinkSpec("NVLink4", 450.0, 2.0, "nvlink"),
-    LinkSpec("xGMI", 448.0, 2.0, "xgmi"),
+    LinkSpec("xGMI", 448.0, 2.0, "xgmi", mesh_links=7),  # MI300X/MI325X: 7 links x 64 GB/s per direction
+    LinkSpec("xGMI-MI355X", 537.6, 2.0, "xgmi", mesh_links=7),  # MI355X: 7 links x 76.8 GB/s per direction
 )}
 
 
@@ -192,15 +201,21 @@ class DeviceSpec:
     name: str
     peak_tflops: float | None  # dense bf16; None: measure (cpu)
     memory_bytes: int | None  # per device; None: this host's RAM (cpu)
+    fabric: str | None = None  # the link preset between the devices of one node (the plan's default intra link)
+    fp8_tflops: float | None = None  # dense fp8, where the datasheet gives it
+    memory_tbps: float | None = None  # peak memory bandwidth, TB/s
 
 
 DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (
-    DeviceSpec("RTX-4070", 58.3, 12 * GIB),
-    DeviceSpec("L4", 121.0, 24 * GIB),
-    DeviceSpec("A100", 312.0, 80 * GIB),
-    DeviceSpec("H100", 989.0, 80 * GIB),
-    DeviceSpec("H200", 989.0, 141 * GIB),
-    DeviceSpec("MI300X", 1307.4, 192 * GIB),
+    DeviceSpec("RTX-4070", 58.3, 12 * GIB, "PCIe4"),
+    DeviceSpec("L4", 121.0, 24 * GIB, "PCIe4"),
+    DeviceSpec("A100", 312.0, 80 * GIB, "NVLink3"),
+    DeviceSpec("H100", 989.0, 80 * GIB, "NVLink4"),
+    DeviceSpec("H200", 989.0, 141 * GIB, "NVLink4"),
+    # AMD Instinct (docs/plan.md cites each figure): an 8-GPU node is a fully connected xGMI mesh
+    DeviceSpec("MI300X", 1307.4, 192 * GIB, "xGMI", fp8_tflops=2614.9, memory_tbps=5.3),
+    DeviceSpec("MI325X", 1307.4, 256 * GIB, "xGMI", fp8_tflops=2614.9, memory_tbps=6.0),
+    DeviceSpec("MI355X", 2516.6, 288 * GIB, "xGMI-MI355X", fp8_tflops=5033.2, memory_tbps=8.0),
     DeviceSpec("cpu", None, None),
 )}
 
@@ -237,3 +252,18 @@ def device_named(reported: str) -> str | None:
     words = reported.upper().replace("-", " ")
     found = [name for name in DEVICES if name != "cpu" and name.upper().replace("-", " ") in words]
     return max(found, key=len) if found else None
+
+
+def preset_for(identity: dict | None) -> str | None:
+    """The device preset of a GPU from `device.gpu_identity`: by its reported name, else (ROCm) by
+    gfx target, compute units and memory where they single out one product; None when unknown."""
+    if identity is None:
+        return None
+    found = device_named(identity["name"])
+    if found is None and identity.get("arch"):
+        from distval.rocm import platform
+
+        product = platform.identify(identity["name"], identity["arch"], identity.get("compute_units"),
+                                    identity.get("memory_bytes"))
+        found = device_named(product) if product else None
+    return found

@@ -10,6 +10,7 @@ from typing import Any, Callable
 from rich.table import Table as RichTable
 from rich.text import Text
 
+from distval.meta import stack_text
 from distval.results import Table
 from distval.trace.views import VIEWS as TRACE_VIEWS
 
@@ -17,10 +18,13 @@ MAX_STEP_ROWS = 30  # a longer training run shows its steps in the JSON report, 
 
 
 def nccl_text(bench: Table, meta: dict[str, Any]) -> str:
-    """The sweep as nccl-tests prints it: out-of-place then in-place columns, one row per size.
-    Everything comes from the table (its title says how it was timed) and the report's meta
-    (world_size, copy_ceiling_gbps)."""
-    lines = [f"# distval comm bench: {meta.get('world_size', '?')} ranks, {bench.title}"]
+    """The sweep as nccl-tests (and rccl-tests) print it: out-of-place then in-place columns, one
+    row per size. Everything comes from the table (its title says how it was timed) and the
+    report's meta (world_size, copy_ceiling_gbps; on the nccl backend the library and runtime:
+    "NCCL 2.21.5, CUDA 12.4" or "RCCL 2.20.5, ROCm 6.2")."""
+    versions = meta.get("versions") or {}
+    library = f", {stack_text(versions)}" if meta.get("backend") == "nccl" and versions.get("nccl") else ""
+    lines = [f"# distval comm bench: {meta.get('world_size', '?')} ranks{library}, {bench.title}"]
     if meta.get("copy_ceiling_gbps"):
         lines.append(f"# host memory-copy ceiling (concurrent on every rank): {meta['copy_ceiling_gbps']:.2f} GB/s")
     head = f"#{'size':>11} {'count':>12} {'type':>9} {'redop':>6} {'root':>5}   " + "  ".join(

@@ -21,7 +21,7 @@ from typing import Any
 
 from distval.comm.names import OP_SPECS
 from distval.trace import intervals as iv
-from distval.trace.events import Collective, RankTrace
+from distval.trace.events import Collective, RankTrace, kernel_class
 
 CATEGORIES = ("compute", "optimizer", "comm_overlapped", "comm_exposed", "waiting_for_peers", "memcpy", "data",
               "idle")
@@ -175,8 +175,8 @@ def op_rows(ranks: list[RankTrace], steps: list[Step], top: int = 200) -> list[d
                 totals[name][0] += calls / per_rank_steps[rt.rank] / len(ranks)
                 totals[name][1] += us / per_rank_steps[rt.rank] / len(ranks)
     best = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
-    return [{"kind": kind, "name": name, "calls_per_step": round(calls, 2), "ms_per_step": round(us / 1e3, 4)}
-            for name, (calls, us) in best]
+    return [{"kind": kind, "name": name, "class": kernel_class(name) if kind == "kernel" else None,
+             "calls_per_step": round(calls, 2), "ms_per_step": round(us / 1e3, 4)} for name, (calls, us) in best]
 
 
 def collective_rows(ranks: list[RankTrace], matched: list[Matched]) -> list[dict[str, Any]]:

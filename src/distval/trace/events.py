@@ -24,6 +24,12 @@ from distval.trace.kineto import TraceError, open_trace
 KERNEL_CATS = {"kernel": "kernel", "gpu_memcpy": "memory", "gpu_memset": "memory", "memcpy": "memory",
                "memset": "memory"}
 _COMM_KERNEL = re.compile(r"nccl|rccl|^hccl", re.IGNORECASE)
+# copies and fills that run as kernels: ROCm's blit kernels (__amd_rocclr_copyBuffer, _fillBufferAligned,
+# ...) move memory as HIP's memcpy/memset do; counting them as compute would inflate it
+_MEMORY_KERNEL = re.compile(r"^(?:void )?__amd_rocclr_(?:copy|fill)|^Memcpy|^Memset")
+# matrix multiplies: rocBLAS/hipBLASLt's Tensile kernels (Cijk_...), Composable Kernel's and cuBLAS/CUTLASS's *gemm*
+_GEMM_KERNEL = re.compile(r"^(?:void )?Cijk_|gemm|xmma|wgmma", re.IGNORECASE)
+_ATTENTION_KERNEL = re.compile(r"flash|fmha|attn|attention", re.IGNORECASE)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 # phases: distval's record_function names, and the annotations torch writes by itself
@@ -40,6 +46,18 @@ _KERNEL_NAMES = (("all_reduce", ("allreduce", "all_reduce")), ("reduce_scatter",
                  ("all_gather", ("allgather", "all_gather")), ("all_to_all", ("alltoall", "all_to_all")),
                  ("broadcast", ("broadcast",)), ("sendrecv", ("sendrecv", "send", "recv")), ("reduce", ("reduce",)),
                  ("barrier", ("barrier",)), ("gather", ("gather",)), ("scatter", ("scatter",)))
+
+
+def kernel_class(name: str) -> str:
+    """What a GPU kernel (or copy) does, by its name: communication, memory, gemm, attention or
+    other compute (elementwise, reductions, the optimizer's fused kernels, ...)."""
+    if _COMM_KERNEL.search(name):
+        return "communication"
+    if _MEMORY_KERNEL.search(name):
+        return "memory"
+    if _GEMM_KERNEL.search(name):
+        return "gemm"
+    return "attention" if _ATTENTION_KERNEL.search(name) else "other compute"
 
 
 def op_name(text: str) -> str:
@@ -151,7 +169,7 @@ def read_rank(path: str | Path) -> RankTrace:
     work: list[tuple[Any, str, float, float, dict]] = []  # gloo:*/nccl:* spans: kept once the main thread is known
     timed: list[tuple[float, float]] = []
     first, last, count = float("inf"), float("-inf"), 0
-    comm_names: dict[str, bool] = {}  # kernel name -> a communication kernel by its name
+    comm_names: dict[str, tuple[bool, bool]] = {}  # kernel name -> (communication, copy/fill) by its name
     kernel_names: dict[str, str] = {}
     cpu_ops = rt.cpu_ops
     for ev in events:
@@ -195,12 +213,12 @@ def read_rank(path: str | Path) -> RankTrace:
             per[1] += dur
             args = ev.get("args", {})
             by_name = comm_names.get(name)
-            if by_name is None:
-                by_name = comm_names[name] = bool(_COMM_KERNEL.search(name))
+            if by_name is None:  # (a communication kernel, a copy or fill) by its name
+                by_name = comm_names[name] = (bool(_COMM_KERNEL.search(name)), bool(_MEMORY_KERNEL.search(name)))
                 kernel_names[name] = name
             name = kernel_names[name]  # one string per distinct name: less memory, a smaller pickle
-            comm = cat == "kernel" and (by_name or "Collective name" in args)
-            cls = "comm" if comm else ("compute" if cat == "kernel" else "memory")
+            comm = cat == "kernel" and (by_name[0] or "Collective name" in args)
+            cls = "comm" if comm else ("compute" if cat == "kernel" and not by_name[1] else "memory")
             rt.kernels.append((ts, ts + dur, _int(args.get("stream")), cls, name))
             rt.kernel_corr.append(_int(args.get("correlation")))
             if comm:

@@ -362,7 +362,7 @@ def device_peak_flops(device: torch.device) -> float:
     from distval.plan.model import matmul_flops
 
     if device.type == "cuda":
-        name = presets.device_named(torch.cuda.get_device_name(device))
+        name = presets.preset_for(devices.gpu_identity(device))
         if name is not None:
             return presets.device(name).peak_tflops * 1e12
         n, dtype = 4096, torch.bfloat16
