@@ -180,8 +180,8 @@ def check_paths(topo: AmdTopology, env: Mapping[str, str]) -> Check:
     are nvidia-smi's SYS."""
     name = "doctor.topo gpu-paths"
     pairs = [(a, b, kind) for a, b, kind in topo.gpu_pairs() if kind != "SAME"]
-    details = {"pairs": [{"a": a, "b": b, "link": kind, "hops": topo.hops.get((a, b)), "weight": topo.weight.get((a, b))}
-                         for a, b, kind in pairs], "source": topo.source}
+    details = {"pairs": [{"a": a, "b": b, "link": kind, "hops": topo.hops.get((a, b)),
+                          "weight": topo.weight.get((a, b))} for a, b, kind in pairs], "source": topo.source}
     if not pairs:
         return Check(name, Status.OK, f"{len(topo.gpus)} GPU: no GPU pairs", details=details)
     kinds = Counter(kind for _, _, kind in pairs)
@@ -265,7 +265,8 @@ def check_clocks(gpus: list[AmdGpu]) -> Check:
         top = max(caps)
         for g in gpus:
             if g.power_cap_w and g.power_cap_w < PEER_CAP_SHARE * top and g.index not in {i for i, _ in findings}:
-                findings.append((g.index, f"GPU{g.index} capped at {g.power_cap_w:.0f} W, the others up to {top:.0f} W"))
+                findings.append((g.index, f"GPU{g.index} capped at {g.power_cap_w:.0f} W, the others up to "
+                                 f"{top:.0f} W"))
     details = {"gpus": [{"index": g.index, "sclk_mhz": g.sclk_mhz, "sclk_max_mhz": g.sclk_max_mhz,
                          "busy_pct": g.busy_pct, "power_w": g.power_w, "power_cap_w": g.power_cap_w,
                          "throttled": g.throttled} for g in gpus]}
@@ -313,8 +314,8 @@ def check_visible_devices(env: Mapping[str, str], gpu_count: int | None) -> Chec
                      hint="on Linux set ROCR_VISIBLE_DEVICES alone (AMD's advice), or HIP_VISIBLE_DEVICES alone; "
                      "never two that disagree")
     if not vis.variables:
-        return Check(name, Status.OK, f"no visible-devices variable: every GPU ({gpu_count if gpu_count is not None else '?'}) "
-                     "is visible", details=details)
+        count = gpu_count if gpu_count is not None else "?"
+        return Check(name, Status.OK, f"no visible-devices variable: every GPU ({count}) is visible", details=details)
     shown = ", ".join(f"{k}={v}" for k, v in vis.variables.items())
     seen = f"physical GPU(s) {', '.join(vis.physical)}" if vis.physical is not None else "an unknown set"
     return Check(name, Status.OK, f"{shown}: a process sees {seen}", details=details)
@@ -329,7 +330,8 @@ def check_numa_balancing(path: str | Path = "/proc/sys/kernel/numa_balancing") -
     if value != "0":
         return Check(name, Status.WARN, f"kernel.numa_balancing={value}: the kernel migrates pages under RCCL's and "
                      "the GPUs' feet; AMD's RCCL troubleshooting and MI300X tuning guides turn it off",
-                     details={"value": value}, hint="sudo sysctl kernel.numa_balancing=0 (and in /etc/sysctl.d to keep it)")
+                     details={"value": value},
+                     hint="sudo sysctl kernel.numa_balancing=0 (and in /etc/sysctl.d to keep it)")
     return Check(name, Status.OK, "kernel.numa_balancing=0", details={"value": value})
 
 

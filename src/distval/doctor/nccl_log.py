@@ -255,7 +255,8 @@ def check_transports(log: NcclLog) -> Check:
     version = (f"{log.library} {number.group() if number else log.version}" + (f" ({runtime})" if runtime else "")
                + ": ") if log.version else ""
     if log.init_done:
-        extra.append(f"{len(log.init_done)} rank(s) initialised" + (f" in up to {log.init_s:.2f} s" if log.init_s else ""))
+        extra.append(f"{len(log.init_done)} rank(s) initialised"
+                     + (f" in up to {log.init_s:.2f} s" if log.init_s else ""))
     if log.msccl:
         extra.append("MSCCL++ on" if any(m.startswith("MSCCL++: Enabled") for m in log.msccl) else "MSCCL on")
     return Check(

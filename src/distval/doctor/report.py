@@ -13,9 +13,9 @@ from distval import meta
 from distval.doctor import amd, net, system
 from distval.doctor.nccl_log import NcclLog, nccl_checks, nccl_table
 from distval.doctor.topo import Topo, topo_checks, topo_tables
-from distval.rocm.smi import AmdTopology
 from distval.knobs import knob, normalise
 from distval.results import Check, Report, Status, Table
+from distval.rocm.smi import AmdTopology
 
 
 @dataclass(frozen=True)
@@ -219,9 +219,11 @@ def add_file_checks(report: Report, topo: "Topo | AmdTopology | None", nccl: Ncc
     elif topo_error is not None:
         report.add(Check("doctor.topo", Status.WARN, f"cannot read this host's topology: {topo_error}",
                          details={"reason": topo_error},
-                         hint="save `nvidia-smi topo -m` (or `amd-smi topology`) to a file and pass it with --topo-file"))
+                         hint="save `nvidia-smi topo -m` (or `amd-smi topology`) to a file and pass it with "
+                         "--topo-file"))
     else:
-        report.add(Check("doctor.topo", Status.SKIP, "no nvidia-smi, amd-smi or rocm-smi on this host and no --topo-file",
+        report.add(Check("doctor.topo", Status.SKIP,
+                         "no nvidia-smi, amd-smi or rocm-smi on this host and no --topo-file",
                          details={"reason": "no topology"}))
     if nccl is not None:
         report.checks.extend(nccl_checks(nccl, topo))

@@ -19,7 +19,8 @@ from distval.results import Check, Report, Status
 from distval.rocm.smi import AmdTopology
 
 
-def run_doctor(cfg: doctor_report.DoctorConfig, opts: LaunchOptions, probe: bool, topo: "Topo | AmdTopology | None" = None,
+def run_doctor(cfg: doctor_report.DoctorConfig, opts: LaunchOptions, probe: bool,
+               topo: "Topo | AmdTopology | None" = None,
                log: NcclLog | None = None) -> Report | None:
     """The doctor's report; None on a rank other than 0 under an outer launcher (rank 0 reports).
     `probe`: start `opts.nproc` local workers (under torchrun or Slurm every worker takes part)."""

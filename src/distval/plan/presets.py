@@ -192,7 +192,7 @@ LINKS: dict[str, LinkSpec] = {s.name: s for s in (
     LinkSpec("NVLink3", 300.0, 2.0, "nvlink"),
     LinkSpec("NVLink4", 450.0, 2.0, "nvlink"),
     LinkSpec("xGMI", 448.0, 2.0, "xgmi", mesh_links=7),  # MI300X/MI325X: 7 links x 64 GB/s per direction
-    LinkSpec("xGMI-MI355X", 537.6, 2.0, "xgmi", mesh_links=7),  # MI355X: 7 links x 76.8 GB/s per direction
+    LinkSpec("xGMI-MI355X", 535.5, 2.0, "xgmi", mesh_links=7),  # MI355X: 7 links x 153 GB/s both ways (76.5 each)
 )}
 
 

@@ -90,7 +90,8 @@ def advice(env: Mapping[str, str], *, products: list[str], gpus_in_job: int | No
                            "host shared memory instead of the xGMI links, several times slower",
                            "unset NCCL_P2P_DISABLE (xGMI P2P is the fast path)", "RCCL documentation: P2P transport"))
     if "HSA_OVERRIDE_GFX_VERSION" in env and products:
-        out.append(Finding("HSA_OVERRIDE_GFX_VERSION", "warn", f"HSA_OVERRIDE_GFX_VERSION={env['HSA_OVERRIDE_GFX_VERSION']} "
+        value = env["HSA_OVERRIDE_GFX_VERSION"]
+        out.append(Finding("HSA_OVERRIDE_GFX_VERSION", "warn", f"HSA_OVERRIDE_GFX_VERSION={value} "
                            f"on {', '.join(sorted(set(products)))}: a workaround for consumer GPUs ROCm does not "
                            "support; on an Instinct it makes kernels for another gfx target load",
                            "unset HSA_OVERRIDE_GFX_VERSION", "ROCm/ROCm#3065 (AMD: not needed on supported GPUs)"))
@@ -101,7 +102,8 @@ def advice(env: Mapping[str, str], *, products: list[str], gpus_in_job: int | No
                            "ROCr env_variables.rst"))
     if mi300 and rocm and rocm < (6, 4) and not _on(env.get("HSA_NO_SCRATCH_RECLAIM")):
         out.append(Finding("HSA_NO_SCRATCH_RECLAIM", "advice", f"ROCm {'.'.join(map(str, rocm))} on MI300: AMD advises "
-                           "HSA_NO_SCRATCH_RECLAIM=1 before ROCm 6.4 (collective latency; some workloads crash without it)",
+                           "HSA_NO_SCRATCH_RECLAIM=1 before ROCm 6.4 (collective latency; some workloads crash "
+                           "without it)",
                            "export HSA_NO_SCRATCH_RECLAIM=1", "RCCL docs, how-to/perform-testing.rst"))
     if mi300 and gpus_in_job is not None and 1 < gpus_in_job < 8:
         current = env.get("NCCL_MIN_NCHANNELS", "").strip()

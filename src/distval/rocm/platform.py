@@ -85,7 +85,8 @@ def identify(name: str | None, arch: str | None = None, compute_units: int | Non
     named = product_named(name)
     if named or arch is None:
         return named
-    fits = [p for p in PRODUCTS if p.arch == gfx_arch(arch) and (compute_units is None or p.compute_units == compute_units)]
+    fits = [p for p in PRODUCTS
+            if p.arch == gfx_arch(arch) and (compute_units is None or p.compute_units == compute_units)]
     if memory_bytes is not None and len(fits) > 1:
         fits = [p for p in fits if abs(memory_bytes / 1e9 - p.memory_gb) <= 0.15 * p.memory_gb]
     names = {p.name for p in fits}  # several: identical to torch (MI210 and an MI250 GCD; MI350X and MI355X)
