@@ -28,7 +28,8 @@ def doctor(
         ),
     ] = None,
     topo_file: Annotated[
-        Optional[Path], O("--topo-file", help="`nvidia-smi topo -m` output to read instead of running nvidia-smi here.")
+        Optional[Path], O("--topo-file", help="`nvidia-smi topo -m`, `rocm-smi --showtopo` or `amd-smi topology` "
+                                 "output to read instead of running the tool here.")
     ] = None,
     nccl_log: Annotated[
         Optional[Path],
