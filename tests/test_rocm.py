@@ -19,8 +19,9 @@ from distval.doctor.topo import load_topo
 from distval.plan import presets
 from distval.plan.config import PlanConfig
 from distval.plan.model import build_network
+from distval.report import terminal
 from distval.report.views import nccl_text
-from distval.results import Status, Table
+from distval.results import Report, Status, Table
 from distval.rocm import env as rocm_env
 from distval.rocm import platform, smi
 from distval.trace.report import analyze
@@ -168,6 +169,8 @@ def test_detection_on_a_rocm_torch(monkeypatch):
     versions = {**v, "nccl": "2.20.5"}
     header = nccl_text(Table("bench", [], title="x"), {"world_size": 8, "backend": "nccl", "versions": versions})
     assert header.splitlines()[0] == "# distval comm bench: 8 ranks, RCCL 2.20.5, ROCm 6.2, x"
+    report = Report("comm check", meta={"world_size": 8, "backend": "nccl", "versions": versions})
+    assert terminal.header(report) == "distval comm check · 8 ranks · backend nccl (RCCL 2.20.5, ROCm 6.2)"
 
 
 # -- environment variables -------------------------------------------------------------------------

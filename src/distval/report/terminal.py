@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
+from distval.meta import stack_text
 from distval.results import Check, Report, Status, Table
 
 STYLES = {
@@ -49,7 +50,9 @@ def header(report: Report) -> str:
     if "world_size" in m:
         parts.append(f"{m['world_size']} ranks")
     if "backend" in m:
-        parts.append(f"backend {m['backend']}")
+        versions = m.get("versions") or {}
+        stack = f" ({stack_text(versions)})" if m["backend"] == "nccl" and versions.get("nccl") else ""
+        parts.append(f"backend {m['backend']}{stack}")  # "backend nccl (RCCL 2.20.5, ROCm 6.2)" on ROCm
     if m.get("hosts"):
         parts.append("hosts " + ", ".join(m["hosts"]))
     if m.get("launch"):
