@@ -200,3 +200,29 @@ def test_files_that_are_not_bench_reports_are_rejected(capsys, tmp_path, content
     code, _, stderr = plan(capsys, "--model", "small", "--world", "2", "--calibration", str(path), "--json", str(out))
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and message in stderr, stderr
     assert not out.exists()
+
+
+def test_compare_warns_when_the_plan_misses_and_names_the_category():
+    """Issue 28's figures: fsdp2 3.6x off (its step cannot be split: torch's own collectives), zero2
+    1.19x (OK); a counted strategy whose exposed communication carries the error is named as such."""
+    from distval.report.html import _step_time_figure
+    from distval.train.compare import prediction_check
+
+    fsdp2 = {"step_time_p50_s": 0.0321, "predicted_step_time_s": 0.0089, "measured_compute_s": None,
+             "measured_exposed_comm_s": None, "predicted_compute_s": 0.0078, "predicted_exposed_comm_s": 0.0011}
+    check = prediction_check("fsdp2", fsdp2)
+    assert check.status.value == "WARN" and check.where == {"strategy": "fsdp2", "category": "unsplit"}
+    assert check.summary.startswith("fsdp2: measured 32.1 ms against the plan's 8.9 ms (3.61x); outside 0.67-1.5x: the "
+                                    "harness cannot split this step")
+    zero2 = {"step_time_p50_s": 0.0107, "predicted_step_time_s": 0.0090, "measured_compute_s": 0.0080,
+             "measured_exposed_comm_s": 0.0027, "predicted_compute_s": 0.0078, "predicted_exposed_comm_s": 0.0012}
+    ok = prediction_check("zero2", zero2)
+    assert ok.status.value == "OK" and zero2["prediction_miss"] is None and round(zero2["prediction_ratio"], 2) == 1.19
+    comm = {"step_time_p50_s": 0.0300, "predicted_step_time_s": 0.0100, "measured_compute_s": 0.0085,
+            "measured_exposed_comm_s": 0.0215, "predicted_compute_s": 0.0080, "predicted_exposed_comm_s": 0.0020}
+    warn = prediction_check("pytorch_ddp", comm)
+    assert warn.where["category"] == "exposed communication" and "exposed communication 21.5 vs 2.0 ms" in warn.summary
+    assert prediction_check("dp", {"step_time_p50_s": 0.01, "predicted_step_time_s": None}) is None
+    rows = [{"strategy": "fsdp2", **fsdp2}, {"strategy": "zero2", **zero2}]
+    (svg,) = _step_time_figure({"strategies": {"rows": rows}})["charts"]
+    assert "⚠ fsdp2" in svg and "off: step not split" in svg and "⚠ zero2" not in svg

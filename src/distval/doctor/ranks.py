@@ -22,7 +22,7 @@ from distval import meta
 from distval.doctor import net
 from distval.results import Check, Status, Table
 
-ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_GLOO_")
+ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_GLOO_", "RCCL_", "HSA_")
 _TCP_LISTEN, _TCP_ESTABLISHED = "0A", "01"
 
 
@@ -92,7 +92,8 @@ def rank_facts(cfg: Any) -> dict[str, Any]:
     v = system.versions()
     return {
         "hostname": socket.gethostname(),
-        "versions": {k: v.get(k) for k in ("distval", "python", "torch", "nccl", "cuda")},
+        "versions": {k: v.get(k) for k in ("distval", "python", "torch", "nccl", "cuda", "hip", "collectives",
+                                           "runtime")},
         "env": {k: val for k, val in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
         "route_dev": dev.name if dev else None,
         "route_mtu": dev.mtu if dev else None,
@@ -175,7 +176,8 @@ def check_env(facts: dict[int, dict[str, Any]]) -> Check:
         Status.WARN,
         f"NCCL/Gloo environment differs across ranks: {text}",
         details={"differ": {k: {str(r): val for r, val in v.items()} for k, v in differ.items()}},
-        hint="export the same NCCL_*/GLOO_* settings on every node (interface names may differ per node on purpose)",
+        hint="export the same NCCL_*/GLOO_* (RCCL_*/HSA_* on AMD) settings on every node (interface names may "
+        "differ per node on purpose)",
         where={"keys": sorted(differ)},
     )
 

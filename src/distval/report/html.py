@@ -568,14 +568,19 @@ def _step_time_figure(tables: dict[str, dict[str, Any]]) -> dict[str, Any] | Non
         measured, predicted = _num(r.get("step_time_p50_s")), _num(r.get("predicted_step_time_s"))
         note = (f"{measured / predicted:.2f}× the prediction" if measured and predicted
                 else "no prediction" if measured else "")
-        groups.append((_text(r.get("strategy")), [measured, predicted], note))
+        miss = r.get("prediction_miss")  # compare's WARN: outside its band, and the category that misses
+        if miss:
+            note += f", off: {'step not split' if miss == 'unsplit' else miss}"
+        groups.append((("⚠ " if miss else "") + _text(r.get("strategy")), [measured, predicted], note))
     if not any(values[1] for _, values, _ in groups):
         return None
     chart = _grouped_bars(groups, [("measured step time (p50)", PALETTE[0]), ("plan's prediction", PREDICTION_COLOUR)],
                           lambda s: f"{s * 1e3:.1f} ms", "measured against predicted step time")
     return _figure("fig-step-time", "Step time: measured against the plan's prediction",
                    "Per strategy, the measured step time (p50 over steps, slowest rank) and the plan's prediction "
-                   "from the bench's α–β fits; the ratio is measured / predicted.", [chart] if chart else [])
+                   "from the bench's α–β fits; the ratio is measured / predicted. ⚠ marks a strategy outside "
+                   "0.67–1.5×, with the category that carries the error (compare's WARN says what to do).",
+                   [chart] if chart else [])
 
 
 def _strategies_figure(tables: dict[str, dict[str, Any]]) -> dict[str, Any] | None:

@@ -50,20 +50,29 @@ COMPARE_COLUMNS = [
     "comm_wire_bytes_per_step",
     "comm_hidden_frac",
     "predicted_step_time_s",
+    "measured_compute_s",
+    "measured_exposed_comm_s",
+    "predicted_compute_s",
+    "predicted_exposed_comm_s",
+    "prediction_ratio",
+    "prediction_miss",
 ]
 MEMORY_RTOL = 0.10  # measured model state against the formula
+# measured/predicted step time outside this band is a WARN naming the category that carries the error
+PREDICTION_BAND = (0.67, 1.5)
 PARITY_RTOL = 1e-5
 
 
-def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict[str, Any], peak_flops: float,
-                        calibration: str | None) -> float | None:
-    """The planner's step time for this run: compute at the MFU the reference run achieved, of
+def predicted_step(cfg: TrainConfig, name: str, world: int, reference: dict[str, Any], peak_flops: float,
+                   calibration: str | None) -> dict[str, float | None]:
+    """The planner's step for this run, in the categories the harness measures: step time, compute
+    and the communication not hidden behind it. Compute at the MFU the reference run achieved, of
     the peak each rank measured (`peak_flops`: a rank of the distributed run has its own share of
     the cores — one intra-op thread per worker — while the single-process reference has them all),
-    communication from the α–β fit of a `comm bench` on this fabric. None without a calibration
+    communication from the α–β fit of a `comm bench` on this fabric. Nothing without a calibration
     (no link to plan with)."""
     if calibration is None:
-        return None
+        return {}
     from distval.plan import PlanConfig, evaluate
     from distval.plan.steps import MIB
 
@@ -76,7 +85,53 @@ def predicted_step_time(cfg: TrainConfig, name: str, world: int, reference: dict
     plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
                       peak_tflops=peak_flops / 1e12, mfu=min(mfu, 1.0), strategy=strategy.plan_model,
                       bucket_mb=bucket_mb, overlap=strategy.overlaps_backward, calibration=calibration)
-    return evaluate(plan).step_time_s
+    result = evaluate(plan)
+    step, compute = result.step_time_s, result.compute_time_s
+    return {"predicted_step_time_s": step, "predicted_compute_s": compute,
+            "predicted_exposed_comm_s": max(0.0, step - compute) if step is not None and compute is not None else None}
+
+
+def prediction_check(name: str, row: dict[str, Any]) -> Check | None:
+    """Measured against predicted step time: OK inside PREDICTION_BAND, else a WARN naming the
+    category (compute, or the communication not hidden behind it) whose error is the larger, with
+    what to do. Sets the row's `prediction_ratio` and `prediction_miss`; None without a prediction."""
+    measured, predicted = row["step_time_p50_s"], row.get("predicted_step_time_s")
+    if not predicted:
+        return None
+    ratio = row["prediction_ratio"] = measured / predicted
+    lo, hi = PREDICTION_BAND
+    parts = {"compute": (row.get("measured_compute_s"), row.get("predicted_compute_s")),
+             "exposed communication": (row.get("measured_exposed_comm_s"), row.get("predicted_exposed_comm_s"))}
+    known = {k: (m, p) for k, (m, p) in parts.items() if m is not None and p is not None}
+    split = "; ".join(f"{k} {m * 1e3:.1f} vs {p * 1e3:.1f} ms" for k, (m, p) in known.items())
+    text = f"{name}: measured {measured * 1e3:.1f} ms against the plan's {predicted * 1e3:.1f} ms ({ratio:.2f}x)" + (
+        f": {split}" if split else "")
+    details = {"ratio": ratio, "band": list(PREDICTION_BAND), "categories": {k: {"measured_s": m, "predicted_s": p}
+                                                                             for k, (m, p) in known.items()}}
+    if lo <= ratio <= hi:
+        row["prediction_miss"] = None
+        return Check(f"compare {name} prediction", Status.OK, text, details=details)
+    if len(known) == 2:
+        miss = max(known, key=lambda k: abs(known[k][0] - known[k][1]))
+    else:  # the harness could not split the step (the strategy's collectives are torch's own)
+        miss = "unsplit"
+    row["prediction_miss"] = miss
+    if miss == "exposed communication":
+        where = "the error is in the communication not hidden behind compute"
+        hint = ("the plan's collectives come from the bench's α–β fit: per-call overhead, the number of calls and the "
+                "overlap this strategy really gets are not all in it; trace the run (--trace) to see where it waits")
+    elif miss == "compute":
+        where = "the error is in compute"
+        hint = ("the plan's compute is 6·N FLOPs per token at the reference run's MFU: a strategy's own per-layer cost "
+                "(hooks, gathers and reshards, DTensor) is not modelled; weigh the plan for this strategy accordingly, "
+                "or trace the run (--trace) to see where the time goes")
+    else:
+        where = ("the harness cannot split this step (the strategy's collectives are torch's own and not timed): "
+                 "compute or its communication")
+        hint = ("trace the run (--trace) to split it; FSDP2's per-layer all-gathers, reduce-scatters and hooks are "
+                "what the plan does not model yet")
+    return Check(f"compare {name} prediction", Status.WARN, f"{text}; outside {lo}-{hi}x: {where}", details=details,
+                 hint=hint, where={"strategy": name, "category": miss})
 
 
 def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float]:
@@ -152,13 +207,14 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
             continue
         row = compare_row(label, result, reference)
         if not strategies.REGISTRY[name].single_process:  # the planner models one process per device, not dp
-            row["predicted_step_time_s"] = predicted_step_time(
-                run_cfg, name, world, reference, result["peak_flops"], calibration
-            )
+            row.update(predicted_step(run_cfg, name, world, reference, result["peak_flops"], calibration))
             row.update(predicted_memory(run_cfg, name, world))
+        predicted = prediction_check(label, row)
         table.add(**row)
         report.add(parity_check(label, row))
         report.add(memory_check(label, row))
+        if predicted is not None:
+            report.add(predicted)
         if result.get("peak_mem_per_gpu"):
             report.add(gpu_memory_check(label, result["peak_mem_per_gpu"]))
         exposed = None
@@ -231,6 +287,14 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
         "comm_wire_bytes_per_step": None if uncounted else statistics.median(s["comm_wire_bytes"] for s in steps),
         "comm_hidden_frac": None if comm_time == 0 else max(0.0, 1 - blocked / comm_time),  # fsdp2: nothing counted
         "predicted_step_time_s": None,
+        # the step split as the harness sees it: the time the training thread waited on collectives, and the rest
+        "measured_compute_s": None if uncounted else statistics.median(s["step_time_s"] - s["comm_blocked_s"]
+                                                                        for s in steps),
+        "measured_exposed_comm_s": None if uncounted else statistics.median(s["comm_blocked_s"] for s in steps),
+        "predicted_compute_s": None,
+        "predicted_exposed_comm_s": None,
+        "prediction_ratio": None,
+        "prediction_miss": None,
     }
 
 
