@@ -163,7 +163,7 @@ def test_detection_on_a_rocm_torch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: "AMD Radeon Graphics")
     identity = devices.gpu_identity(torch.device("cuda", 0))
     assert identity["arch"] == "gfx942:sramecc+:xnack-" and presets.preset_for(identity) == "MI300X"
-    assert devices.gpu_arch(torch.device("cuda", 0)) == "gfx942" and devices.gpu_identity(torch.device("cpu")) is None
+    assert devices.gpu_identity(torch.device("cpu")) is None
     assert presets.preset_for({"name": "NVIDIA H100 80GB HBM3"}) == "H100"
     # the bench's nccl-tests header names the library the backend "nccl" really is
     versions = {**v, "nccl": "2.20.5"}

@@ -97,22 +97,15 @@ def gpu_runtime() -> str | None:
     return f"CUDA {torch.version.cuda}" if torch.version.cuda else None
 
 
-def gpu_arch(device: torch.device) -> str | None:
-    """The gfx target of an AMD GPU ("gfx942"); None elsewhere."""
-    if device.type != "cuda" or not torch.version.hip:
-        return None
-    return rocm_platform.gfx_arch(getattr(torch.cuda.get_device_properties(device), "gcnArchName", None))
-
-
 def gpu_identity(device: torch.device) -> dict | None:
     """What names a GPU: torch's name and, on ROCm, its gfx target, compute units and memory (a
     ROCm release may name every GPU "AMD Radeon Graphics"); None on CPU. The planner's presets
     turn it into a preset (`presets.preset_for`)."""
     if device.type != "cuda":
         return None
-    props = torch.cuda.get_device_properties(device)
     out = {"name": torch.cuda.get_device_name(device)}
     if torch.version.hip:
+        props = torch.cuda.get_device_properties(device)
         out.update(arch=getattr(props, "gcnArchName", None), compute_units=props.multi_processor_count,
                    memory_bytes=props.total_memory)
     return out

@@ -30,7 +30,7 @@ def check_versions(v: dict[str, Any], gpus: list[dict[str, Any]], amd: bool = Fa
     backends = ", ".join(f"{b} {'yes' if v.get(b) else 'no'}" for b in ("gloo", "mpi"))
     nccl = v.get("nccl")
     library = "RCCL" if amd else v.get("collectives") or "NCCL"
-    text = f"Python {v['python']}, torch {v['torch']}, {backends}, {meta.stack_text(v)}"
+    text = f"Python {v['python']}, torch {v['torch']}, {backends}, {meta.stack_text({**v, 'collectives': library})}"
     if "gloo" in v and not v["gloo"]:
         return Check("doctor.versions", Status.FAIL, text + ": this torch has no Gloo backend", details=v,
                      hint="install a torch build with distributed support (pip install torch)")
