@@ -34,14 +34,20 @@ def test_quick_ladder_climbs_every_stage_and_the_plan_meets_the_measurement(tmp_
     assert "all_reduce" in ladder["bench"]["headline"] and "GB/s busbw" in ladder["bench"]["headline"]
     plan = next(c for c in doc["checks"] if c["name"] == "plan.calibration")  # the plan's links: the bench's fits
     assert plan["status"] == "OK" and "link numbers measured: bench.json: gloo, 2 ranks" in plan["summary"]
-    assert "4 strategies match the reference" in ladder["compare"]["headline"]
+    compare = ladder["compare"]  # a plan that misses a strategy by more than 0.67-1.5x makes the stage WARN
+    assert ("4 strategies match the reference" in compare["headline"]) == (compare["status"] == "OK"), compare
+    assert compare["status"] == "OK" or "outside 0.67-1.5x" in compare["headline"], compare
     # the bench's own report: the plan's calibration, and `distval plan --calibration` reads it too
     assert calibration.load(str(out / "bench.json")).fits["all_reduce"].beta_bytes_per_s > 0
     rows = {r["strategy"]: r for r in doc["tables"]["strategies"]["rows"]}
     assert list(rows) == ["pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2"]
+    predictions = {c["where"].get("strategy", c["name"].split()[1]): c for c in doc["checks"]
+                   if c["name"].endswith(" prediction")}
     for name, row in rows.items():  # compute at the reference's measured rate plus the fitted comm
         assert row["max_rel_param_diff"] <= 1e-5, name
         assert 0.2 < row["predicted_step_time_s"] / row["step_time_p50_s"] < 5, (name, row)
+        inside = 0.67 <= row["prediction_ratio"] <= 1.5  # the check follows the ratio, and names the category
+        assert (predictions[name]["status"] == "OK") == inside and (row["prediction_miss"] is None) == inside, row
     assert {r["rank"] for r in doc["tables"]["trace_breakdown"]["rows"]} == {0, 1}
     assert [r["rank"] for r in doc["tables"]["rank_health"]["rows"]] == [0, 1]
     assert all(r["peak_mem_bytes"] > 0 for r in doc["tables"]["rank_health"]["rows"])
