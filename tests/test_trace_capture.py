@@ -38,6 +38,10 @@ def test_compare_traces_agree_with_the_harness(tmp_path):
     sweep = doc["tables"]["bucket_sweep"]["rows"]  # 0.05 MiB: a bucket per few tensors; 1 MiB: one bucket
     assert [(r["bucket_mb"], r["comm_calls_per_step"]) for r in sweep] == [(0.05, 9), (1.0, 1)]
     assert all(r["exposed_comm_s"] is not None and r["exposed_comm_s"] >= 0 for r in sweep)
+    split = {r["strategy"]: r for r in doc["tables"]["strategies"]["rows"]}  # the trace splits each traced step
+    assert all(r["measured_split"] == "trace" for r in split.values())
+    assert [split[f"bucket_ddp_async@{r['bucket_mb']:g}MiB"]["measured_exposed_comm_s"] for r in sweep] == \
+        [r["exposed_comm_s"] for r in sweep]
     (best,) = [c for c in doc["checks"] if c["name"] == "compare buckets bucket_ddp_async"]
     fastest = min(sweep, key=lambda r: r["step_time_p50_s"])["bucket_mb"]
     assert best["details"]["best_bucket_mb"] == fastest and f"best bucket size {fastest:g} MiB" in best["summary"]
