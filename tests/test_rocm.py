@@ -263,7 +263,7 @@ def test_a_rocm_smi_only_host_is_read_and_checked(monkeypatch):
 def test_doctor_on_a_simulated_8_mi300x_host(tmp_path):
     """The issue's case: an `amd-smi` stand-in prints the host's saved output; the doctor shows the
     topology, flags the PCIe pair, the HIP/CUDA visibility conflict and the throttled GPU, and reads
-    an RCCL log and a rocm-smi topology file given as files."""
+    an RCCL log given as a file; topology files of rocm-smi and amd-smi load as --topo-file."""
     out = tmp_path / "d.json"
     env = {"PATH": f"{SIM}:/usr/bin:/bin", "HIP_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": "2,3",
            "RCCL_MSCCL_ENABLED": "0"}
@@ -286,10 +286,10 @@ def test_doctor_on_a_simulated_8_mi300x_host(tmp_path):
     assert tables["topo"]["rows"][2]["GPU5"] == "PCIE 52" and len(tables["amd_gpus"]["rows"]) == 8
     assert "PCIE 52" in res.stdout and "AMD GPUs (amd-smi)" in res.stdout
 
-    res = run_cli("doctor", "--json", str(out), "--topo-file", str(ROCM / "rocmsmi_showtopo_8xmi300x.txt"),
-                  env={"PATH": "/usr/bin:/bin"}, timeout=60)
-    checks = {c["name"]: c for c in json.loads(out.read_text())["checks"]}
-    assert checks["doctor.topo gpu-paths"]["summary"].endswith("a fully connected xGMI mesh"), res.stderr
+    topo = load_topo(ROCM / "rocmsmi_showtopo_8xmi300x.txt")  # --topo-file takes rocm-smi's and amd-smi's too
+    assert isinstance(topo, smi.AmdTopology) and amd.check_paths(topo, {}).summary.endswith("a fully connected "
+                                                                                              "xGMI mesh")
+    assert isinstance(load_topo(SIM / "amd-smi-topology.txt"), smi.AmdTopology)
 
 
 def test_rccl_logs_of_one_and_two_nodes_and_their_failures():
