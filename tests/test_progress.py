@@ -29,3 +29,39 @@ def test_train_shows_progress_on_stderr_while_running():
     lines = [line for line in res.stderr.splitlines() if line.startswith("train simple_ddp: step ")]
     assert lines and lines[-1].startswith("train simple_ddp: step 5/5 · loss ")
     assert "step 5/5" not in res.stdout  # the report on stdout stays clean
+
+
+class CountingStore:
+    """A real TCPStore behind a proxy that counts the requests a reader makes."""
+
+    def __init__(self, store):
+        self.store, self.requests = store, []
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.requests.append(name)
+            return getattr(self.store, name)(*args)
+        return call
+
+
+def test_a_reader_gets_every_rank_in_two_requests_once_all_have_published():
+    store, _ = channels.serve()
+    ranks = [channels.RankChannel(r, store) for r in range(8)]
+    counting = CountingStore(store)
+    reader = channels.ChannelReader(counting)
+    for r in ranks[:5]:
+        r.publish("heartbeat", {"step": r.rank}, flush=True)
+    beats = reader.all(8, "heartbeat")  # three ranks not yet published: one read per rank
+    assert [b and b["step"] for b in beats.values()] == [0, 1, 2, 3, 4, None, None, None]
+    for r in ranks[5:]:
+        r.publish("heartbeat", {"step": r.rank}, flush=True)
+    counting.requests.clear()
+    assert [b["step"] for b in reader.all(8, "heartbeat").values()] == list(range(8))
+    assert counting.requests == ["check", "multi_get"]  # 2 requests, not 16
+    store.set("distval/heartbeat/3", b"not json")  # a bad payload: the per-rank reads say None for that rank
+    assert [b and b["step"] for b in reader.all(8, "heartbeat").values()] == [0, 1, 2, None, 4, 5, 6, 7]
+    for r in ranks:
+        r.publish("state", {"error": f"rank {r.rank}"}, flush=True)
+    counting.requests.clear()
+    assert reader.all(8, "state")[7] == {"error": "rank 7", "time": reader.all(8, "state")[7]["time"]}
+    assert "multi_get" not in counting.requests  # a kind whose keys are deleted is read key by key
