@@ -8,11 +8,13 @@ set latency p50/p99, a watchdog read p50/p99, and the store process's CPU.
 
     python benchmarks/health_plane_scale.py [--ranks 64,256,1024,4096] [--seconds 8] [--watchdogs 4]
 
-What it is not (yet): the node digests of the issue's hierarchical design, the status and
-fingerprint kinds, and the time to name an injected fault. With one watchdog per node (8 ranks
-a node) the real job has ranks/8 watchdogs; the figures are measured with --watchdogs readers
-and the last columns scale the reads to ranks/8 watchdogs (the store's CPU does not scale
-linearly forever: the measured column is the fact, the scaled one an estimate).
+Per size it also times the watchdog's verdict logic (`decide`) naming a skipped collective among
+that many ranks' heartbeats. What it is not (yet): the node digests of the issue's hierarchical
+design, the status and fingerprint kinds, and the time to name a fault injected into live ranks.
+With one watchdog per node (8 ranks a node) the real job has ranks/8 watchdogs; the figures are
+measured with --watchdogs readers and the last column scales the reads to ranks/8 watchdogs (the
+store's CPU does not scale linearly forever: the measured columns are the facts, the scaled one
+an estimate).
 """
 
 from __future__ import annotations
@@ -39,6 +41,24 @@ def heartbeat(rank: int, step: int) -> bytes:
             "windows": {"0": {str(step // 64): "9f2c4e1d0b7a6358"}, "1": {str(step // 64): "4e1d0b7a63589f2c"}},
             "cpu_s": 12.5 + step, "time": time.time()}
     return json.dumps(beat).encode()
+
+
+def decide_ms(world: int) -> tuple[float, list[int], str]:
+    """The watchdog's verdict logic (health/hang.py `decide`) on `world` ranks' heartbeats where
+    one rank skipped a collective: every other rank waits in group 0's collective 121, rank
+    world//3 issued 120 there and went on to wait in group 1. Returns (median ms of 5, culprits, kind)."""
+    from distval.health.hang import decide
+
+    odd = world // 3
+    beats = {r: {"pid": r, "host": "elsewhere", "status": "train step 10", "step": 10, "pending": [],
+                 "groups": {"0": [120, 120], "1": [31, 30]} if r == odd else {"0": [121, 120], "1": [30, 30]}}
+             for r in range(world)}
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        culprits, kind, _ = decide(beats, {})
+        times.append(time.perf_counter() - t)
+    return sorted(times)[2] * 1e3, culprits, kind
 
 
 def serve(port_queue: mp.Queue, stop: mp.Event) -> None:
@@ -149,6 +169,9 @@ def main() -> None:
     print(f"{'ranks':>6} {'design':>9} {'req/s':>9} {'set p50/p99 ms':>15} {'read p50/p99 ms':>16} "
           f"{'store CPU':>9} {'req/s, ranks/8 watchdogs':>25}")
     for world in (int(x) for x in args.ranks.split(",")):
+        ms, culprits, kind = decide_ms(world)
+        assert culprits == [world // 3] and kind == "outside", (culprits, kind)
+        print(f"# {world} ranks: the verdict (a skipped collective, rank {world // 3} named) takes {ms:.1f} ms")
         for batched in (False, True):
             r = run(world, batched, args.seconds, args.watchdogs, args.publishers)
             print(f"{r['ranks']:>6} {r['design']:>9} {r['requests_per_s']:>9,.0f} "
