@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import textwrap
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 
 from distval.health import fingerprints
 from distval.health.diagnose import diagnose, fewer_collectives
-from distval.health.hang import Hang, HangPolicy, Watchdog, compiling, decide, where
+from distval.health.hang import Hang, HangPolicy, Watchdog, compiling, decide, process_state, where
 from distval.health.pauses import Pause, Sites, kill_limit, site_of
 
 from conftest import free_port, run_cli
@@ -178,6 +179,11 @@ def test_a_stopped_rank_on_this_host_is_named_at_the_floor_even_in_start_up(cloc
     proc = subprocess.Popen(["sleep", "60"])
     try:
         os.kill(proc.pid, signal.SIGSTOP)
+        for _ in range(500):  # under load the child may not have run yet: the kernel stops it when it does
+            if process_state(proc.pid) in ("T", "t"):
+                break
+            threading.Event().wait(0.01)  # a real wait: the clock fixture fakes time.sleep
+        assert process_state(proc.pid) in ("T", "t")
         fired = []
         dog, reader = Watchdog(2, HangPolicy(floor_s=3.0), fired.append), _Reader()
         reader.beats = {0: beat(21, 20, pending(21)), 1: beat(20, 20)}
