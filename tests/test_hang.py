@@ -36,6 +36,19 @@ def pending(seq: int, op: str = "all_reduce", sizes=((64,),), pg: str = "0") -> 
     return [{"pg": pg, "seq": seq, "op": op, "sizes": [list(s) for s in sizes], "dtypes": ["Float"]}]
 
 
+def test_a_rank_spinning_after_its_last_collective_did_not_skip_one():
+    """The spin case's evidence as the fresh-clone suite once saw it: ranks 0 and 1 wait in the
+    control group's barrier #51; rank 2 spins outside any collective, but Gloo's recorder still
+    shows its all_reduce #520 on group 0 pending (a completion is marked when next looked at).
+    Every rank issued #520: rank 2 is not blocked there, so it did not skip the barrier to go on
+    to it: it is outside any collective (a pause until the kill limit), not a certain skip."""
+    barrier = pending(51, op="barrier", sizes=(), pg="1")
+    beats = {0: beat(520, 520, barrier, **{"1": [51, 50]}), 1: beat(520, 520, barrier, **{"1": [51, 50]}),
+             2: beat(520, 519, pending(520), **{"1": [50, 50]})}
+    culprits, kind, verdict = decide(beats, {})
+    assert (culprits, kind) == ([2], "outside") and "waits in no collective" in verdict, verdict
+
+
 def test_a_stopped_rank_is_the_culprit_whatever_the_collectives_say():
     beats = {0: beat(10, 9, pending(10)), 1: beat(9, 9)}
     culprits, kind, verdict = decide(beats, {0: "S", 1: "T"})

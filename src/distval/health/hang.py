@@ -217,6 +217,15 @@ def _waiting(beat: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return {pg: (v[0], v[1]) for pg, v in beat.get("groups", {}).items() if v[0] > v[1]}
 
 
+def _still_waiting(live: dict[int, dict[str, Any]], r: int) -> dict[str, tuple[int, int]]:
+    """Rank r's waits, less those every other rank has issued too: a collective every rank issued
+    is not what r is blocked in (Gloo's recorder marks a completion late, when the work is next
+    looked at, so a rank that moved on and now spins outside any collective can still show its
+    last one pending)."""
+    return {g: v for g, v in _waiting(live[r]).items()
+            if not all(b["groups"].get(g, [0, 0])[0] >= v[0] for o, b in live.items() if o != r)}
+
+
 def _fingerprint(beat: dict[str, Any], pg: str) -> tuple | None:
     mine = [p for p in beat.get("pending", []) if p["pg"] == pg]
     if not mine:
@@ -254,12 +263,12 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
         issued = {r: live[r]["groups"].get(pg, [0, 0])[0] for r in ranks}
         top = max(issued.values())
         ahead = [r for r in ranks if issued[r] == top and pg in _waiting(live[r])]
-        behind = [r for r in ranks if issued[r] < top and any(g != pg for g in _waiting(live[r]))]
+        behind = [r for r in ranks if issued[r] < top and any(g != pg for g in _still_waiting(live, r))]
         if ahead and behind and len(ahead) + len(behind) == len(ranks):
             what = _describe(_fingerprint(live[ahead[0]], pg), pg)
             parts = []
             for r in behind:
-                g = next(g for g in _waiting(live[r]) if g != pg)
+                g = next(g for g in _still_waiting(live, r) if g != pg)
                 parts.append(_skipped(r, live[r], g, what, pg, issued[r], ahead, top))
             return behind, "outside", "; ".join(parts)
     # a group some ranks wait in and others have not reached: the others are the cause (the
@@ -275,7 +284,7 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
             parts = []
             for r in absent:
                 issued = live[r]["groups"].get(pg, [0, 0])[0]
-                elsewhere = {g: v for g, v in _waiting(live[r]).items() if g != pg}
+                elsewhere = {g: v for g, v in _still_waiting(live, r).items() if g != pg}
                 if elsewhere:  # it went on: the collective it did not issue was skipped on this rank
                     parts.append(_skipped(r, live[r], next(iter(elsewhere)), what, pg, issued, waiting, target))
                 else:
