@@ -20,7 +20,7 @@ import pytest
 
 from distval.health import fingerprints
 from distval.health.diagnose import diagnose, fewer_collectives
-from distval.health.hang import Hang, HangPolicy, Watchdog, compiling, decide, process_state, where
+from distval.health.hang import Hang, HangPolicy, Watchdog, compiling, decide, diagnose_hang, process_state, where
 from distval.health.pauses import Pause, Sites, kill_limit, site_of
 
 from conftest import free_port, run_cli
@@ -47,6 +47,9 @@ def test_a_rank_spinning_after_its_last_collective_did_not_skip_one():
              2: beat(520, 519, pending(520), **{"1": [50, 50]})}
     culprits, kind, verdict = decide(beats, {})
     assert (culprits, kind) == ([2], "outside") and "waits in no collective" in verdict, verdict
+    hang = diagnose_hang(beats, 9.0, with_stacks=False)  # a pause, not certain: the kill limit decides
+    assert (hang.culprits, hang.kind, hang.certain) == ([2], "outside", False)
+    assert hang.ranks[2]["waiting_in"].startswith("all_reduce #520") and hang.ranks[2]["blocked_in"] is None
 
 
 def test_a_stopped_rank_is_the_culprit_whatever_the_collectives_say():

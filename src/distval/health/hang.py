@@ -136,7 +136,7 @@ class Hang:
         if self.kind != "outside":
             return True
         rows = {row["rank"]: row for row in self.ranks}
-        return not self.culprits or any(rows.get(r, {}).get("waiting_in") or not rows.get(r, {}).get("pid")
+        return not self.culprits or any(rows.get(r, {}).get("blocked_in") or not rows.get(r, {}).get("pid")
                                         for r in self.culprits)
 
     def details(self) -> dict[str, Any]:
@@ -366,14 +366,20 @@ def _table(beats: dict[int, dict[str, Any] | None], culprits: list[int], states:
            spinning: dict[int, bool] | None = None, stacks: dict[int, str] | None = None) -> list[dict[str, Any]]:
     """The per-rank table of a diagnosis."""
     states, spinning, stacks = states or {}, spinning or {}, stacks or {}
+    live = {r: b for r, b in beats.items() if b}
     rows = []
+
+    def first(waits: dict[str, tuple[int, int]]) -> str | None:
+        return next(iter(sorted(waits, key=lambda g: (g != "0", g))), None)
+
     for r in sorted(beats):
         b = beats[r] or {}
-        waiting = _waiting(b) if b else {}
-        pg = next(iter(sorted(waiting, key=lambda g: (g != "0", g))), None)
+        pg = first(_waiting(b)) if b else None
+        blocked = first(_still_waiting(live, r)) if b else None  # not a collective every other rank issued
         rows.append({"rank": r, "pid": b.get("pid"), "host": b.get("host"), "state": states.get(r, "?"),
                      "cpu_busy": spinning.get(r), "status": b.get("status"), "step": b.get("step"),
                      "waiting_in": _describe(_fingerprint(b, pg), pg) if pg else None,
+                     "blocked_in": _describe(_fingerprint(b, blocked), blocked) if blocked else None,
                      "completed": {g: v[1] for g, v in b.get("groups", {}).items()},
                      "where": where(stacks.get(r)), "culprit": r in culprits})
     return rows
