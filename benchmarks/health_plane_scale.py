@@ -30,6 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+from distval.health.hang import cpu_seconds  # noqa: E402 (after the path)
+from distval.stats import percentile  # noqa: E402
+
 PERIOD_S = 0.5  # the heartbeat's interval_s and the watchdog's every_s
 
 
@@ -81,8 +84,7 @@ def publish(port: int, ranks: range, seconds: float, out: mp.Queue, start: float
     for r in ranks:  # every rank has published once before the watchdogs start
         store.set(f"distval/heartbeat/{r}", heartbeat(r, 0))
     latencies, step = [], 1
-    while time.time() < start:
-        time.sleep(0.01)
+    wait_until(start)
     end = start + seconds
     while time.time() < end:
         began = time.perf_counter()
@@ -101,8 +103,7 @@ def watch(port: int, world: int, batched: bool, seconds: float, out: mp.Queue, s
     reader = channel.ChannelReader(client(port))
     read = reader.all if batched else (lambda n, kind: {r: reader.latest(r, kind) for r in range(n)})
     times, requests = [], 0
-    while time.time() < start:
-        time.sleep(0.01)
+    wait_until(start)
     end = start + seconds
     while time.time() < end:
         began = time.perf_counter()
@@ -114,14 +115,14 @@ def watch(port: int, world: int, batched: bool, seconds: float, out: mp.Queue, s
     out.put(("watch", requests, times))
 
 
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q / 100 * len(values)))] if values else float("nan")
+    return percentile(values, q) if values else float("nan")
+
+
+def wait_until(start: float) -> None:
+    """Every process begins measuring at the same wall-clock moment."""
+    while time.time() < start:
+        time.sleep(0.01)
 
 
 def run(world: int, batched: bool, seconds: float, watchdogs: int, publishers: int) -> dict:
@@ -137,11 +138,10 @@ def run(world: int, batched: bool, seconds: float, watchdogs: int, publishers: i
     procs += [ctx.Process(target=watch, args=(port, world, batched, seconds, out, start)) for _ in range(watchdogs)]
     for p in procs:
         p.start()
-    while time.time() < start:
-        time.sleep(0.01)
-    cpu0 = cpu_s(pid)
+    wait_until(start)
+    cpu0 = cpu_seconds(pid)
     results = [out.get(timeout=seconds + 120) for _ in procs]
-    cpu1 = cpu_s(pid)
+    cpu1 = cpu_seconds(pid)
     for p in procs:
         p.join()
     stop.set()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distval.doctor.topo import p2p_disabled_by
 from distval.results import Check, Status, Table
 from distval.rocm import env as rocm_env
 from distval.rocm import platform
@@ -201,7 +202,7 @@ def check_paths(topo: AmdTopology, env: Mapping[str, str]) -> Check:
                      "a GPU in another slot or hive, or a failed link: reseat or service the GPU, and until then "
                      "leave the pair out with ROCR_VISIBLE_DEVICES")
     across = [(a, b) for a, b in pcie if topo.crosses_socket(a, b) or topo.hops.get((a, b), 0) >= 3]
-    guard = _p2p_guard(env)
+    guard = p2p_disabled_by(env)  # RCCL reads NCCL_P2P_DISABLE and NCCL_P2P_LEVEL as NCCL does
     if across and not guard:
         return Check(name, Status.WARN, f"{', '.join(described(a, b) for a, b in across)}: PCIe across the two sockets "
                      "(no xGMI): peer-to-peer there crosses the CPUs' interconnect, slow and on some platforms stalled",
@@ -215,12 +216,6 @@ def check_paths(topo: AmdTopology, env: Mapping[str, str]) -> Check:
         text += ": a fully connected xGMI mesh"
     return Check(name, Status.OK, text + (f"; {guard} keeps P2P off the PCIe pairs" if guard and across else ""),
                  details=details)
-
-
-def _p2p_guard(env: Mapping[str, str]) -> str | None:
-    if env.get("NCCL_P2P_DISABLE", "").strip() in ("1", "true", "yes"):
-        return "NCCL_P2P_DISABLE=1"
-    return None
 
 
 def check_nic_affinity(topo: AmdTopology, nics: dict[str, int]) -> Check:

@@ -153,15 +153,20 @@ class ChannelReader:
         tick at 1,024 ranks goes from 2,048 round trips to 2 (benchmarks/health_plane_scale.py).
         Only for kinds whose keys are never deleted (`state` is: a get of a deleted key would
         wait out the store's timeout)."""
-        if kind != "state" and world_size > 1:
-            keys = [_key(kind, r) for r in range(world_size)]
-            try:
-                store = self._connected()
-                if store is not None and store.check(keys):
-                    return {r: json.loads(v) for r, v in enumerate(store.multi_get(keys))}
-            except Exception:  # noqa: BLE001 (an unreachable store or a bad payload: the per-rank reads say)
-                pass
-        return {r: self.latest(r, kind) for r in range(world_size)}
+        batched = self._all_at_once(world_size, kind) if kind != "state" and world_size > 1 else None
+        return batched if batched is not None else {r: self.latest(r, kind) for r in range(world_size)}
+
+    def _all_at_once(self, world_size: int, kind: str) -> dict[int, dict[str, Any] | None] | None:
+        """Every rank's payload in one check and one multi_get; None when some rank has not
+        published yet, the store is unreachable or a payload is bad (the per-rank reads say)."""
+        keys = [_key(kind, r) for r in range(world_size)]
+        try:
+            store = self._connected()
+            if store is None or not store.check(keys):
+                return None
+            return {r: json.loads(v) for r, v in enumerate(store.multi_get(keys))}
+        except Exception:  # noqa: BLE001 (see the docstring)
+            return None
 
     def no_restart_note(self, world_size: int) -> dict[str, Any] | None:
         """The first rank's note asking distval's agent not to restart the job, if any."""
