@@ -334,7 +334,9 @@ def diagnose_hang(beats: dict[int, dict[str, Any] | None], stalled_s: float, wit
     pids = {r: b["pid"] for r, b in beats.items() if b and b.get("host") == here}
     cpu0 = {r: cpu_seconds(pid) for r, pid in pids.items()}
     time.sleep(0.3)
-    states = {r: process_state(pid) for r, pid in pids.items()}
+    # a rank on another host: the state its node's watcher reported (health/digest.py), if any
+    states = {r: b["state"] for r, b in beats.items() if b and b.get("state")}
+    states.update({r: process_state(pid) for r, pid in pids.items()})
     spinning = {r: (c1 - c0) > 0.1 for r, pid in pids.items()
                 if (c0 := cpu0[r]) is not None and (c1 := cpu_seconds(pid)) is not None}
     culprits, kind, verdict = decide(beats, states)
@@ -492,13 +494,14 @@ class Watchdog:
             self._pause_seen(hang, now)
 
     def _stopped_here(self, beats: dict[int, Any], stalled: float) -> bool:
-        """Past the floor, whatever the allowance: a stopped rank on this host is certain at any
-        phase of the job (a /proc read per rank; a dead one its launcher sees exit)."""
+        """Past the floor, whatever the allowance: a stopped rank is certain at any phase of the
+        job: on this host a /proc read per rank, on another the state its node's watcher reported
+        (health/digest.py). A dead one its launcher sees exit."""
         if stalled < self.policy.floor_s:
             return False
         here = socket.gethostname()
-        return any(process_state(b["pid"]) in ("T", "t")
-                   for b in beats.values() if b and b.get("host") == here)
+        return any(b.get("state") in ("T", "t") or (b.get("host") == here and process_state(b["pid"]) in ("T", "t"))
+                   for b in beats.values() if b)
 
     def _declare(self, hang: Hang) -> None:
         if self.pause is not None:  # it began as a pause, which turned certain

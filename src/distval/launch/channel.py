@@ -28,7 +28,7 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Iterable
 
 ENV = "DISTVAL_CHANNEL"
 
@@ -148,23 +148,28 @@ class ChannelReader:
             return None
 
     def all(self, world_size: int, kind: str) -> dict[int, dict[str, Any] | None]:
-        """Every rank's latest payload of a kind. Once every rank has published it, two requests
+        """Every rank's latest payload of a kind (`of` ranks 0 .. world_size - 1)."""
+        return self.of(range(world_size), kind)
+
+    def of(self, ranks: Iterable[int], kind: str) -> dict[int, dict[str, Any] | None]:
+        """These ranks' latest payloads of a kind. Once each of them has published it, two requests
         (a `check` of all the keys, then one `multi_get`) instead of two per rank: a watchdog's
         tick at 1,024 ranks goes from 2,048 round trips to 2 (benchmarks/health_plane_scale.py).
         Only for kinds whose keys are never deleted (`state` is: a get of a deleted key would
         wait out the store's timeout)."""
-        batched = self._all_at_once(world_size, kind) if kind != "state" and world_size > 1 else None
-        return batched if batched is not None else {r: self.latest(r, kind) for r in range(world_size)}
+        ranks = list(ranks)
+        batched = self._at_once(ranks, kind) if kind != "state" and len(ranks) > 1 else None
+        return batched if batched is not None else {r: self.latest(r, kind) for r in ranks}
 
-    def _all_at_once(self, world_size: int, kind: str) -> dict[int, dict[str, Any] | None] | None:
-        """Every rank's payload in one check and one multi_get; None when some rank has not
+    def _at_once(self, ranks: list[int], kind: str) -> dict[int, dict[str, Any] | None] | None:
+        """The ranks' payloads in one check and one multi_get; None when some rank has not
         published yet, the store is unreachable or a payload is bad (the per-rank reads say)."""
-        keys = [_key(kind, r) for r in range(world_size)]
+        keys = [_key(kind, r) for r in ranks]
         try:
             store = self._connected()
             if store is None or not store.check(keys):
                 return None
-            return {r: json.loads(v) for r, v in enumerate(store.multi_get(keys))}
+            return {r: json.loads(v) for r, v in zip(ranks, store.multi_get(keys))}
         except Exception:  # noqa: BLE001 (see the docstring)
             return None
 
