@@ -17,7 +17,7 @@ from distval.health import digest, fingerprints
 from distval.health.digest import DigestReader, NodeWatch, expand, node_digest
 from distval.health.hang import HangPolicy, Watchdog, decide, diagnose_hang
 from distval.health.heartbeat import KIND as HEARTBEAT
-from distval.launch.channel import ChannelReader, RankChannel
+from distval.launch.channel import ChannelReader, RankChannel, put
 
 WORLD = 8
 
@@ -126,17 +126,17 @@ def test_the_leader_names_a_stopped_rank_on_another_node_and_every_node_learns_i
     channels = {r: RankChannel(r, nodes[r // 4][0]) for r in range(WORLD)}
     stopped: set[int] = set()
     watches = [NodeWatch(n, list(range(4 * n, 4 * n + 4)), ChannelReader(nodes[n][0]), ChannelReader(central),
-                         RankChannel(n, central).publish, store=nodes[n][1], host=f"node{n}",
+                         lambda kind, d, n=n: put(central, kind, n, d), store=nodes[n][1], host=f"node{n}",
                          states=lambda beats: {r: "T" for r in stopped if r in beats})
                for n in range(2)]
     found = []
 
     def on_hang(hang):
         found.append((time.monotonic(), hang))
-        RankChannel(0, central).publish(digest.VERDICT, digest.verdict(hang), flush=True)
+        put(central, digest.VERDICT, 0, digest.verdict(hang))
 
     leader = Watchdog(WORLD, HangPolicy(floor_s=1.0), on_hang, every_s=0.1, say=lambda line: None)
-    reader = DigestReader(ChannelReader(counted), 2)
+    reader = DigestReader(ChannelReader(counted), 2, ChannelReader)
     stopped_at, learned = None, None
     for tick in range(60):
         for r, ch in channels.items():
@@ -181,10 +181,10 @@ def test_a_fingerprint_mismatch_is_read_from_the_nodes_stores():
         ch.publish(fingerprints.KIND, odd if r == 6 else prints, flush=True)
     for n in range(2):
         NodeWatch(n, list(range(4 * n, 4 * n + 4)), ChannelReader(nodes[n][0]), ChannelReader(central),
-                  RankChannel(n, central).publish, store=nodes[n][1], host=f"node{n}",
+                  lambda kind, d, n=n: put(central, kind, n, d), store=nodes[n][1], host=f"node{n}",
                   states=lambda beats: {}).tick()
     found = []
     leader = Watchdog(WORLD, HangPolicy(floor_s=1.0), found.append, say=lambda line: None)
-    leader.tick(DigestReader(ChannelReader(central), 2))
+    leader.tick(DigestReader(ChannelReader(central), 2, ChannelReader))
     assert found and (found[0].kind, found[0].culprits, found[0].hung) == ("mismatch", [6], False)
     assert "collective #10 of group 0 differs: rank 6 issued broadcast" in found[0].verdict

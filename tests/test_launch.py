@@ -123,3 +123,48 @@ def test_under_torchrun_rank_0_names_the_rank_that_failed(tmp_path):
     assert "injected failure at broadcast on rank 1" in check["summary"], check
     assert "comm check broadcast float32" in check["where"]["status"], check
     assert check["details"]["ranks"]["0"]["error"]  # rank 0's own error (the peer's closed connection) is there too
+
+
+def test_node_watcher_plans_from_torchrun_and_slurm_variables():
+    from distval.health.hang import HangPolicy
+    from distval.launch.watcher import plan
+
+    policy = HangPolicy(floor_s=3.0)
+    torchrun = {"RANK": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "16", "GROUP_RANK": "2",
+                "MASTER_ADDR": "n0", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "1"}
+    spec = plan(torchrun, policy)
+    assert spec["node"] == 2 and spec["nodes"] == 4 and spec["ranks"] == [8, 9, 10, 11] and spec["attempt"] == 1
+    assert spec["store"] == "n0:29500" and spec["floor_s"] == 3.0
+    assert plan({**torchrun, "LOCAL_RANK": "1", "RANK": "9"}, policy) is None  # only local rank 0 starts one
+    slurm = {"RANK": "6", "LOCAL_RANK": "0", "WORLD_SIZE": "12", "SLURM_STEP_TASKS_PER_NODE": "3(x4)",
+             "SLURM_NODEID": "2", "MASTER_ADDR": "n0", "MASTER_PORT": "29500"}
+    assert plan(slurm, policy)["ranks"] == [6, 7, 8] and plan(slurm, policy)["node"] == 2
+    assert plan({**slurm, "SLURM_STEP_TASKS_PER_NODE": "4,2(x4)"}, policy) is None  # nodes of different sizes
+
+
+def test_under_torchrun_across_two_nodes_the_node_watchdogs_end_a_stopped_rank(tmp_path):
+    """`distval train` under two torchrun agents (two nodes, here on one host, c10d rendezvous):
+    rank 1 stops (SIGSTOP) at step 5. No rank can report it; each node's watchdog process can:
+    node 0's leader names rank 1 stopped from the digests, both nodes stop their ranks, and both
+    agents exit non-zero."""
+    port = free_port()
+    env = {**os.environ, "DISTVAL_FAULT": "step=5,rank=1,action=stop", "PYTHONUNBUFFERED": "1"}
+    env.pop("DISTVAL_CHANNEL", None)
+
+    def agent(n: int) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "watch",
+               "--max-restarts", "0", "-m", "distval", "train", "--model", "tiny", "--steps", "3000",
+               "--hang-after", "3s", "--json", str(tmp_path / f"t{n}.json")]
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    agents = [agent(n) for n in (0, 1)]
+    outputs = [a.communicate(timeout=150)[0] for a in agents]
+    text = "\n".join(outputs)
+    assert all(a.returncode != 0 for a in agents), text[-3000:]
+    lines = [line for line in text.splitlines() if "watchdog:" in line]
+    assert any(line.startswith("distval: node 0 watchdog: hang after") for line in lines), text[-3000:]
+    assert any(line.startswith("distval: node 1 watchdog:") for line in lines), text[-3000:]
+    assert all("rank 1 stopped (SIGSTOP" in line for line in lines), lines
+    stalled = float(next(line for line in lines if "hang after" in line).split("hang after ")[1].split(" s")[0])
+    assert stalled < 15, lines

@@ -120,13 +120,11 @@ class DigestReader:
     """The leader's reader: what a flat watchdog reads of every rank (`all(world_size, kind)`),
     from the `nodes` digests on the central store (`central`, a ChannelReader) in one batched
     read, so `Watchdog` runs unchanged on it. Fingerprints come from the nodes' stores (read only
-    when the windows' digests differ); other kinds from the central store."""
+    when the windows' digests differ; `connect(address)`: a ChannelReader of a node's store);
+    other kinds from the central store."""
 
-    def __init__(self, central: Any, nodes: int, connect: Callable[[str], Any] | None = None):
-        from distval.launch.channel import ChannelReader
-
-        self.central, self.nodes = central, nodes
-        self._connect = connect or ChannelReader
+    def __init__(self, central: Any, nodes: int, connect: Callable[[str], Any]):
+        self.central, self.nodes, self._connect = central, nodes, connect
         self._node_readers: dict[str, Any] = {}
 
     def digests(self) -> list[dict[str, Any] | None]:

@@ -587,9 +587,13 @@ class Watchdog:
 
 
 def stop_ranks(hang: Hang, grace_s: float = 2.0) -> None:
-    """After the diagnosis: SIGTERM every rank on this host (a rank's handler publishes its state
-    and exits), then SIGKILL what is left (a rank blocked in a collective, or stopped)."""
-    pids = [row["pid"] for row in hang.ranks if row["pid"] and row["host"] == socket.gethostname()]
+    """After the diagnosis: stop every rank on this host (`stop_pids`)."""
+    stop_pids([row["pid"] for row in hang.ranks if row["pid"] and row["host"] == socket.gethostname()], grace_s)
+
+
+def stop_pids(pids: list[int], grace_s: float = 2.0) -> None:
+    """SIGTERM each (a rank's handler publishes its state and exits), then SIGKILL what is left
+    (a rank blocked in a collective, or stopped)."""
     for pid in pids:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s

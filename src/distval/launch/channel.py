@@ -54,6 +54,12 @@ def serve() -> tuple[Any, str]:
     return store, f"127.0.0.1:{store.port}"
 
 
+def put(store: Any, kind: str, index: int, payload: dict[str, Any]) -> None:
+    """Write one payload now under `distval/<kind>/<index>`, as a rank's flushed publish would,
+    for a writer that is not a rank (a node's digest, the leader's verdict: health/digest.py)."""
+    store.set(_key(kind, index), json.dumps({**payload, "time": time.time()}, default=str).encode())
+
+
 class RankChannel:
     """What one rank publishes. Without a store (before the job's store is reachable) every
     publish is kept in the slot and written once `attach` gives one."""

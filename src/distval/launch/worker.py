@@ -27,6 +27,7 @@ from distval.health.faults import Faults
 from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives, running
 from distval.health.metrics import exporter_for
 from distval.launch import channel as channels
+from distval.launch import watcher
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
 from distval.rank import RankContext, state_payload
@@ -54,6 +55,8 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         _init_process_group(opts.backend, timeout)
         if mode != "local" and not os.environ.get(channels.ENV):  # under `distval launch`: its store already
             channel.attach(channels.job_store(min(opts.timeout_s, CHANNEL_TIMEOUT_S)))
+            if opts.hang is not None:  # under torchrun/Slurm: a watchdog per node, outside the ranks
+                _start_node_watcher(opts.hang)
         # Bookkeeping (agreeing, gathering results, timing barriers) always goes over its own
         # Gloo group, so it can never pair with, or be counted as, the traffic being measured.
         control = dist.new_group(backend="gloo", timeout=timeout)
@@ -82,6 +85,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         ctx.status("gathering results")
         gathered: list[Any] | None = [None] * ctx.world_size if rank == 0 else None
         dist.gather_object((ranks_info(ctx), result), gathered, dst=0, group=control)
+        _stop_node_watcher()  # every rank finished this job: nothing left on this node to watch
         if gathered is None:
             return None
         return JobResult(mode, opts.backend, ctx.world_size, [r for _, r in gathered], [i for i, _ in gathered])
@@ -105,6 +109,23 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         channel.flush()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+_WATCHER: list[Any] = []  # the node watcher this process started for the job it runs
+
+
+def _start_node_watcher(policy: Any) -> None:
+    """Local rank 0 starts its node's watchdog process (launch/watcher.py) for this job."""
+    spec = watcher.plan(os.environ, policy)
+    if spec is not None and not _WATCHER:
+        _WATCHER.append(watcher.start(spec))
+
+
+def _stop_node_watcher() -> None:
+    """At the job's normal end. (A rank that fails leaves it to watch the node's other ranks; it
+    exits once none runs.)"""
+    while _WATCHER:
+        _WATCHER.pop().terminate()
 
 
 def _diagnose_peers(world_size: int, reader: channels.ChannelReader) -> WorkerFailure:
