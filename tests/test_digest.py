@@ -144,7 +144,7 @@ def test_the_leader_names_a_stopped_rank_on_another_node_and_every_node_learns_i
             b = (beat(r, 47, 47) if r == 5 else waiting(r)) if frozen else beat(r, tick + 1, tick + 1)
             ch.publish(HEARTBEAT, b, flush=True)
             ch.publish("status", {"status": b["status"], "step": tick}, flush=True)
-        if tick == 15:
+        if tick == 6:
             stopped_at = time.monotonic()
             stopped.add(5)
         verdicts = [w.tick() for w in watches]

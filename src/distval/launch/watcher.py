@@ -79,8 +79,10 @@ def run(spec: dict[str, Any]) -> Hang | dict[str, Any] | None:
         except Exception:  # noqa: BLE001 (the store's host is gone: the job is ending)
             pass
 
+    # the ranks publish to the job's store: it is this node's store (the leader reads a mismatch's
+    # fingerprints there) and the central one
     node = digest.NodeWatch(spec["node"], spec["ranks"], reader, reader,
-                            lambda kind, payload: put(kind, spec["node"], payload))
+                            lambda kind, payload: put(kind, spec["node"], payload), store=spec["store"])
     found: list[Hang] = []
 
     def declared(hang: Hang) -> None:
