@@ -130,8 +130,9 @@ def test_a_crash_loop_stops_before_the_restarts_run_out(tmp_path):
     same checkpoint and fail at the same step, and the job stops with 3 of 5 restarts unused."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "t.json"
     ckpt.mkdir()
-    res = run_cli("train", "--nproc", "2", "--strategy", "simple_ddp", "--steps", "8", "--ckpt-dir", str(ckpt),
-                  "--ckpt-every", "3", "--no-ckpt-async", "--max-restarts", "5", "--resume", "auto", "--json", str(out),
+    res = run_cli("train", "--nproc", "2", "--model", "tiny", "--strategy", "simple_ddp", "--steps", "8",
+                  "--ckpt-dir", str(ckpt), "--ckpt-every", "3", "--no-ckpt-async", "--max-restarts", "5",
+                  "--resume", "auto", "--json", str(out),
                   env={"DISTVAL_FAULT": "step=4,rank=1,action=raise,attempt=-1"}, timeout=240)
     assert res.returncode == 3, res.stderr[-2000:]
     doc = json.loads(out.read_text())

@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -43,30 +45,41 @@ def test_world_check():
         check_world(3, 2, {})
 
 
-def test_under_torchrun_rank_0_reports(tmp_path):
-    out = tmp_path / "c.json"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "distval"]
-    res = run_cli(
-        "comm",
-        "check",
-        "--ops",
-        "all_reduce,all_gather,sendrecv",
-        "-d",
-        "float32,bfloat16",
-        "--counts",
-        "7,1000",
-        "--expect-world",
-        "2",
-        "--json",
-        str(out),
-        prefix=torchrun,
-        timeout=180,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    doc = json.loads(out.read_text())
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "distval"]
+
+
+@pytest.fixture(scope="module")
+def torchrun_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, Path]]:
+    """The torchrun jobs of this module, side by side (each waits on its processes more than it
+    computes), once: name -> (exit code, output, its folder)."""
+    tmp_path = tmp_path_factory.mktemp("torchrun")
+    jobs = {"reports": _reports, "failed": _failed, "watch": _two_nodes_with_a_stopped_rank}
+
+    def one(name: str) -> tuple[int, str, Path]:
+        (tmp_path / name).mkdir()
+        try:
+            return (*jobs[name](tmp_path / name), tmp_path / name)
+        except subprocess.TimeoutExpired as e:
+            return -1, f"timed out after {e.timeout} s", tmp_path / name
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return dict(zip(jobs, pool.map(one, jobs)))
+
+
+def _reports(tmp_path) -> tuple[int, str]:
+    res = run_cli("comm", "check", "--ops", "all_reduce,all_gather,sendrecv", "-d", "float32,bfloat16",
+                  "--counts", "7,1000", "--expect-world", "2", "--json", str(tmp_path / "c.json"), prefix=TORCHRUN,
+                  timeout=180)
+    return res.returncode, res.stdout + "\n" + res.stderr
+
+
+def test_under_torchrun_rank_0_reports(torchrun_runs):
+    code, output, where = torchrun_runs["reports"]
+    assert code == 0, output[-3000:]
+    doc = json.loads((where / "c.json").read_text())
     assert doc["meta"]["launch"] == "torchrun" and doc["meta"]["world_size"] == 2
     assert doc["summary"]["FAIL"] == 0 and doc["summary"]["OK"] == 7 * 2 * 2 - 0
-    assert res.stdout.count("distval comm check") == 1  # only rank 0 renders
+    assert output.count("distval comm check") == 1  # only rank 0 renders
 
 
 def test_as_srun_tasks(tmp_path):
@@ -94,31 +107,20 @@ def test_as_srun_tasks(tmp_path):
     assert doc["meta"]["launch"] == "slurm" and doc["meta"]["world_size"] == 2 and doc["summary"]["OK"] == 4
 
 
-def test_under_torchrun_rank_0_names_the_rank_that_failed(tmp_path):
+def _failed(tmp_path) -> tuple[int, str]:
+    res = run_cli("comm", "check", "--ops", "all_reduce,broadcast", "-d", "float32", "--counts", "7",
+                  "--timeout", "20s", "--json", str(tmp_path / "e.json"), prefix=TORCHRUN, timeout=120,
+                  env={"DISTVAL_FAULT": "op=broadcast,rank=1,action=raise,nth=2"})
+    return res.returncode, res.stdout + "\n" + res.stderr
+
+
+def test_under_torchrun_rank_0_names_the_rank_that_failed(torchrun_runs):
     """The rank channel over torchrun's own store: rank 1's state reaches rank 0, whose report
     blames rank 1, not its own error waiting for it. (A rank killed without a word is named the
     same way, from its silence: tests/test_diagnose.py.)"""
-    out = tmp_path / "e.json"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "distval"]
-    res = run_cli(
-        "comm",
-        "check",
-        "--ops",
-        "all_reduce,broadcast",
-        "-d",
-        "float32",
-        "--counts",
-        "7",
-        "--timeout",
-        "20s",
-        "--json",
-        str(out),
-        prefix=torchrun,
-        timeout=120,
-        env={"DISTVAL_FAULT": "op=broadcast,rank=1,action=raise,nth=2"},
-    )
-    assert res.returncode != 0
-    (check,) = json.loads(out.read_text())["checks"]
+    code, output, where = torchrun_runs["failed"]
+    assert code != 0
+    (check,) = json.loads((where / "e.json").read_text())["checks"]
     assert check["status"] == "ERROR" and check["where"]["rank"] == 1, check
     assert "injected failure at broadcast on rank 1" in check["summary"], check
     assert "comm check broadcast float32" in check["where"]["status"], check
@@ -142,14 +144,12 @@ def test_node_watcher_plans_from_torchrun_and_slurm_variables():
     assert plan({**slurm, "SLURM_STEP_TASKS_PER_NODE": "4,2(x4)"}, policy) is None  # nodes of different sizes
 
 
-def test_under_torchrun_across_two_nodes_the_node_watchdogs_end_a_stopped_rank(tmp_path):
-    """`distval train` under two torchrun agents (two nodes, here on one host, c10d rendezvous):
-    rank 1 stops (SIGSTOP) at step 5. No rank can report it; each node's watchdog process can:
-    node 0's leader names rank 1 stopped from the digests, both nodes stop their ranks, and both
-    agents exit non-zero."""
+def _two_nodes_with_a_stopped_rank(tmp_path) -> tuple[int, str]:
+    """Two torchrun agents (two nodes, here on one host, c10d rendezvous) of `distval train`;
+    rank 1 stops (SIGSTOP) at step 5. Exit code: the worse agent's."""
     port = free_port()
-    env = {**os.environ, "DISTVAL_FAULT": "step=5,rank=1,action=stop", "PYTHONUNBUFFERED": "1"}
-    env.pop("DISTVAL_CHANNEL", None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTVAL_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    env.update({"DISTVAL_FAULT": "step=5,rank=1,action=stop", "PYTHONUNBUFFERED": "1"})
 
     def agent(n: int) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
@@ -159,9 +159,20 @@ def test_under_torchrun_across_two_nodes_the_node_watchdogs_end_a_stopped_rank(t
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     agents = [agent(n) for n in (0, 1)]
-    outputs = [a.communicate(timeout=150)[0] for a in agents]
-    text = "\n".join(outputs)
-    assert all(a.returncode != 0 for a in agents), text[-3000:]
+    try:
+        outputs = [a.communicate(timeout=150)[0] for a in agents]
+    finally:
+        for a in agents:
+            a.kill()
+    codes = [a.returncode for a in agents]
+    return min(codes) if 0 in codes else max(codes), "\n".join(outputs)
+
+
+def test_under_torchrun_across_two_nodes_the_node_watchdogs_end_a_stopped_rank(torchrun_runs):
+    """No rank can report a stopped rank; each node's watchdog process can: node 0's leader names
+    rank 1 stopped from the digests, both nodes stop their ranks, and both agents exit non-zero."""
+    code, text, _ = torchrun_runs["watch"]
+    assert code != 0, text[-3000:]
     lines = [line for line in text.splitlines() if "watchdog:" in line]
     assert any(line.startswith("distval: node 0 watchdog: hang after") for line in lines), text[-3000:]
     assert any(line.startswith("distval: node 1 watchdog:") for line in lines), text[-3000:]

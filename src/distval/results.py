@@ -176,9 +176,12 @@ def output_dir(path: str | os.PathLike, flag: str) -> Path:
     if not p.exists():
         try:
             p.mkdir(parents=True)
+            print(f"distval: created {p} ({flag})", file=sys.stderr)
+        except FileExistsError:  # made meanwhile: another node's process on a shared file system
+            if not p.is_dir():
+                raise ValueError(f"{flag} {str(p)!r} exists and is not a directory") from None
         except OSError as e:
             raise ValueError(f"{flag} {str(p)!r} cannot be created ({e.strerror})") from None
-        print(f"distval: created {p} ({flag})", file=sys.stderr)
     if (error := _unwritable(p)) is not None:
         raise ValueError(f"{flag} {str(p)!r} is not writable ({error})")
     return p
