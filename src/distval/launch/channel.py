@@ -54,10 +54,14 @@ def serve() -> tuple[Any, str]:
     return store, f"127.0.0.1:{store.port}"
 
 
+def _encode(payload: dict[str, Any]) -> bytes:
+    return json.dumps({**payload, "time": time.time()}, default=str).encode()
+
+
 def put(store: Any, kind: str, index: int, payload: dict[str, Any]) -> None:
     """Write one payload now under `distval/<kind>/<index>`, as a rank's flushed publish would,
     for a writer that is not a rank (a node's digest, the leader's verdict: health/digest.py)."""
-    store.set(_key(kind, index), json.dumps({**payload, "time": time.time()}, default=str).encode())
+    store.set(_key(kind, index), _encode(payload))
 
 
 class RankChannel:
@@ -91,7 +95,7 @@ class RankChannel:
                 self.errors += 1
 
     def publish(self, kind: str, payload: dict[str, Any], flush: bool = False) -> None:
-        data = json.dumps({**payload, "time": time.time()}, default=str).encode()
+        data = _encode(payload)
         if flush:
             self._write({kind: data})
             return

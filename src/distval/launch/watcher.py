@@ -15,6 +15,7 @@ ended).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -26,7 +27,6 @@ from typing import Any
 from distval.health import digest, ranks_text
 from distval.health.hang import Hang, HangPolicy, Watchdog, process_state, stop_pids, summary
 from distval.launch import channel
-from distval.launch.channel import ChannelReader
 
 TICK_S = 0.5
 STORE_TIMEOUT_S = 2.0
@@ -71,13 +71,12 @@ def run(spec: dict[str, Any]) -> Hang | dict[str, Any] | None:
         store = channel.connect(spec["store"], timeout_s=STORE_TIMEOUT_S)
     except Exception:  # noqa: BLE001 (the job ended before this process was up)
         return None
-    reader = ChannelReader(store)
+    reader = channel.ChannelReader(store)
 
     def put(kind: str, index: int, payload: dict[str, Any]) -> None:
-        try:
+        # a store whose host is gone: the job is ending, and the loop ends once its ranks have
+        with contextlib.suppress(Exception):
             channel.put(store, kind, index, payload)
-        except Exception:  # noqa: BLE001 (the store's host is gone: the job is ending)
-            pass
 
     # the ranks publish to the job's store: it is this node's store (the leader reads a mismatch's
     # fingerprints there) and the central one
@@ -93,7 +92,7 @@ def run(spec: dict[str, Any]) -> Hang | dict[str, Any] | None:
     if spec["node"] == 0:
         policy = HangPolicy(floor_s=spec["floor_s"], kill_after_s=spec["kill_after_s"])
         leader = Watchdog(spec["world_size"], policy, declared, every_s=TICK_S)
-    digests = digest.DigestReader(reader, spec["nodes"], ChannelReader)
+    digests = digest.DigestReader(reader, spec["nodes"], channel.ChannelReader)
     gc.freeze()  # torch's objects out of the collector's full passes: ~100 ms each, 1 tick in 50 at 4,096 ranks
     while True:
         # the job ended once no rank of this node runs (an earlier attempt's heartbeats name
