@@ -203,17 +203,22 @@ def test_files_that_are_not_bench_reports_are_rejected(capsys, tmp_path, content
 
 
 def test_compare_warns_when_the_plan_misses_and_names_the_category():
-    """Issue 28's figures: fsdp2 3.6x off (its step cannot be split: torch's own collectives), zero2
-    1.19x (OK); a counted strategy whose exposed communication carries the error is named as such."""
+    """Issue 28's figures: fsdp2 3.6x off (its forward+backward and collectives cannot be split:
+    torch's own; its optimizer is near), zero2 1.19x (OK); a counted strategy whose exposed
+    communication carries the error is named as such; an optimizer step far off is named."""
     from distval.report.html import _step_time_figure
     from distval.train.compare import prediction_check
 
     fsdp2 = {"step_time_p50_s": 0.0321, "predicted_step_time_s": 0.0089, "measured_compute_s": None,
-             "measured_exposed_comm_s": None, "predicted_compute_s": 0.0078, "predicted_exposed_comm_s": 0.0011}
+             "measured_exposed_comm_s": None, "predicted_compute_s": 0.0058, "predicted_exposed_comm_s": 0.0011,
+             "measured_optimizer_s": 0.0062, "predicted_optimizer_s": 0.0020}
     check = prediction_check("fsdp2", fsdp2)
     assert check.status.value == "WARN" and check.where == {"strategy": "fsdp2", "category": "unsplit"}
-    assert check.summary.startswith("fsdp2: measured 32.1 ms against the plan's 8.9 ms (3.61x); outside 0.67-1.5x: the "
-                                    "harness cannot split this step")
+    assert check.summary.startswith("fsdp2: measured 32.1 ms against the plan's 8.9 ms (3.61x): optimizer 6.2 vs 2.0 "
+                                    "ms; outside 0.67-1.5x: the harness cannot split forward+backward from this "
+                                    "strategy's communication")
+    slow_update = dict(fsdp2, step_time_p50_s=0.0200, measured_optimizer_s=0.0150)  # the rest: 5.0 vs 6.9 ms
+    assert prediction_check("fsdp2", slow_update).where["category"] == "optimizer"
     zero2 = {"step_time_p50_s": 0.0107, "predicted_step_time_s": 0.0090, "measured_compute_s": 0.0080,
              "measured_exposed_comm_s": 0.0027, "predicted_compute_s": 0.0078, "predicted_exposed_comm_s": 0.0012}
     ok = prediction_check("zero2", zero2)

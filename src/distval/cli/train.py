@@ -70,7 +70,8 @@ def compare_cmd(
     bucket_mb: Annotated[str, option("--bucket-mb", help=BUCKET_HELP)] = "25",
     calibration: Annotated[
         Optional[Path],
-        option("--calibration", help="A `comm bench --json` file: adds the planner's predicted step time."),
+        option("--calibration", help="A `comm bench --json` file: adds the planner's predicted step time "
+               "(the step costs measured on one rank are saved into it)."),
     ] = None,
     html: Annotated[
         Optional[Path], option("--html", help="Also write a self-contained HTML report (step-time plot).")

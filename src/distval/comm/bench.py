@@ -49,6 +49,11 @@ if TYPE_CHECKING:  # types only: the launcher and the rank context sit above the
 BENCH_COLUMNS = ["op", "dtype", "bytes", "count", "inplace", "redop", "root", "time_us_p50", "time_us_p95",
                  "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps", "busbw_pct_of_copy", "wrong"]
 FIT_COLUMNS = ["op", "dtype", "alpha_us", "beta_gbps", "r2", "n_half_bytes", "num_points"]
+CALL_COLUMNS = ["op", "bytes", "compute_s", "after_compute_us", "fit_us", "overhead_us"]
+CALL_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # what training issues (the planner's ops)
+CALL_BYTES = 64 * 2**10
+CALL_COMPUTE_S = (0.001, 0.005)  # compute before each timed call, on every rank: the cost grows with it
+CALL_ITERS = 12
 COPY_BYTES = 64 * 2**20
 
 
@@ -82,7 +87,36 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> dict[str, Any]:
                     break
                 rows.append(row)
     copy_gbps = measure_copy_gbps(ctx) if cfg.copy_ceiling and ctx.device.type == "cpu" else None
-    return {"rows": rows, "skipped": skipped, "copy_gbps": copy_gbps, "timing": cfg.describe(ctx.device)}
+    calls = [call_times(ctx, cfg, op, dtype, compute_s) for op in CALL_OPS for compute_s in CALL_COMPUTE_S
+             if cfg.call_cost and op in cfg.ops and op not in skipped and ctx.world_size >= OP_SPECS[op].min_ranks]
+    return {"rows": rows, "skipped": skipped, "copy_gbps": copy_gbps, "timing": cfg.describe(ctx.device),
+            "calls": calls}
+
+
+def call_times(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, compute_s: float) -> dict[str, Any]:
+    """One op of CALL_BYTES issued as training issues it: after `compute_s` of matmuls on every
+    rank (a barrier lines them up first), not back to back after a barrier as the sweep times it.
+    On a shared CPU host the backend's threads must win a core back from the compute first, and
+    where ranks outnumber cores the last rank's compute ends later the longer it is: what the α of
+    the sweep does not hold. Seconds per call, max over ranks."""
+    coll = Collective(ctx.comm, op, dtype, count_for_bytes(op, CALL_BYTES, dtype.itemsize, ctx.world_size),
+                      ctx.device, redop=cfg.redop, root=cfg.root, inplace=inplace_variants(op)[0])
+    coll.fill(seed=1)
+    a = torch.randn(256, 256, device=ctx.device)
+    times = torch.empty(CALL_ITERS, dtype=torch.float64)
+    for i in range(CALL_ITERS + 1):  # the first warms up
+        ctx.control_comm.barrier()
+        began = time.perf_counter()
+        while time.perf_counter() - began < compute_s:
+            a = torch.tanh(a @ a)
+            devices.synchronize(ctx.device)
+        start = time.perf_counter()
+        coll()
+        devices.synchronize(ctx.device)
+        if i:
+            times[i - 1] = time.perf_counter() - start
+    ctx.control_comm.all_reduce(times, "max")
+    return {"op": op, "bytes": coll.size_bytes, "compute_s": compute_s, "times_s": times.tolist()}
 
 
 def _bench_one(
@@ -242,6 +276,24 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
     return bench, fits, copy_gbps
 
 
+def call_table(per_rank: list[dict[str, Any]], fits: Table) -> Table | None:
+    """Per op: the p50 of a call issued after compute, the sweep's fit at that size, and the
+    difference (the per-call cost training pays beyond the fit, at least 0)."""
+    table = Table("call_costs", CALL_COLUMNS, title=f"one op after compute (p50 of {CALL_ITERS}, max over ranks) "
+                  "against the alpha-beta fit at its size", units={"bytes": "B", "compute_s": "s",
+                                                                    "after_compute_us": "us", "fit_us": "us",
+                                                                    "overhead_us": "us"})
+    for call in per_rank[0].get("calls") or []:
+        fit = next((f for f in fits.rows if f["op"] == call["op"]), None)
+        if fit is None:
+            continue
+        after = statistics.median(call["times_s"]) * 1e6
+        fitted = fit["alpha_us"] + call["bytes"] / (fit["beta_gbps"] * 1e3)
+        table.add(op=call["op"], bytes=call["bytes"], compute_s=call["compute_s"], after_compute_us=after,
+                  fit_us=fitted, overhead_us=max(0.0, after - fitted))
+    return table if table.rows else None
+
+
 def bench_checks(bench: Table, fits: Table, cfg: BenchConfig, world_size: int, copy_gbps: float | None,
                  skipped: dict[str, str] | None = None) -> list[Check]:
     checks = []
@@ -328,4 +380,7 @@ def build_report(job: JobResult, cfg: BenchConfig) -> Report:
     )
     report.checks = bench_checks(bench, fits, cfg, job.world_size, copy_gbps, job.results[0]["skipped"])
     report.tables += [bench, fits]
+    calls = call_table(job.results, fits)
+    if calls is not None:
+        report.tables.append(calls)
     return report

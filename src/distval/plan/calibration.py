@@ -13,6 +13,12 @@ the scope; a two-level plan uses it for the matching scope (inter when mixed or 
 
 The bench's dtype does not enter: α–β are per byte. (A Gloo reduction of bf16 on CPU is slower per
 byte than of fp32; bench the dtype you will reduce in for the closest figure.)
+
+Step costs (optional table `step_costs`, written by `distval compare` and the ladder's compare stage
+into the calibration file; docs/plan.md "Step costs"): per strategy, measured on one rank, what the
+α–β fit and the FLOPs do not hold: the strategy's own cost per micro-batch (hooks, flattening,
+DTensor; per unit: transformer block or root) and its optimizer step (per parameter updated), with
+the plain model's MFU on forward and backward.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import functools
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass
 
 from distval.plan.network import PLAN_OPS, Link, from_fit
@@ -40,6 +47,43 @@ class Fit:
     dtype: str | None
 
 
+STEP_COST_COLUMNS = ["strategy", "plan_model", "model", "units", "num_params", "overhead_s", "optimizer_s",
+                     "optimizer_per_param_s", "mfu"]
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """One strategy's own costs, measured on one rank (world 1: its hooks and bookkeeping run, its
+    collectives move nothing). `overhead_s`: its forward+backward per micro-batch less the plain
+    model's, over `units` units (blocks + root); `optimizer_s`: its optimizer phase (gradient norm,
+    clipping, update) over all `num_params` parameters, of which `optimizer_per_param_s` × parameters
+    grows with the parameters (AdamW timed on one flat tensor) and the rest is per tensor and
+    call, which sharding does not shrink; `mfu`: the plain model's MFU on forward and backward alone."""
+
+    strategy: str
+    plan_model: str
+    model: str
+    units: int
+    num_params: int
+    overhead_s: float
+    optimizer_s: float
+    optimizer_per_param_s: float
+    mfu: float
+
+    @property
+    def overhead_per_unit_s(self) -> float:
+        return self.overhead_s / self.units
+
+    def optimizer_time(self, params: float) -> float:
+        """The optimizer phase when this rank updates `params` parameters."""
+        fixed = max(0.0, self.optimizer_s - self.optimizer_per_param_s * self.num_params)
+        return fixed + self.optimizer_per_param_s * params
+
+
+# which measured strategy stands for a plan model when several were measured: torch's own first
+_PREFERRED = ("pytorch_ddp", "fsdp2", "pytorch_zero1")
+
+
 @dataclass(frozen=True)
 class Calibration:
     path: str
@@ -47,6 +91,20 @@ class Calibration:
     backend: str
     scope: str  # "intra", "inter" or "unknown"
     fits: dict[str, Fit]  # plan op -> fit
+    costs: tuple[StepCost, ...] = ()  # table step_costs, when the file has one
+    # what a call issued after c seconds of compute costs beyond the fit: a + b·c (table call_costs)
+    call_overhead: tuple[float, float] = (0.0, 0.0)
+
+    def call_cost(self, compute_s: float) -> float:
+        a, b = self.call_overhead
+        return max(0.0, a + b * compute_s)
+
+    def cost(self, plan_model: str, strategy: str | None = None) -> StepCost | None:
+        """The step cost of `strategy` if measured, else of the plan model's preferred strategy."""
+        rows = [c for c in self.costs if c.plan_model == plan_model]
+        exact = [c for c in rows if c.strategy == strategy]
+        rows.sort(key=lambda c: _PREFERRED.index(c.strategy) if c.strategy in _PREFERRED else len(_PREFERRED))
+        return (exact or rows or [None])[0]
 
     def links(self) -> dict[str, Link]:
         """One link per plan op: calibrated where the bench fitted it, derived otherwise."""
@@ -98,7 +156,8 @@ def _load(path: str, _mtime_ns: int, _size: int) -> Calibration:
     if not isinstance(world, int) or world < 2:
         raise ValueError(f"{flag}: meta.world_size is {world!r}; a calibration needs a bench of at least 2 ranks")
     fits = _fits(doc, flag)
-    return Calibration(path, world, str(meta.get("backend", "unknown")), _scope(meta.get("hosts")), fits)
+    return Calibration(path, world, str(meta.get("backend", "unknown")), _scope(meta.get("hosts")), fits,
+                       _costs(doc, flag), _call_overhead(doc, flag))
 
 
 def _fits(doc: dict, flag: str) -> dict[str, Fit]:
@@ -126,6 +185,63 @@ def _fits(doc: dict, flag: str) -> dict[str, Fit]:
         raise ValueError(f"{flag} has no alpha-beta fit of all_reduce, all_gather or reduce_scatter; "
                          f"run `distval comm bench --ops all_reduce` with sizes up to a few MiB")
     return fits
+
+
+def save_costs(path: str, table: dict) -> None:
+    """Put a `step_costs` table (compare's, as a dict) into the calibration file at `path`, in place
+    of any earlier one, atomically; `plan --calibration` reads it from there."""
+    from distval.results import atomic_write_text
+
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    doc["tables"]["step_costs"] = table
+    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+    _load.cache_clear()
+
+
+def _costs(doc: dict, flag: str) -> tuple[StepCost, ...]:
+    table = doc["tables"].get("step_costs")
+    if table is None:
+        return ()
+    rows = table.get("rows") if isinstance(table, dict) else None
+    try:
+        costs = tuple(StepCost(str(r["strategy"]), str(r["plan_model"]), str(r["model"]), int(r["units"]),
+                               int(r["num_params"]), float(r["overhead_s"]), float(r["optimizer_s"]),
+                               float(r["optimizer_per_param_s"]), float(r["mfu"]))
+                      for r in rows)
+    except (TypeError, KeyError, ValueError) as e:
+        raise ValueError(f"{flag}: its step_costs table is not as `distval compare` writes it ({e!r}); "
+                         f"write it again or drop the table") from None
+    bad = [c.strategy for c in costs if c.units < 1 or c.num_params < 1 or c.optimizer_s < 0 or c.optimizer_per_param_s < 0
+           or not 0 < c.mfu <= 1]
+    if bad:
+        raise ValueError(f"{flag}: step_costs of {', '.join(bad)} need units and num_params >= 1, optimizer_s >= 0 "
+                         f"and 0 < mfu <= 1, optimizer times >= 0")
+    return costs
+
+
+def _call_overhead(doc: dict, flag: str) -> tuple[float, float]:
+    """What a collective issued after c seconds of compute costs beyond the α–β fit (`comm
+    bench`'s table call_costs), as a + b·c through the medians over its ops at each compute time:
+    one line for every op (what it measures is the host giving the backend's threads a core back
+    and, where ranks outnumber cores, the last rank's compute ending later, not the op)."""
+    table = doc["tables"].get("call_costs")
+    rows = table.get("rows") if isinstance(table, dict) else []
+    by_compute: dict[float, list[float]] = {}
+    for row in rows if isinstance(rows, list) else []:
+        value, compute = (row.get("overhead_us"), row.get("compute_s")) if isinstance(row, dict) else (None, None)
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in (value, compute)):
+            raise ValueError(f"{flag}: a call_costs row needs overhead_us >= 0 and compute_s >= 0 "
+                             f"(got {value!r}, {compute!r})")
+        by_compute.setdefault(compute, []).append(value * 1e-6)
+    points = sorted((c, statistics.median(v)) for c, v in by_compute.items())
+    if not points:
+        return 0.0, 0.0
+    if len(points) == 1:
+        return points[0][1], 0.0
+    (c0, y0), (c1, y1) = points[0], points[-1]
+    slope = max(0.0, (y1 - y0) / (c1 - c0))
+    return y0 - slope * c0, slope
 
 
 def _scope(hosts) -> str:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 from distval.plan import presets, schedule, steps
-from distval.plan.calibration import Calibration, load
+from distval.plan.calibration import Calibration, StepCost, load
 from distval.plan.config import DTYPE_BYTES, ModelInfo, PlanConfig
 from distval.plan.network import Link, Network
 from distval.plan.schedule import Phase
@@ -45,6 +45,7 @@ class Inputs:
     memory_bytes: int
     memory_source: str
     calibration: Calibration | None
+    cost: StepCost | None = None  # the strategy's own costs, measured (the calibration's step_costs)
 
     @property
     def world_size(self) -> int:
@@ -100,7 +101,8 @@ def resolve(cfg: PlanConfig) -> Inputs:
     grad = DTYPE_BYTES[cfg.grad_dtype]
     return Inputs(cfg, cfg.model_info(), micro, accum, DTYPE_BYTES[cfg.param_dtype], grad,
                   DTYPE_BYTES[cfg.optim_dtype], min(grad, 2) if cfg.comm_hook in ("bf16", "fp16") else grad,
-                  build_network(cfg, calibration), peak, peak_source, memory, memory_source, calibration)
+                  build_network(cfg, calibration), peak, peak_source, memory, memory_source, calibration,
+                  calibration.cost(cfg.strategy) if calibration else None)
 
 
 def preset_link(name: str, efficiency: float, flag: str, peers: int | None = None) -> Link:
@@ -164,6 +166,23 @@ def micro_batch_times(inp: Inputs) -> tuple[float | None, float | None]:
     return forward, backward
 
 
+def overhead_time(inp: Inputs) -> float:
+    """The strategy's own cost per micro-batch (hooks, flattening, DTensor): the measured cost per
+    unit times this model's units; 0 without measured step costs."""
+    if inp.cost is None or inp.world_size == 1:
+        return 0.0
+    return max(0.0, inp.cost.overhead_per_unit_s) * len(steps.units(inp))
+
+
+def optimizer_time(inp: Inputs) -> float:
+    """The optimizer phase of a step (gradient norm, clipping, update): the measured per-tensor part,
+    plus the measured time per parameter times the parameters this rank updates (all of them under
+    ddp, 1/N under ZeRO and FSDP); 0 without measured step costs."""
+    if inp.cost is None:
+        return 0.0
+    return inp.cost.optimizer_time(inp.model.num_params / (inp.world_size if inp.cfg.strategy != "ddp" else 1))
+
+
 # -- one step ------------------------------------------------------------------------------------
 
 
@@ -178,6 +197,8 @@ class StepResult:
     step_time_s: float | None  # the estimate under --overlap / --no-overlap
     tokens_per_step: int | None
     model_flops_per_step: float | None
+    overhead_time_s: float = 0.0  # of compute_time_s: the strategy's own cost, all micro-batches (measured)
+    optimizer_time_s: float = 0.0  # of compute_time_s: the optimizer phase (measured)
 
     @property
     def comm_compute_ratio(self) -> float | None:
@@ -205,7 +226,11 @@ class StepResult:
 
 def evaluate(cfg: PlanConfig, inputs: Inputs | None = None) -> StepResult:
     inp = inputs or resolve(cfg)
-    phases = steps.phases(inp, *micro_batch_times(inp))
+    fwd, bwd = micro_batch_times(inp)
+    overhead, optimizer = overhead_time(inp), optimizer_time(inp)
+    if fwd is not None and bwd is not None:  # the strategy's own cost runs in forward and backward alike
+        fwd, bwd = fwd + overhead / 3, bwd + 2 * overhead / 3
+    phases = steps.phases(inp, fwd, bwd, optimizer)
     comm, compute = schedule.total(phases, schedule.COMM), schedule.total(phases, schedule.COMPUTE)
     both = comm is not None and compute is not None
     per_token = flops_per_token(inp.model)
@@ -220,4 +245,6 @@ def evaluate(cfg: PlanConfig, inputs: Inputs | None = None) -> StepResult:
         schedule.step_time(phases, inp.cfg.overlap),
         tokens,
         per_token * tokens if per_token is not None else None,
+        overhead * inp.grad_accum,
+        optimizer,
     )

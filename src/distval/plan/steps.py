@@ -24,6 +24,10 @@ the bytes a rank sends, bus factor × S (ring all_reduce 2(N−1)/N, all_gather/
 Units of ZeRO-3/FSDP are the transformer blocks plus the root; with only a parameter count, the
 model is cut into `--bucket-mb` units. Compute is split over buckets by bytes (backward produces
 gradients at a steady rate) and over units by their FLOPs.
+
+The optimizer phase (measured step costs only; 0 otherwise) is a compute task once per step: after
+the last backward under ddp and zero3/fsdp, before the parameters' all_gather under zero1/zero2;
+where gradients are sharded it waits for a 4-byte all_reduce of the global gradient norm.
 """
 
 from __future__ import annotations
@@ -53,10 +57,20 @@ def buckets(total_bytes: float, bucket_bytes: float, first_bytes: float | None =
     return out
 
 
-def comm_task(inp: "Inputs", label: str, op: str, size_bytes: float, deps: tuple[int, ...] = ()) -> Task:
+def comm_task(inp: "Inputs", label: str, op: str, size_bytes: float, deps: tuple[int, ...] = (),
+              after: float | None = 0.0) -> Task:
+    """One collective; `after`: the seconds of compute it is issued right after (None: back to back
+    after another collective), for the calibration's measured per-call cost on top of α–β."""
     seconds, algorithm, source = inp.network.time(op, size_bytes)
+    if seconds and after is not None and inp.calibration is not None and any(inp.calibration.call_overhead):
+        seconds, source = seconds + inp.calibration.call_cost(after), f"{source} + per-call cost"
     sent = bus_factor(op, inp.world_size) * size_bytes if inp.world_size > 1 else 0.0
     return Task(label, COMM, seconds, deps, op, size_bytes, sent, algorithm, source)
+
+
+def _took(tasks: list[Task], indices: list[int]) -> float:
+    """Seconds of the compute task a collective is issued after (0: none, or unknown)."""
+    return (tasks[indices[0]].duration_s or 0.0) if indices else 0.0
 
 
 def _times(value: float | None, share: float) -> float | None:
@@ -68,9 +82,11 @@ def _backward_with(
 ) -> None:
     """Backward in chunks, one per bucket, each followed by its collective."""
     whole = sum(sizes)
-    for size in sizes:
+    for i, size in enumerate(sizes):  # without overlap the collectives run back to back after backward
         tasks.append(Task("backward", COMPUTE, _times(bwd, size / whole)))
-        tasks.append(comm_task(inp, label, op, size, (len(tasks) - 1,)))
+        chunk = tasks[-1].duration_s or 0.0
+        tasks.append(comm_task(inp, label, op, size, (len(tasks) - 1,),
+                               chunk if inp.cfg.overlap else (bwd or 0.0) if i == 0 else None))
 
 
 def _accumulate(inp: "Inputs", fwd: float | None, bwd: float | None, repeat: int) -> list[Phase]:
@@ -80,7 +96,7 @@ def _accumulate(inp: "Inputs", fwd: float | None, bwd: float | None, repeat: int
     return [Phase(repeat, (Task("forward+backward (no sync)", COMPUTE, both),))]
 
 
-def ddp(inp: "Inputs", fwd: float | None, bwd: float | None) -> list[Phase]:
+def ddp(inp: "Inputs", fwd: float | None, bwd: float | None, optimizer: float) -> list[Phase]:
     grads = inp.model.num_params * inp.comm_grad_bytes
     sizes = buckets(grads, inp.cfg.bucket_mb * MIB, min(DDP_FIRST_BUCKET_BYTES, inp.cfg.bucket_mb * MIB))
     tasks = [Task("forward", COMPUTE, fwd)]
@@ -90,31 +106,47 @@ def ddp(inp: "Inputs", fwd: float | None, bwd: float | None) -> list[Phase]:
         ratio = powersgd_ratio(inp)
         for size in sizes:
             tasks.append(Task("backward", COMPUTE, _times(bwd, size / grads)))
-            tasks.append(comm_task(inp, "PowerSGD P all_reduce", "all_reduce", size * ratio / 2, (len(tasks) - 1,)))
-            tasks.append(comm_task(inp, "PowerSGD Q all_reduce", "all_reduce", size * ratio / 2, (len(tasks) - 1,)))
+            tasks.append(comm_task(inp, "PowerSGD P all_reduce", "all_reduce", size * ratio / 2, (len(tasks) - 1,),
+                                   tasks[-1].duration_s or 0.0))
+            tasks.append(comm_task(inp, "PowerSGD Q all_reduce", "all_reduce", size * ratio / 2, (len(tasks) - 1,),
+                                   None))
+    _optimizer(inp, tasks, optimizer)  # after the last bucket's all_reduce (the comm stream runs in order)
     return _accumulate(inp, fwd, bwd, inp.grad_accum - 1) + [Phase(1, tuple(tasks))]
 
 
-def _gather_params(inp: "Inputs", tasks: list[Task]) -> None:
-    deps = (len(tasks) - 1,) if tasks else ()
-    for size in buckets(inp.model.num_params * inp.param_bytes, inp.cfg.bucket_mb * MIB):
-        tasks.append(comm_task(inp, "params all_gather (step)", "all_gather", size, deps))
+NORM_BYTES = 4  # the global gradient norm of sharded gradients: one fp32 all_reduce
 
 
-def zero1(inp: "Inputs", fwd: float | None, bwd: float | None) -> list[Phase]:
+def _optimizer(inp: "Inputs", tasks: list[Task], seconds: float) -> None:
+    """The optimizer step; where gradients are sharded (every strategy but ddp) the global gradient
+    norm (clipping, the health checks) first needs one 4-byte all_reduce of the shards' sums."""
+    if inp.cfg.strategy != "ddp":
+        tasks.append(comm_task(inp, "grad norm all_reduce", "all_reduce", NORM_BYTES, (len(tasks) - 1,) if tasks else ()))
+        # (after the norm's own little compute: the per-call cost's constant part)
+    tasks.append(Task("optimizer step", COMPUTE, seconds, (len(tasks) - 1,) if tasks else ()))
+
+
+def _gather_params(inp: "Inputs", tasks: list[Task], optimizer: float) -> None:
+    _optimizer(inp, tasks, optimizer)
+    deps = (len(tasks) - 1,)
+    for i, size in enumerate(buckets(inp.model.num_params * inp.param_bytes, inp.cfg.bucket_mb * MIB)):
+        tasks.append(comm_task(inp, "params all_gather (step)", "all_gather", size, deps, optimizer if i == 0 else None))
+
+
+def zero1(inp: "Inputs", fwd: float | None, bwd: float | None, optimizer: float) -> list[Phase]:
     grads = buckets(inp.model.num_params * inp.comm_grad_bytes, inp.cfg.bucket_mb * MIB)
     tasks = [Task("forward", COMPUTE, fwd)]
     _backward_with(inp, tasks, bwd, grads, "grads reduce_scatter", "reduce_scatter")
-    _gather_params(inp, tasks)
+    _gather_params(inp, tasks, optimizer)
     return _accumulate(inp, fwd, bwd, inp.grad_accum - 1) + [Phase(1, tuple(tasks))]
 
 
-def zero2(inp: "Inputs", fwd: float | None, bwd: float | None) -> list[Phase]:
+def zero2(inp: "Inputs", fwd: float | None, bwd: float | None, optimizer: float) -> list[Phase]:
     grads = buckets(inp.model.num_params * inp.comm_grad_bytes, inp.cfg.bucket_mb * MIB)
     micro = [Task("forward", COMPUTE, fwd)]
     _backward_with(inp, micro, bwd, grads, "grads reduce_scatter", "reduce_scatter")
     tail: list[Task] = []
-    _gather_params(inp, tail)
+    _gather_params(inp, tail, optimizer)
     return [Phase(inp.grad_accum, tuple(micro)), Phase(1, tuple(tail))]
 
 
@@ -134,7 +166,8 @@ def units(inp: "Inputs") -> list[tuple[str, int, float]]:
         (f"layer {i}", spec.layer_params(), layer_flops / whole) for i in range(spec.num_layers)]
 
 
-def zero3(inp: "Inputs", fwd: float | None, bwd: float | None, keep_root: bool = False) -> list[Phase]:
+def zero3(inp: "Inputs", fwd: float | None, bwd: float | None, optimizer: float,
+          keep_root: bool = False) -> list[Phase]:
     parts = units(inp)
     p, c = inp.param_bytes, inp.comm_grad_bytes
     tasks: list[Task] = [comm_task(inp, "params all_gather fwd", "all_gather", parts[0][1] * p)]
@@ -143,7 +176,8 @@ def zero3(inp: "Inputs", fwd: float | None, bwd: float | None, keep_root: bool =
     for i, (_, _, share) in enumerate(parts):
         if i + 1 < len(parts):  # prefetch the next unit once the previous one is done computing
             tasks.append(
-                comm_task(inp, "params all_gather fwd", "all_gather", parts[i + 1][1] * p, tuple(computed[-1:]))
+                comm_task(inp, "params all_gather fwd", "all_gather", parts[i + 1][1] * p, tuple(computed[-1:]),
+                          _took(tasks, computed[-1:]))
             )
             gathered.append(len(tasks) - 1)
         tasks.append(Task("forward", COMPUTE, _times(fwd, share), (gathered[i],)))
@@ -152,20 +186,25 @@ def zero3(inp: "Inputs", fwd: float | None, bwd: float | None, keep_root: bool =
     need = [not (keep_root and j == 0) for j in range(len(order))]
     slots: dict[int, int] = {}
     if need[0]:
-        tasks.append(comm_task(inp, "params all_gather bwd", "all_gather", order[0][1] * p, (computed[-1],)))
+        tasks.append(comm_task(inp, "params all_gather bwd", "all_gather", order[0][1] * p, (computed[-1],),
+                               _took(tasks, computed[-1:])))
         slots[0] = len(tasks) - 1
     for j, (_, count, share) in enumerate(order):
         if j + 1 < len(order) and need[j + 1]:
-            tasks.append(comm_task(inp, "params all_gather bwd", "all_gather", order[j + 1][1] * p, (computed[-1],)))
+            tasks.append(comm_task(inp, "params all_gather bwd", "all_gather", order[j + 1][1] * p, (computed[-1],),
+                                   _took(tasks, computed[-1:])))
             slots[j + 1] = len(tasks) - 1
         tasks.append(Task("backward", COMPUTE, _times(bwd, share), (slots[j],) if j in slots else ()))
         computed.append(len(tasks) - 1)
-        tasks.append(comm_task(inp, "grads reduce_scatter", "reduce_scatter", count * c, (len(tasks) - 1,)))
-    return [Phase(inp.grad_accum, tuple(tasks))]
+        tasks.append(comm_task(inp, "grads reduce_scatter", "reduce_scatter", count * c, (len(tasks) - 1,),
+                               tasks[-1].duration_s or 0.0))
+    tail: list[Task] = []
+    _optimizer(inp, tail, optimizer)
+    return [Phase(inp.grad_accum, tuple(tasks)), Phase(1, tuple(tail))]
 
 
-def fsdp(inp: "Inputs", fwd: float | None, bwd: float | None) -> list[Phase]:
-    return zero3(inp, fwd, bwd, keep_root=True)
+def fsdp(inp: "Inputs", fwd: float | None, bwd: float | None, optimizer: float) -> list[Phase]:
+    return zero3(inp, fwd, bwd, optimizer, keep_root=True)
 
 
 def powersgd_ratio(inp: "Inputs") -> float:
@@ -184,7 +223,7 @@ def powersgd_ratio(inp: "Inputs") -> float:
 BUILDERS = {"ddp": ddp, "zero1": zero1, "zero2": zero2, "zero3": zero3, "fsdp": fsdp}
 
 
-def phases(inp: "Inputs", fwd: float | None, bwd: float | None) -> list[Phase]:
-    if inp.world_size == 1:
-        return _accumulate(inp, fwd, bwd, inp.grad_accum)  # nothing to communicate
-    return BUILDERS[inp.cfg.strategy](inp, fwd, bwd)
+def phases(inp: "Inputs", fwd: float | None, bwd: float | None, optimizer: float = 0.0) -> list[Phase]:
+    if inp.world_size == 1:  # nothing to communicate
+        return _accumulate(inp, fwd, bwd, inp.grad_accum) + [Phase(1, (Task("optimizer step", COMPUTE, optimizer),))]
+    return BUILDERS[inp.cfg.strategy](inp, fwd, bwd, optimizer)

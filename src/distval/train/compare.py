@@ -16,18 +16,23 @@ predicts (compute at the reference run's measured MFU, communication from the be
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
+import time
 from typing import Any
 
 import torch
 
+from distval import device as devices
 from distval import meta, strategies
 from distval.launch import JobResult, LaunchOptions, planned_world_size
 from distval.launch.execute import execute
+from distval.plan import presets
+from distval.plan.calibration import STEP_COST_COLUMNS, StepCost, save_costs
 from distval.results import Check, Report, Status, Table
 from distval.stats import percentile
 from distval.trace.config import TraceConfig
-from distval.train.config import TrainConfig
+from distval.train.config import StepProbe, TrainConfig
 from distval.train.loop import train_rank
 from distval.train.run import add_trace
 
@@ -55,6 +60,9 @@ COMPARE_COLUMNS = [
     "measured_split",
     "predicted_compute_s",
     "predicted_exposed_comm_s",
+    "measured_optimizer_s",
+    "predicted_optimizer_s",
+    "predicted_overhead_s",
     "prediction_ratio",
     "prediction_miss",
 ]
@@ -64,46 +72,137 @@ PREDICTION_BAND = (0.67, 1.5)
 PARITY_RTOL = 1e-5
 
 
-def predicted_step(cfg: TrainConfig, name: str, world: int, reference: dict[str, Any], peak_flops: float,
-                   calibration: str | None) -> dict[str, float | None]:
-    """The planner's step for this run, in the categories the harness measures: step time, compute
-    and the communication not hidden behind it. Compute at the MFU the reference run achieved, of
-    the peak each rank measured (`peak_flops`: a rank of the distributed run has its own share of
-    the cores — one intra-op thread per worker — while the single-process reference has them all),
-    communication from the α–β fit of a `comm bench` on this fabric. Nothing without a calibration
-    (no link to plan with)."""
-    if calibration is None:
-        return {}
-    from distval.plan import PlanConfig, evaluate
+PROBE_STEPS, PROBE_WARMUP = 10, 3  # per strategy on the reference's rank
+PLAIN = "simple_ddp_ga"  # the plain model: at world 1 its per-tensor all_reduces are waits, left out of its compute
+
+
+def reference_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
+    """The reference run, then (cfg.probe) the plain model and each strategy for a few steps on the
+    same rank with a rank's micro-batch and threads (world 1: a strategy's hooks and bookkeeping
+    run, its collectives move nothing): the step costs."""
+    result = train_rank(ctx, cfg)
+    result["probes"] = {}
+    if cfg.probe is None:
+        return result
+    if cfg.probe.threads:
+        torch.set_num_threads(cfg.probe.threads)
+    for name in (PLAIN, *cfg.probe.strategies):
+        probe = train_rank(ctx, dataclasses.replace(cfg, strategy=name, steps=PROBE_STEPS, return_params=False,
+                                                    micro_batch=cfg.probe.micro_batch, probe=None))
+        result["probes"][name] = phase_medians(probe["steps"][PROBE_WARMUP:])
+        result["probe_peak_flops"] = probe["peak_flops"]  # the MFUs' peak: a rank's threads
+    result["optimizer_per_param_s"] = adamw_per_param(result["num_params"], ctx.device)
+    return result
+
+
+def adamw_per_param(num_params: int, device: torch.device, reps: int = 5) -> float:
+    """AdamW's update time per parameter on one flat tensor of `num_params` (no per-tensor cost):
+    the part of the optimizer phase that sharding divides. The best of `reps` after one warm-up."""
+    param = torch.zeros(num_params, device=device, requires_grad=True)
+    param.grad = torch.ones_like(param)
+    optimizer = torch.optim.AdamW([param], lr=1e-3, weight_decay=0.1,  # as train/loop.py's optimizer_impl
+                                  **({"fused": True} if device.type == "cuda" else {"foreach": False}))
+    best = float("inf")
+    for _ in range(reps + 1):
+        began = time.perf_counter()
+        optimizer.step()
+        devices.synchronize(device)
+        best = min(best, time.perf_counter() - began)
+    return best / num_params
+
+
+def phase_medians(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Median step, optimizer phase, wait on collectives, forward+backward (the step less both),
+    and the MFU of forward+backward."""
+    def median(f):
+        return statistics.median(f(s) for s in steps)
+    return {"step_s": median(lambda s: s["step_time_s"]), "optimizer_s": median(lambda s: s["optimizer_s"]),
+            "blocked_s": median(lambda s: s["comm_blocked_s"]),
+            "fb_s": median(lambda s: s["step_time_s"] - s["optimizer_s"] - s["comm_blocked_s"]),
+            "mfu_fb": median(lambda s: s["mfu"] * s["step_time_s"] / max(1e-9, s["step_time_s"] - s["optimizer_s"]
+                                                                          - s["comm_blocked_s"]))}
+
+
+def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
+    """Each probed strategy's own costs against the plain model on the same rank: its
+    forward+backward per micro-batch less the plain one's (its world-1 collectives included), its
+    optimizer phase, and the plain model's MFU on forward+backward."""
+    probes = dict(reference["probes"])
+    plain, units = probes.pop(PLAIN, None), presets.model(cfg.model).num_layers + 1
+    if plain is None:
+        return []
+    return [StepCost(name, strategies.REGISTRY[name].plan_model, cfg.model, units, reference["num_params"],
+                     (probe["step_s"] - probe["optimizer_s"] - plain["fb_s"]) / cfg.grad_accum, probe["optimizer_s"],
+                     reference["optimizer_per_param_s"], min(plain["mfu_fb"], 1.0))
+            for name, probe in probes.items()]
+
+
+def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, peak_flops: float,
+                   calibration: str, num_tensors: int) -> dict[str, float | None]:
+    """The planner's step for this run, in the categories the harness measures: forward+backward
+    (FLOPs at the MFU the plain model reached on one rank with a rank's micro-batch and threads, of
+    the peak measured there, plus the strategy's own cost measured alike), the optimizer phase, and
+    the communication not hidden behind them (the α–β fit of a `comm bench` on this fabric and its
+    per-call cost, scheduled by the planner). Where the ranks' threads outnumber the cores (3
+    ranks on 2), every rank's compute is slowed by its share of them."""
+    from distval.plan import PlanConfig, evaluate, resolve
     from distval.plan.steps import MIB
 
-    steps = reference["steps"][1:] or reference["steps"]
-    mfu = statistics.median(s["mfu"] for s in steps)
+    share = core_share(world)
+    if share < 1:
+        cost = dataclasses.replace(cost, overhead_s=cost.overhead_s / share, optimizer_s=cost.optimizer_s / share,
+                                   optimizer_per_param_s=cost.optimizer_per_param_s / share)
+        peak_flops *= share
     strategy = strategies.REGISTRY[name]
     bucket_mb = cfg.strategy_cfg.bucket_mb
     if strategy.call_per_tensor:  # the planner sees buckets of the mean tensor's size: each call pays its α
-        bucket_mb = reference["num_params"] * 4 / reference["num_tensors"] / MIB  # (simple_ddp's K syncs: not modelled)
+        bucket_mb = cost.num_params * 4 / num_tensors / MIB  # (simple_ddp's K syncs: not modelled)
     plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
-                      peak_tflops=peak_flops / 1e12, mfu=min(mfu, 1.0), strategy=strategy.plan_model,
+                      peak_tflops=peak_flops / 1e12, mfu=cost.mfu, strategy=strategy.plan_model,
                       bucket_mb=bucket_mb, overlap=strategy.overlaps_backward, calibration=calibration)
-    result = evaluate(plan)
+    result = evaluate(plan, dataclasses.replace(resolve(plan), cost=cost))
     step, compute = result.step_time_s, result.compute_time_s
-    return {"predicted_step_time_s": step, "predicted_compute_s": compute,
-            "predicted_exposed_comm_s": max(0.0, step - compute) if step is not None and compute is not None else None}
+    if step is None or compute is None:
+        return {}
+    return {"predicted_step_time_s": step, "predicted_compute_s": compute - result.optimizer_time_s,
+            "predicted_optimizer_s": result.optimizer_time_s, "predicted_overhead_s": result.overhead_time_s,
+            "predicted_exposed_comm_s": max(0.0, step - compute)}
+
+
+CATEGORIES = {  # a category of the step: (measured column, predicted column)
+    "compute": ("measured_compute_s", "predicted_compute_s"),
+    "optimizer": ("measured_optimizer_s", "predicted_optimizer_s"),
+    "exposed communication": ("measured_exposed_comm_s", "predicted_exposed_comm_s"),
+}
+HINTS = {  # where a miss is, and what to do
+    "compute": ("the error is in forward and backward",
+                "the plan's forward+backward is the model's FLOPs at the reference run's MFU plus the strategy's own "
+                "cost measured on one rank; a cost that grows with the ranks (hooks waiting on peers, comm threads "
+                "taking the compute's cores) is not in it: trace the run (--trace) to see where the time goes"),
+    "optimizer": ("the error is in the optimizer step",
+                  "the plan's optimizer step is the one-rank probe's time per parameter times the parameters this "
+                  "rank updates; a per-tensor cost (small models) does not shrink with sharding"),
+    "exposed communication": ("the error is in the communication not hidden behind compute",
+                              "the plan's collectives come from the bench's α–β fit and the overlap the planner "
+                              "schedules; trace the run (--trace) to see how much this strategy really hides"),
+    "unsplit": ("the harness cannot split forward+backward from this strategy's communication (its collectives are "
+                "torch's own and not timed)",
+                "trace the run (--trace) to split it"),
+}
 
 
 def prediction_check(name: str, row: dict[str, Any]) -> Check | None:
     """Measured against predicted step time: OK inside PREDICTION_BAND, else a WARN naming the
-    category (compute, or the communication not hidden behind it) whose error is the larger, with
-    what to do. Sets the row's `prediction_ratio` and `prediction_miss`; None without a prediction."""
+    category (compute, optimizer, or the communication not hidden behind them) whose error is the
+    largest, with what to do. Sets the row's `prediction_ratio` and `prediction_miss`; None without
+    a prediction."""
     measured, predicted = row["step_time_p50_s"], row.get("predicted_step_time_s")
     if not predicted:
         return None
     ratio = row["prediction_ratio"] = measured / predicted
     lo, hi = PREDICTION_BAND
-    parts = {"compute": (row.get("measured_compute_s"), row.get("predicted_compute_s")),
-             "exposed communication": (row.get("measured_exposed_comm_s"), row.get("predicted_exposed_comm_s"))}
-    known = {k: (m, p) for k, (m, p) in parts.items() if m is not None and p is not None}
+    known = {k: (row.get(m), row.get(p)) for k, (m, p) in CATEGORIES.items()
+             if row.get(m) is not None and row.get(p) is not None}
     split = "; ".join(f"{k} {m * 1e3:.1f} vs {p * 1e3:.1f} ms" for k, (m, p) in known.items()) + (
         " (split by the trace)" if known and row.get("measured_split") == "trace" else "")
     text = f"{name}: measured {measured * 1e3:.1f} ms against the plan's {predicted * 1e3:.1f} ms ({ratio:.2f}x)" + (
@@ -113,25 +212,13 @@ def prediction_check(name: str, row: dict[str, Any]) -> Check | None:
     if lo <= ratio <= hi:
         row["prediction_miss"] = None
         return Check(f"compare {name} prediction", Status.OK, text, details=details)
-    if len(known) == 2:
-        miss = max(known, key=lambda k: abs(known[k][0] - known[k][1]))
-    else:  # the harness could not split the step (the strategy's collectives are torch's own)
-        miss = "unsplit"
+    errors = {k: abs(m - p) for k, (m, p) in known.items()}
+    if "compute" not in known:  # forward+backward and the communication are one measured figure
+        opt = known.get("optimizer", (0.0, 0.0))
+        errors["unsplit"] = abs((measured - opt[0]) - (predicted - opt[1]))
+    miss = max(errors, key=errors.__getitem__)
     row["prediction_miss"] = miss
-    if miss == "exposed communication":
-        where = "the error is in the communication not hidden behind compute"
-        hint = ("the plan's collectives come from the bench's α–β fit: per-call overhead, the number of calls and the "
-                "overlap this strategy really gets are not all in it; trace the run (--trace) to see where it waits")
-    elif miss == "compute":
-        where = "the error is in compute"
-        hint = ("the plan's compute is 6·N FLOPs per token at the reference run's MFU: a strategy's own per-layer cost "
-                "(hooks, gathers and reshards, DTensor) is not modelled; weigh the plan for this strategy accordingly, "
-                "or trace the run (--trace) to see where the time goes")
-    else:
-        where = ("the harness cannot split this step (the strategy's collectives are torch's own and not timed): "
-                 "compute or its communication")
-        hint = ("trace the run (--trace) to split it; FSDP2's per-layer all-gathers, reduce-scatters and hooks are "
-                "what the plan does not model yet")
+    where, hint = HINTS[miss]
     return Check(f"compare {name} prediction", Status.WARN, f"{text}; outside {lo}-{hi}x: {where}", details=details,
                  hint=hint, where={"strategy": name, "category": miss})
 
@@ -146,6 +233,34 @@ def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float
                       param_dtype="fp32", optim_dtype="fp32")
     row = next(r for r in memory_rows(resolve(plan)) if r["chosen"])
     return {"predicted_model_state_bytes": row["model_state_bytes"], "predicted_peak_mem_bytes": row["total_bytes"]}
+
+
+def save_step_costs(calibration: str, table: Table, world: int) -> Check:
+    """The step costs into the calibration file, said in one line (WARN when it cannot be written)."""
+    rows = ", ".join(f"{r['strategy']} {r['overhead_s'] * 1e3:+.1f} ms/micro-batch, optimizer {r['optimizer_s'] * 1e3:.1f} ms"
+                     for r in table.rows)
+    try:
+        save_costs(calibration, table.to_dict())
+    except OSError as e:
+        return Check("compare step costs", Status.WARN, f"measured on one rank ({rows}); not saved: {e}",
+                     hint=f"make {calibration} writable so `distval plan --calibration` can reuse them")
+    return Check("compare step costs", Status.OK, f"measured on one rank with a rank's micro-batch and threads of "
+                 f"{world} ranks: {rows}; saved in {calibration} for `distval plan --calibration`",
+                 details={"path": calibration})
+
+
+def core_share(world: int) -> float:
+    """The share of a core each rank's thread gets when `world` local ranks run at once (1 when
+    the cores suffice)."""
+    cores = len(os.sched_getaffinity(0))
+    return min(1.0, cores / (world * (rank_threads(world) or cores)))
+
+
+def rank_threads(world: int) -> int:
+    """A rank's intra-op threads in a job of `world` ranks: OMP_NUM_THREADS, else one per worker as
+    the launchers set it (0: a one-rank job keeps torch's default)."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else (1 if world > 1 else 0)
 
 
 def compare_runs(names: list[str], sizes: list[float]) -> list[tuple[str, str, float | None]]:
@@ -168,10 +283,13 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
     world = planned_world_size(opts)  # the strategies' ranks: the reference trains on their global batch
     traces = traces or {}
     sizes = bucket_sizes or [cfg.strategy_cfg.bucket_mb]
-    ref_cfg = dataclasses.replace(
-        cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world, return_params=True, trace=TraceConfig()
-    )
-    reference = _one(ref_cfg, dataclasses.replace(opts, nproc=1))
+    runs = compare_runs(strategy_names, sizes)
+    # with a calibration, the reference's rank also measures each strategy's own costs (step_costs)
+    probe = StepProbe(tuple(dict.fromkeys(n for _, n, _ in runs if not strategies.REGISTRY[n].single_process)),
+                      cfg.micro_batch, rank_threads(world)) if calibration else None
+    ref_cfg = dataclasses.replace(cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world,
+                                  return_params=True, trace=TraceConfig(), probe=probe)
+    reference = _one(ref_cfg, dataclasses.replace(opts, nproc=1), reference_rank)
     report = Report("compare", meta=meta.collect(None, cfg, world_size=world, backend=opts.backend,
                                                  strategies=strategy_names, parity_rtol=PARITY_RTOL))
     table = Table(
@@ -189,8 +307,14 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
     report.tables.append(table)
     if isinstance(reference, Report):
         return reference
+    costs = {c.strategy: c for c in step_costs(cfg, reference)}
+    if costs:  # in the report, and in the calibration file, where `plan --calibration` finds them
+        report.tables.append(Table("step_costs", STEP_COST_COLUMNS, rows=[dataclasses.asdict(c) for c in costs.values()],
+                                   title="each strategy's own costs, measured on one rank (the plan's step costs)",
+                                   units={"overhead_s": "s", "optimizer_s": "s", "optimizer_per_param_s": "s"}))
+        report.add(save_step_costs(calibration, report.tables[-1], world))
     sweep: dict[str, list[dict[str, Any]]] = {}
-    for label, name, size in compare_runs(strategy_names, sizes):
+    for label, name, size in runs:
         strategy_cfg = cfg.strategy_cfg if size is None else dataclasses.replace(cfg.strategy_cfg, bucket_mb=size)
         run_cfg = dataclasses.replace(cfg, strategy=name, return_params=True, strategy_cfg=strategy_cfg,
                                       trace=traces.get(label, TraceConfig()))
@@ -209,14 +333,16 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
             continue
         row = compare_row(label, result, reference)
         if not strategies.REGISTRY[name].single_process:  # the planner models one process per device, not dp
-            row.update(predicted_step(run_cfg, name, world, reference, result["peak_flops"], calibration))
+            if name in costs:
+                row.update(predicted_step(run_cfg, name, world, costs[name], reference["probe_peak_flops"],
+                                          calibration, reference["num_tensors"]))
             row.update(predicted_memory(run_cfg, name, world))
         exposed = None
         if run_cfg.trace.enabled:
             exposed = add_trace(report, run_cfg, result["steps"], label=f" {label}")
         if exposed is not None:  # the trace splits any strategy's step, torch's own collectives included
             row.update(measured_split="trace", measured_exposed_comm_s=exposed,
-                       measured_compute_s=max(0.0, row["step_time_p50_s"] - exposed))
+                       measured_compute_s=max(0.0, row["step_time_p50_s"] - exposed - row["measured_optimizer_s"]))
         predicted = prediction_check(label, row)
         table.add(**row)
         report.add(parity_check(label, row))
@@ -256,14 +382,14 @@ def add_bucket_sweep(report: Report, sweep: dict[str, list[dict[str, Any]]]) -> 
     report.tables.append(table)
 
 
-def _one(cfg: TrainConfig, opts: LaunchOptions) -> dict[str, Any] | Report:
+def _one(cfg: TrainConfig, opts: LaunchOptions, rank_fn: Any = train_rank) -> dict[str, Any] | Report:
     holder: dict[str, Any] = {}
 
     def build(job: JobResult) -> Report:
         holder["result"] = job.results[0]
         return Report("train")
 
-    report = execute("train", train_rank, cfg, opts, build)
+    report = execute("train", rank_fn, cfg, opts, build)
     return holder.get("result", report)
 
 
@@ -294,11 +420,14 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
         "predicted_step_time_s": None,
         # the step split as the harness sees it: the time the training thread waited on collectives, and the rest
         "measured_compute_s": None if uncounted else statistics.median(s["step_time_s"] - s["comm_blocked_s"]
-                                                                        for s in steps),
+                                                                        - s["optimizer_s"] for s in steps),
         "measured_exposed_comm_s": None if uncounted else statistics.median(s["comm_blocked_s"] for s in steps),
         "measured_split": None if uncounted else "harness",  # "trace" when a trace of the run splits it
         "predicted_compute_s": None,
         "predicted_exposed_comm_s": None,
+        "measured_optimizer_s": statistics.median(s["optimizer_s"] for s in steps),
+        "predicted_optimizer_s": None,
+        "predicted_overhead_s": None,
         "prediction_ratio": None,
         "prediction_miss": None,
     }

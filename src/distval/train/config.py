@@ -24,6 +24,16 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class StepProbe:
+    """What compare's reference rank times after training (train/compare.py `reference_rank`): each
+    strategy for a few steps at world 1, with a rank's micro-batch and intra-op threads (0: as is)."""
+
+    strategies: tuple[str, ...]
+    micro_batch: int
+    threads: int = 0
+
+
+@dataclass(frozen=True)
 class OptimConfig:
     """AdamW with linear warm-up and cosine decay, and global gradient-norm clipping."""
 
@@ -77,6 +87,7 @@ class TrainConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)  # --trace SKIP:N: record N steps after SKIP
     return_params: bool = False  # gather the final parameters (parity checks)
+    probe: StepProbe | None = None  # compare's reference run: after training, time strategies on its rank
     peak_flops: float | None = None  # per device; None: the GPU's datasheet peak, or a measured matmul rate
     compile: bool = knob(False, "--compile", help="torch.compile the model's forward (every strategy but zero3 "
                          "and dp; docs/training.md).")

@@ -161,6 +161,7 @@ class PendingStep:
     bad_param: str | None  # named only where the norm was read at once
     grad_sums: tuple[list[str], torch.Tensor] | None  # the synchronised gradients' checksums, on check steps
     checked_s: float  # the time taking them, inside the step: left out of its step time
+    optimizer_waited_s: float = 0.0  # of the optimizer phase, waiting on collectives (counted as comm_blocked_s)
     health_s: float = 0.0  # the replica check's time after the step
 
 
@@ -189,6 +190,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
             if faults:
                 faults.after_sync(step, strategy.module)
         clock.mark("synced")
+        waited = blocked_so_far(ctx)
         grad_sums, checked_s = None, 0.0
         if checksum_grads:  # (a host read: every K steps)
             began = time.perf_counter()
@@ -210,12 +212,19 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
                 faults.after_update(step, strategy.module)
             held = held_bytes(strategy.model_state_tensors(optimizer))  # everything of the model state exists now
             optimizer.zero_grad(set_to_none=True)
-        strategy.after_step()
+        clock.mark("updated")
+        waited = blocked_so_far(ctx) - waited  # the optimizer phase's own collectives (the gradient norm)
+        strategy.after_step()  # zero1/2: the updated parameters' all_gather
         clock.mark("end")
     comm = dict(ctx.comm.totals)
     ctx.comm.reset_totals()
     memory = (devices.current_memory_bytes(ctx.device), devices.peak_memory_bytes(ctx.device))
-    return PendingStep(step, clock, values, comm, memory, held, bad_param, grad_sums, checked_s)
+    return PendingStep(step, clock, values, comm, memory, held, bad_param, grad_sums, checked_s, waited)
+
+
+def blocked_so_far(ctx: RankContext) -> float:
+    """The time this rank's training thread has waited on collectives since the step began."""
+    return sum(t.blocked_s for t in ctx.comm.totals.values())
 
 
 def finish_step(ctx: RankContext, cfg: TrainConfig, pending: PendingStep, tokens: float, flops_per_token: float,
@@ -253,6 +262,9 @@ def finish_step(ctx: RankContext, cfg: TrainConfig, pending: PendingStep, tokens
         "comm_wire_bytes": round(sum(t.bytes * busbw_factor(op, ctx.world_size) for op, t in comm.items())),
         "comm_time_s": sum(t.time_s for t in comm.values()),
         "comm_blocked_s": sum(t.blocked_s for t in comm.values()),
+        # this rank's optimizer phase (gradient norm, clipping, update; not zero1/2's gather after it, nor the
+        # norm's collective, which is in comm_blocked_s), as comm_blocked_s is its own
+        "optimizer_s": clock.seconds("synced", "updated") - pending.checked_s - pending.optimizer_waited_s,
         "peak_mem_bytes": pending.memory[1],
         "model_state_bytes": int(max(r["held"] for r in ranks)),  # the rank holding the most
         "slowest_rank": compute.index(max(compute)),
