@@ -54,14 +54,17 @@ def main() -> int:
     p.add_argument("--settings", default="2:tiny,3:tiny,2:small,3:small", help="ranks:model, comma-separated")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--keep", help="keep the bench and compare JSON files in this folder")
     args = p.parse_args()
     lines = ["| ranks | model | strategy | measured ms | plan ms | ratio | compute ms (meas/plan) | optimizer ms | "
              "exposed comm ms | largest error |", "|---|---|---|---|---|---|---|---|---|---|"]
     misses = 0
     with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.keep or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         for setting in args.settings.split(","):
             nproc, model = setting.split(":")
-            runs = [one(int(nproc), model, args.steps, Path(tmp), f"{nproc}-{model}-{i}") for i in range(args.repeats)]
+            runs = [one(int(nproc), model, args.steps, folder, f"{nproc}-{model}-{i}") for i in range(args.repeats)]
             for name in STRATEGIES:
                 rows = [r for run in runs for r in run if r["strategy"] == name and r["predicted_step_time_s"]]
                 if not rows:

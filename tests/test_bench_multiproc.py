@@ -45,6 +45,17 @@ def test_every_op_obeys_nccl_tests_formulas(nproc):
         assert f["beta_gbps"] > 0 and f["alpha_us"] >= 0 and -1 <= f["r2"] <= 1
         assert f["n_half_bytes"] == pytest.approx(f["alpha_us"] * 1e-6 * f["beta_gbps"] * 1e9)
     assert all(c.status is Status.OK for c in report.checks)
+    # a call as training issues it: after 1 and 5 ms of compute, and back to back, per op the planner uses
+    # (against the op's fit: an op whose 3-iteration sweep fitted no line has no row)
+    calls = report.table("call_costs").rows
+    assert [(r["op"], r["compute_s"], r["back_to_back"]) for r in calls] == [
+        (op, c, b) for op in ("all_reduce", "all_gather", "reduce_scatter") if op in fits
+        for c, b in ((0.001, False), (0.005, False), (0.005, True))] and calls
+    for r in calls:
+        fit = fits[r["op"]]
+        assert r["bytes"] in (65536, 65520) and r["call_us"] > 0  # 64 KiB, rounded to the ranks as the sweep is
+        assert r["fit_us"] == pytest.approx(fit["alpha_us"] + r["bytes"] / (fit["beta_gbps"] * 1e3))
+        assert r["overhead_us"] == pytest.approx(r["call_us"] - r["fit_us"])
     if nproc == 3:  # nccl-tests' own numbers for -b 1K float32 at 3 ranks, written out by hand
         first = {(r["op"], r["inplace"]): r for r in rows if r["bytes"] in (1024, 1008)}
         expected = {  # op: (count, bytes, busbw/algbw)
@@ -60,8 +71,8 @@ def test_every_op_obeys_nccl_tests_formulas(nproc):
 
 def test_sizes_between_1m_and_16m_and_the_text_and_csv_forms():
     cfg = BenchConfig(
-        ops=["all_reduce", "all_gather"], min_bytes=2**20, max_bytes=16 * 2**20, factor=2, iters=5, warmup=1
-    )
+        ops=["all_reduce", "all_gather"], min_bytes=2**20, max_bytes=16 * 2**20, factor=2, iters=5, warmup=1,
+        call_cost=False)
     report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=60))
     rows = report.table("bench").rows
     assert sorted({r["bytes"] for r in rows if r["op"] == "all_reduce"}) == [
@@ -87,8 +98,8 @@ def test_wrong_results_after_timing_are_counted(monkeypatch):
     # nth=0 corrupts every call on rank 1: the verification pass must see it
     monkeypatch.setenv("DISTVAL_FAULT", "op=all_gather,rank=1,index=7")
     cfg = BenchConfig(
-        ops=["all_gather"], min_bytes=4096, max_bytes=4096, iters=2, warmup=0, check_iters=3, copy_ceiling=False
-    )
+        ops=["all_gather"], min_bytes=4096, max_bytes=4096, iters=2, warmup=0, check_iters=3, copy_ceiling=False,
+        call_cost=False)
     report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=30))
     rows = report.table("bench").rows
     assert [r["wrong"] for r in rows] == [3, 3]  # one element per pass, both in-place forms
@@ -100,7 +111,8 @@ def test_bookkeeping_is_not_measured_traffic(monkeypatch):
     """Barriers and the reductions of timings and #wrong go over the control group: a fault on
     every all_reduce of the measured layer must not touch an all_gather sweep."""
     monkeypatch.setenv("DISTVAL_FAULT", "op=all_reduce,rank=0,index=0")
-    cfg = BenchConfig(ops=["all_gather"], min_bytes=4096, max_bytes=4096, iters=3, warmup=0, check_iters=2)
+    cfg = BenchConfig(ops=["all_gather"], min_bytes=4096, max_bytes=4096, iters=3, warmup=0, check_iters=2,
+                      call_cost=False)
     report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=30))
     assert [r["wrong"] for r in report.table("bench").rows] == [0, 0]
     assert all(r["time_us_p50"] > 0 for r in report.table("bench").rows)
@@ -110,7 +122,7 @@ def test_burst_timing_on_cpu_is_named_in_the_header_and_obeys_the_formulas():
     """`--timing burst` on Gloo: bursts of -n back-to-back ops timed with the host clock, the
     per-op time burst / n; the table's title, the meta and the nccl-tests text say so."""
     cfg = BenchConfig(ops=["all_reduce"], min_bytes=64 * 1024, max_bytes=1024 * 1024, factor=4, iters=6, warmup=1,
-                      timing="burst", bursts=3)
+                      timing="burst", bursts=3, call_cost=False)
     report = run_bench(cfg, LaunchOptions(nproc=2, timeout_s=30))
     method = "3 bursts of 6 back-to-back ops after 1 warm-up, timed with the host clock, one wait at the end"
     assert report.table("bench").title.startswith(method) and report.meta["timing"].startswith(method)

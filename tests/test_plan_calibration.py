@@ -231,3 +231,86 @@ def test_compare_warns_when_the_plan_misses_and_names_the_category():
     rows = [{"strategy": "fsdp2", **fsdp2}, {"strategy": "zero2", **zero2}]
     (svg,) = _step_time_figure({"strategies": {"rows": rows}})["charts"]
     assert "⚠ fsdp2" in svg and "off: step not split" in svg and "⚠ zero2" not in svg
+
+
+def _with_costs(path, costs: list[dict], calls: list[dict]) -> None:
+    """Add compare's step_costs and comm bench's call_costs tables to a bench file."""
+    doc = json.loads(path.read_text())
+    doc["tables"]["step_costs"] = {"name": "step_costs", "rows": costs}
+    doc["tables"]["call_costs"] = {"name": "call_costs", "rows": calls}
+    path.write_text(json.dumps(doc))
+
+
+COST = {"model": "small", "units": 5, "num_params": 1_000_000, "overhead_s": 0.010, "optimizer_s": 0.004,
+        "optimizer_per_param_s": 2e-9, "mfu": 0.25, "peak_flops": 8e10}
+CALLS = [{"op": op, "compute_s": c, "back_to_back": b, "overhead_us": us}
+         for op in ("all_reduce", "reduce_scatter")
+         for c, b, us in ((0.001, False, 200.0), (0.005, False, 1000.0), (0.005, True, 300.0))]
+
+
+def test_step_costs_and_call_costs_enter_the_plan(tmp_path):
+    """Issue 28's terms: the strategy's own cost per unit and micro-batch, the optimizer step (its
+    per-parameter part divided by sharding, its per-tensor part not), the sharded strategies'
+    gradient-norm all_reduce, the measured per-call cost after compute (interpolated, flat beyond
+    the probe, its own figure back to back), and the measured MFU and peak."""
+    from distval.plan.schedule import COMPUTE
+    from distval.plan.steps import units
+
+    path = tmp_path / "bench.json"
+    write_bench(path, {"all_reduce": (150e-6, 1.2e9), "reduce_scatter": (100e-6, 1.0e9)})
+    _with_costs(path, [dict(COST, strategy="pytorch_ddp", plan_model="ddp"),
+                       dict(COST, strategy="zero1", plan_model="zero1", overhead_s=0.0)], CALLS)
+    ddp = evaluate(PlanConfig(model="small", world_size=2, grad_accum=2, calibration=str(path)))
+    inp = ddp.inputs
+    assert inp.cost.strategy == "pytorch_ddp" and inp.mfu == 0.25 and inp.peak_flops == 8e10
+    assert "measured" in inp.mfu_source and "step costs" in inp.peak_source
+    n_units = len(units(inp))
+    assert ddp.overhead_time_s == pytest.approx(0.010 / 5 * n_units * 2)  # per unit, per micro-batch
+    fixed = 0.004 - 2e-9 * 1e6  # measured over 1e6 parameters: what does not grow with them
+    assert ddp.optimizer_time_s == pytest.approx(fixed + 2e-9 * inp.model.num_params)
+    tasks = [t for p in ddp.phases for t in p.tasks]
+    assert tasks[-1].label == "optimizer step" and tasks[-1].stream == COMPUTE
+    assert not any(t.label == "grad norm all_reduce" for t in tasks)
+    cal = inp.calibration
+    assert cal.call_cost(0.0) == pytest.approx(200e-6) and cal.call_cost(0.003) == pytest.approx(600e-6)
+    assert cal.call_cost(0.5) == pytest.approx(1000e-6) and cal.call_cost(None) == pytest.approx(300e-6)
+    (bucket,) = [t for t in tasks if t.op == "all_reduce"][:1]  # the first bucket, after its share of backward
+    chunk = tasks[tasks.index(bucket) - 1].duration_s
+    assert bucket.duration_s == pytest.approx(inp.network.time("all_reduce", bucket.size_bytes)[0] + cal.call_cost(chunk))
+    assert "per-call cost" in bucket.source
+
+    zero1 = evaluate(PlanConfig(model="small", world_size=4, strategy="zero1", calibration=str(path)))
+    assert zero1.optimizer_time_s == pytest.approx(fixed + 2e-9 * zero1.inputs.model.num_params / 4)
+    labels = [t.label for p in zero1.phases for t in p.tasks]
+    norm = labels.index("grad norm all_reduce")
+    assert labels[norm + 1] == "optimizer step" and labels[norm + 2] == "params all_gather (step)"
+    given = evaluate(PlanConfig(model="small", world_size=2, mfu=0.5, calibration=str(path)))
+    assert given.inputs.mfu == 0.5 and given.inputs.mfu_source == "given"
+    plain = evaluate(PlanConfig(model="small", world_size=2, strategy="zero3", calibration=str(path), device="H100"))
+    assert plain.inputs.cost is None and plain.optimizer_time_s == 0 and plain.overhead_time_s == 0
+
+
+def test_compare_saves_its_step_costs_into_the_calibration_file(tmp_path, capsys):
+    """What compare measured on one rank lands in the bench file, where `plan --calibration` finds it;
+    a malformed step_costs table is one line, exit 2."""
+    from distval.plan.calibration import STEP_COST_COLUMNS
+    from distval.results import Table
+    from distval.train.compare import save_step_costs
+
+    path = tmp_path / "bench.json"
+    write_bench(path, {"all_reduce": (150e-6, 1.2e9)})
+    table = Table("step_costs", STEP_COST_COLUMNS, rows=[dict(COST, strategy="fsdp2", plan_model="fsdp")])
+    check = save_step_costs(str(path), table, 2)
+    assert check.status.value == "OK" and "fsdp2 +10.0 ms/micro-batch, optimizer 4.0 ms" in check.summary
+    assert json.loads(path.read_text())["tables"]["step_costs"]["rows"][0]["strategy"] == "fsdp2"
+    report = plan_json(capsys, tmp_path, "--model", "small", "--world", "2", "--strategy", "fsdp",
+                       "--calibration", str(path))
+    step = report["tables"]["step"]["rows"][0]
+    assert step["optimizer_time_s"] > 0 and step["overhead_time_s"] > 0
+    assumed = {r["input"]: r for r in report["tables"]["assumptions"]["rows"]}
+    assert "fsdp2" in assumed["strategy's own cost, optimizer step"]["value"]
+    doc = json.loads(path.read_text())
+    doc["tables"]["step_costs"]["rows"][0]["mfu"] = 3
+    path.write_text(json.dumps(doc))
+    code, _, stderr = plan(capsys, "--model", "small", "--world", "2", "--calibration", str(path))
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "step_costs of fsdp2 need" in stderr, stderr

@@ -49,11 +49,12 @@ if TYPE_CHECKING:  # types only: the launcher and the rank context sit above the
 BENCH_COLUMNS = ["op", "dtype", "bytes", "count", "inplace", "redop", "root", "time_us_p50", "time_us_p95",
                  "time_us_min", "time_us_max", "algbw_gbps", "busbw_gbps", "busbw_pct_of_copy", "wrong"]
 FIT_COLUMNS = ["op", "dtype", "alpha_us", "beta_gbps", "r2", "n_half_bytes", "num_points"]
-CALL_COLUMNS = ["op", "bytes", "compute_s", "after_compute_us", "fit_us", "overhead_us"]
+CALL_COLUMNS = ["op", "bytes", "compute_s", "back_to_back", "call_us", "fit_us", "overhead_us"]
 CALL_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # what training issues (the planner's ops)
 CALL_BYTES = 64 * 2**10
 CALL_COMPUTE_S = (0.001, 0.005)  # compute before each timed call, on every rank: the cost grows with it
-CALL_ITERS = 12
+CALL_ITERS = 12  # per op and compute time; the calibration pools the ops (36 calls a point)
+CALL_BURST = 4  # back to back: after the compute, one op untimed, then this many timed, per op
 COPY_BYTES = 64 * 2**20
 
 
@@ -87,18 +88,22 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> dict[str, Any]:
                     break
                 rows.append(row)
     copy_gbps = measure_copy_gbps(ctx) if cfg.copy_ceiling and ctx.device.type == "cpu" else None
-    calls = [call_times(ctx, cfg, op, dtype, compute_s) for op in CALL_OPS for compute_s in CALL_COMPUTE_S
+    calls = [call_times(ctx, cfg, op, dtype, compute_s, burst) for op in CALL_OPS
+             for compute_s, burst in [(c, 0) for c in CALL_COMPUTE_S] + [(CALL_COMPUTE_S[-1], CALL_BURST)]
              if cfg.call_cost and op in cfg.ops and op not in skipped and ctx.world_size >= OP_SPECS[op].min_ranks]
     return {"rows": rows, "skipped": skipped, "copy_gbps": copy_gbps, "timing": cfg.describe(ctx.device),
             "calls": calls}
 
 
-def call_times(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, compute_s: float) -> dict[str, Any]:
+def call_times(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, compute_s: float,
+               burst: int = 0) -> dict[str, Any]:
     """One op of CALL_BYTES issued as training issues it: after `compute_s` of matmuls on every
-    rank (a barrier lines them up first), not back to back after a barrier as the sweep times it.
-    On a shared CPU host the backend's threads must win a core back from the compute first, and
-    where ranks outnumber cores the last rank's compute ends later the longer it is: what the α of
-    the sweep does not hold. Seconds per call, max over ranks."""
+    rank (a barrier lines them up first), not after a barrier alone as the sweep times it. On a
+    shared CPU host the backend's threads must win a core back from the compute first, and where
+    ranks outnumber cores the last rank's compute ends later the longer it is: what the α of the
+    sweep does not hold. With `burst`, the op right after the compute is untimed and the `burst`
+    ops issued back to back after it are timed (per op): a per-tensor strategy's calls after
+    backward. Seconds per call, max over ranks."""
     coll = Collective(ctx.comm, op, dtype, count_for_bytes(op, CALL_BYTES, dtype.itemsize, ctx.world_size),
                       ctx.device, redop=cfg.redop, root=cfg.root, inplace=inplace_variants(op)[0])
     coll.fill(seed=1)
@@ -110,13 +115,17 @@ def call_times(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, 
         while time.perf_counter() - began < compute_s:
             a = torch.tanh(a @ a)
             devices.synchronize(ctx.device)
+        if burst:
+            coll()
         start = time.perf_counter()
-        coll()
+        for _ in range(max(1, burst)):
+            coll()
         devices.synchronize(ctx.device)
         if i:
-            times[i - 1] = time.perf_counter() - start
+            times[i - 1] = (time.perf_counter() - start) / max(1, burst)
     ctx.control_comm.all_reduce(times, "max")
-    return {"op": op, "bytes": coll.size_bytes, "compute_s": compute_s, "times_s": times.tolist()}
+    return {"op": op, "bytes": coll.size_bytes, "compute_s": compute_s, "back_to_back": bool(burst),
+            "times_s": times.tolist()}
 
 
 def _bench_one(
@@ -277,20 +286,21 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
 
 
 def call_table(per_rank: list[dict[str, Any]], fits: Table) -> Table | None:
-    """Per op: the p50 of a call issued after compute, the sweep's fit at that size, and the
-    difference (the per-call cost training pays beyond the fit, at least 0)."""
-    table = Table("call_costs", CALL_COLUMNS, title=f"one op after compute (p50 of {CALL_ITERS}, max over ranks) "
-                  "against the alpha-beta fit at its size", units={"bytes": "B", "compute_s": "s",
-                                                                    "after_compute_us": "us", "fit_us": "us",
+    """Per op and compute time: the mean of a call issued after compute, the sweep's fit at that
+    size, and the difference (the per-call cost training pays beyond the fit; the calibration
+    averages it over the ops)."""
+    table = Table("call_costs", CALL_COLUMNS, title=f"one op after compute (mean of {CALL_ITERS}, max over ranks: "
+                  "a step pays the sum) against the alpha-beta fit at its size", units={"bytes": "B", "compute_s": "s",
+                                                                    "call_us": "us", "fit_us": "us",
                                                                     "overhead_us": "us"})
     for call in per_rank[0].get("calls") or []:
         fit = next((f for f in fits.rows if f["op"] == call["op"]), None)
         if fit is None:
             continue
-        after = statistics.median(call["times_s"]) * 1e6
+        after = statistics.fmean(call["times_s"]) * 1e6
         fitted = fit["alpha_us"] + call["bytes"] / (fit["beta_gbps"] * 1e3)
-        table.add(op=call["op"], bytes=call["bytes"], compute_s=call["compute_s"], after_compute_us=after,
-                  fit_us=fitted, overhead_us=max(0.0, after - fitted))
+        table.add(op=call["op"], bytes=call["bytes"], compute_s=call["compute_s"], back_to_back=call["back_to_back"],
+                  call_us=after, fit_us=fitted, overhead_us=after - fitted)
     return table if table.rows else None
 
 

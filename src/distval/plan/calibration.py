@@ -48,7 +48,7 @@ class Fit:
 
 
 STEP_COST_COLUMNS = ["strategy", "plan_model", "model", "units", "num_params", "overhead_s", "optimizer_s",
-                     "optimizer_per_param_s", "mfu"]
+                     "optimizer_per_param_s", "mfu", "peak_flops"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,8 @@ class StepCost:
     model's, over `units` units (blocks + root); `optimizer_s`: its optimizer phase (gradient norm,
     clipping, update) over all `num_params` parameters, of which `optimizer_per_param_s` × parameters
     grows with the parameters (AdamW timed on one flat tensor) and the rest is per tensor and
-    call, which sharding does not shrink; `mfu`: the plain model's MFU on forward and backward alone."""
+    call, which sharding does not shrink; `mfu`: the plain model's MFU on forward and backward alone,
+    of `peak_flops`."""
 
     strategy: str
     plan_model: str
@@ -69,6 +70,7 @@ class StepCost:
     optimizer_s: float
     optimizer_per_param_s: float
     mfu: float
+    peak_flops: float  # what `mfu` is a share of: the rank's measured matmul rate (or the GPU's peak)
 
     @property
     def overhead_per_unit_s(self) -> float:
@@ -92,12 +94,25 @@ class Calibration:
     scope: str  # "intra", "inter" or "unknown"
     fits: dict[str, Fit]  # plan op -> fit
     costs: tuple[StepCost, ...] = ()  # table step_costs, when the file has one
-    # what a call issued after c seconds of compute costs beyond the fit: a + b·c (table call_costs)
-    call_overhead: tuple[float, float] = (0.0, 0.0)
+    # what a call issued after c seconds of compute costs beyond the fit (table call_costs): (c, s) points
+    call_overhead: tuple[tuple[float, float], ...] = ()
+    burst_overhead_s: float = 0.0  # what a call issued right after another one costs beyond the fit
 
-    def call_cost(self, compute_s: float) -> float:
-        a, b = self.call_overhead
-        return max(0.0, a + b * compute_s)
+    def call_cost(self, compute_s: float | None) -> float:
+        """After `compute_s` of compute: linear between the measured compute times, flat outside
+        them (the cost is a wait for a core, a scheduler slice at most; it does not grow without
+        bound with the compute); None: back to back after another call."""
+        points = self.call_overhead
+        if compute_s is None:
+            return self.burst_overhead_s
+        if not points:
+            return 0.0
+        if compute_s <= points[0][0]:
+            return points[0][1]
+        for (c0, y0), (c1, y1) in zip(points, points[1:]):
+            if compute_s <= c1:
+                return y0 + (y1 - y0) * (compute_s - c0) / (c1 - c0)
+        return points[-1][1]
 
     def cost(self, plan_model: str, strategy: str | None = None) -> StepCost | None:
         """The step cost of `strategy` if measured, else of the plan model's preferred strategy."""
@@ -120,6 +135,11 @@ class Calibration:
         parts = [
             f"{op} α {f.alpha_s * 1e6:.1f} µs β {f.beta_bytes_per_s / 1e9:.3g} GB/s" for op, f in self.fits.items()
         ]
+        if self.call_overhead or self.burst_overhead_s:
+            after = ", ".join(f"{y * 1e6:.0f} µs after {c * 1e3:g} ms of compute" for c, y in self.call_overhead)
+            parts.append(f"per call {after or 'none after compute'}, {self.burst_overhead_s * 1e6:.0f} µs back to back")
+        if self.costs:
+            parts.append("step costs of " + ", ".join(c.strategy for c in self.costs))
         return (
             f"{os.path.basename(self.path)}: {self.backend}, {self.world_size} ranks, {self.scope}-node; "
             + "; ".join(parts)
@@ -157,7 +177,7 @@ def _load(path: str, _mtime_ns: int, _size: int) -> Calibration:
         raise ValueError(f"{flag}: meta.world_size is {world!r}; a calibration needs a bench of at least 2 ranks")
     fits = _fits(doc, flag)
     return Calibration(path, world, str(meta.get("backend", "unknown")), _scope(meta.get("hosts")), fits,
-                       _costs(doc, flag), _call_overhead(doc, flag))
+                       _costs(doc, flag), *_call_overhead(doc, flag))
 
 
 def _fits(doc: dict, flag: str) -> dict[str, Fit]:
@@ -207,41 +227,36 @@ def _costs(doc: dict, flag: str) -> tuple[StepCost, ...]:
     try:
         costs = tuple(StepCost(str(r["strategy"]), str(r["plan_model"]), str(r["model"]), int(r["units"]),
                                int(r["num_params"]), float(r["overhead_s"]), float(r["optimizer_s"]),
-                               float(r["optimizer_per_param_s"]), float(r["mfu"]))
+                               float(r["optimizer_per_param_s"]), float(r["mfu"]), float(r["peak_flops"]))
                       for r in rows)
     except (TypeError, KeyError, ValueError) as e:
         raise ValueError(f"{flag}: its step_costs table is not as `distval compare` writes it ({e!r}); "
                          f"write it again or drop the table") from None
     bad = [c.strategy for c in costs if c.units < 1 or c.num_params < 1 or c.optimizer_s < 0 or c.optimizer_per_param_s < 0
-           or not 0 < c.mfu <= 1]
+           or not 0 < c.mfu <= 1 or c.peak_flops <= 0]
     if bad:
         raise ValueError(f"{flag}: step_costs of {', '.join(bad)} need units and num_params >= 1, optimizer_s >= 0 "
-                         f"and 0 < mfu <= 1, optimizer times >= 0")
+                         f"and 0 < mfu <= 1, optimizer times >= 0, peak_flops > 0")
     return costs
 
 
-def _call_overhead(doc: dict, flag: str) -> tuple[float, float]:
+def _call_overhead(doc: dict, flag: str) -> tuple[tuple[tuple[float, float], ...], float]:
     """What a collective issued after c seconds of compute costs beyond the α–β fit (`comm
-    bench`'s table call_costs), as a + b·c through the medians over its ops at each compute time:
-    one line for every op (what it measures is the host giving the backend's threads a core back
-    and, where ranks outnumber cores, the last rank's compute ending later, not the op)."""
+    bench`'s table call_costs): per compute time the mean over its ops (at least 0), one curve for every op
+    (what it measures is the host giving the backend's threads a core back and, where ranks
+    outnumber cores, the last rank's compute ending later, not the op)."""
     table = doc["tables"].get("call_costs")
     rows = table.get("rows") if isinstance(table, dict) else []
     by_compute: dict[float, list[float]] = {}
+    burst: list[float] = []
     for row in rows if isinstance(rows, list) else []:
         value, compute = (row.get("overhead_us"), row.get("compute_s")) if isinstance(row, dict) else (None, None)
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in (value, compute)):
-            raise ValueError(f"{flag}: a call_costs row needs overhead_us >= 0 and compute_s >= 0 "
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (value, compute)) or compute < 0:
+            raise ValueError(f"{flag}: a call_costs row needs a number overhead_us and compute_s >= 0 "
                              f"(got {value!r}, {compute!r})")
-        by_compute.setdefault(compute, []).append(value * 1e-6)
-    points = sorted((c, statistics.median(v)) for c, v in by_compute.items())
-    if not points:
-        return 0.0, 0.0
-    if len(points) == 1:
-        return points[0][1], 0.0
-    (c0, y0), (c1, y1) = points[0], points[-1]
-    slope = max(0.0, (y1 - y0) / (c1 - c0))
-    return y0 - slope * c0, slope
+        (burst if row.get("back_to_back") else by_compute.setdefault(compute, [])).append(value * 1e-6)
+    return (tuple(sorted((c, max(0.0, statistics.fmean(v))) for c, v in by_compute.items())),
+            max(0.0, statistics.fmean(burst)) if burst else 0.0)
 
 
 def _scope(hosts) -> str:

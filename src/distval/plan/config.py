@@ -33,6 +33,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
+DEFAULT_MFU = 0.4
 _COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
 _COUNT_MULT = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
@@ -108,7 +109,8 @@ class PlanConfig:
     peak_tflops: float | None = knob(None, "--peak-tflops", help="Peak TFLOP/s per device instead of the preset's.")
     device_memory_gb: float | None = knob(None, "--device-memory", help="Memory per device, GiB, instead of the "
                                           "preset's.")
-    mfu: float = knob(0.4, "--mfu", help="Achieved fraction of peak on the executed FLOPs.")
+    mfu: float = knob(DEFAULT_MFU, "--mfu", help="Achieved fraction of peak on the executed FLOPs (default 0.4, or "
+                      "the one measured in --calibration's step costs).")
     strategy: str = knob("ddp", "--strategy", help="ddp, zero1, zero2, zero3 or fsdp.")
     bucket_mb: float = knob(25.0, "--bucket-mb", help="DDP bucket (and ZeRO bucket) size, MiB.")
     overlap: bool = knob(True, "--overlap/--no-overlap", help="Overlap communication with backward (and prefetch "

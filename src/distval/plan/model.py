@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from distval.plan import presets, schedule, steps
 from distval.plan.calibration import Calibration, StepCost, load
-from distval.plan.config import DTYPE_BYTES, ModelInfo, PlanConfig
+from distval.plan.config import DEFAULT_MFU, DTYPE_BYTES, ModelInfo, PlanConfig
 from distval.plan.network import Link, Network
 from distval.plan.schedule import Phase
 
@@ -46,6 +46,8 @@ class Inputs:
     memory_source: str
     calibration: Calibration | None
     cost: StepCost | None = None  # the strategy's own costs, measured (the calibration's step_costs)
+    mfu: float = DEFAULT_MFU
+    mfu_source: str = "assumed (default)"
 
     @property
     def world_size(self) -> int:
@@ -83,12 +85,21 @@ def host_memory_bytes() -> int:
 
 
 def resolve(cfg: PlanConfig) -> Inputs:
+    """The inputs of a plan. With step costs in --calibration and no --mfu of its own, the MFU is
+    the one measured there (and on the cpu device its peak, the rank's matmul rate it is a share of)."""
     micro, accum = cfg.batch()
     spec = presets.device(cfg.device)
+    calibration = load(cfg.calibration) if cfg.calibration else None
+    cost = calibration.cost(cfg.strategy) if calibration else None
+    mfu, mfu_source = cfg.mfu, "given" if cfg.mfu != DEFAULT_MFU else "assumed (default)"
+    if cost is not None and cfg.mfu == DEFAULT_MFU:
+        mfu, mfu_source = cost.mfu, f"measured (step costs: the plain {cost.model} on one rank)"
     if cfg.peak_tflops is not None:
         peak, peak_source = cfg.peak_tflops * 1e12, "given (--peak-tflops)"
     elif spec.peak_tflops is not None:
         peak, peak_source = spec.peak_tflops * 1e12, f"preset {spec.name} (datasheet dense bf16)"
+    elif cost is not None and mfu == cost.mfu:
+        peak, peak_source = cost.peak_flops, "measured: a rank's matmul rate (step costs)"
     else:
         peak, peak_source = measured_cpu_peak_flops(), "measured: fp32 matmul on this host"
     if cfg.device_memory_gb is not None:
@@ -97,12 +108,11 @@ def resolve(cfg: PlanConfig) -> Inputs:
         memory, memory_source = spec.memory_bytes, f"preset {spec.name}"
     else:
         memory, memory_source = host_memory_bytes(), "measured: this host's RAM"
-    calibration = load(cfg.calibration) if cfg.calibration else None
     grad = DTYPE_BYTES[cfg.grad_dtype]
     return Inputs(cfg, cfg.model_info(), micro, accum, DTYPE_BYTES[cfg.param_dtype], grad,
                   DTYPE_BYTES[cfg.optim_dtype], min(grad, 2) if cfg.comm_hook in ("bf16", "fp16") else grad,
-                  build_network(cfg, calibration), peak, peak_source, memory, memory_source, calibration,
-                  calibration.cost(cfg.strategy) if calibration else None)
+                  build_network(cfg, calibration), peak, peak_source, memory, memory_source, calibration, cost,
+                  mfu, mfu_source)
 
 
 def preset_link(name: str, efficiency: float, flag: str, peers: int | None = None) -> Link:
@@ -160,7 +170,7 @@ def micro_batch_times(inp: Inputs) -> tuple[float | None, float | None]:
     if per_token is None:
         return None, None
     flops = per_token * inp.micro_batch * inp.model.seq_len
-    rate = inp.peak_flops * inp.cfg.mfu
+    rate = inp.peak_flops * inp.mfu
     forward = flops / 3 / rate
     backward = 2 * flops / 3 / rate + (forward if inp.cfg.activation_checkpointing else 0.0)
     return forward, backward

@@ -27,8 +27,9 @@ COLLECTIVE_COLUMNS = [
     "time_s",
     "source",
 ]
-STEP_COLUMNS = ["comm_time_s", "compute_time_s", "step_time_no_overlap_s", "step_time_overlap_s", "comm_compute_ratio",
-                "step_time_s", "comm_share", "tokens_per_step", "tokens_per_s", "mfu"]
+STEP_COLUMNS = ["comm_time_s", "compute_time_s", "overhead_time_s", "optimizer_time_s", "step_time_no_overlap_s",
+                "step_time_overlap_s", "comm_compute_ratio", "step_time_s", "comm_share", "tokens_per_step", "tokens_per_s",
+                "mfu"]
 MEMORY_COLUMNS = [
     "strategy",
     "params_bytes",
@@ -93,6 +94,7 @@ def collectives_rows(result: StepResult) -> list[dict]:
 
 def step_row(result: StepResult) -> dict:
     return {"comm_time_s": result.comm_time_s, "compute_time_s": result.compute_time_s,
+            "overhead_time_s": result.overhead_time_s, "optimizer_time_s": result.optimizer_time_s,
             "step_time_no_overlap_s": result.step_time_no_overlap_s, "step_time_overlap_s": result.step_time_overlap_s,
             "comm_compute_ratio": result.comm_compute_ratio, "step_time_s": result.step_time_s,
             "comm_share": result.comm_share, "tokens_per_step": result.tokens_per_step,
@@ -126,7 +128,7 @@ def assumption_rows(result: StepResult) -> list[dict]:
             "given",
         ),
         ("device peak", f"{inp.peak_flops / 1e12:.4g} TFLOP/s", inp.peak_source),
-        ("MFU", cfg.mfu, given("mfu")),
+        ("MFU", inp.mfu, inp.mfu_source),
         ("device memory", f"{inp.memory_bytes / 2**30:.1f} GiB", inp.memory_source),
         ("link efficiency (presets, --bandwidth)", cfg.efficiency, given("efficiency")),
         (
@@ -138,6 +140,11 @@ def assumption_rows(result: StepResult) -> list[dict]:
     ]
     if inp.calibration is not None:
         rows.append(("calibration", inp.calibration.describe(), "measured (comm bench)"))
+    cost = inp.cost
+    rows.append(("strategy's own cost, optimizer step",
+                 f"{cost.overhead_per_unit_s * 1e3:.3g} ms per unit and micro-batch; optimizer {cost.optimizer_s * 1e3:.3g}"
+                 f" ms for {cost.num_params:,} parameters ({cost.strategy}, {cost.model})" if cost else "not modelled (0)",
+                 "measured (compare's step costs on one rank)" if cost else "no step costs in --calibration"))
     rows += _link_rows(inp)
     return [{"input": a, "value": b, "source": c} for a, b, c in rows]
 
@@ -340,6 +347,8 @@ _VIEWS = {
 _STEP_LABELS = {
     "comm_time_s": "communication",
     "compute_time_s": "compute",
+    "overhead_time_s": "  of which the strategy's own cost",
+    "optimizer_time_s": "  of which the optimizer step",
     "step_time_no_overlap_s": "step, no overlap",
     "step_time_overlap_s": "step, perfect overlap",
     "step_time_s": "step, estimate",

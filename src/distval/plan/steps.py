@@ -59,10 +59,10 @@ def buckets(total_bytes: float, bucket_bytes: float, first_bytes: float | None =
 
 def comm_task(inp: "Inputs", label: str, op: str, size_bytes: float, deps: tuple[int, ...] = (),
               after: float | None = 0.0) -> Task:
-    """One collective; `after`: the seconds of compute it is issued right after (None: back to back
-    after another collective), for the calibration's measured per-call cost on top of α–β."""
+    """One collective with the calibration's measured per-call cost on top of α–β; `after`: the
+    seconds of compute it is issued right after (None: back to back after another collective)."""
     seconds, algorithm, source = inp.network.time(op, size_bytes)
-    if seconds and after is not None and inp.calibration is not None and any(inp.calibration.call_overhead):
+    if seconds and inp.calibration is not None and (inp.calibration.call_overhead or inp.calibration.burst_overhead_s):
         seconds, source = seconds + inp.calibration.call_cost(after), f"{source} + per-call cost"
     sent = bus_factor(op, inp.world_size) * size_bytes if inp.world_size > 1 else 0.0
     return Task(label, COMM, seconds, deps, op, size_bytes, sent, algorithm, source)

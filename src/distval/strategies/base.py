@@ -57,6 +57,7 @@ class Strategy:
     # How the planner (distval plan, compare's predictions) models this strategy:
     plan_model: ClassVar[str] = "ddp"  # its memory and traffic model: ddp, zero1, zero2, zero3 or fsdp
     overlaps_backward: ClassVar[bool] = False  # communication runs during backward (the planner's --overlap)
+    overlaps_only_with_streams: ClassVar[bool] = False  # ... through device streams: on CPU its collectives block
     call_per_tensor: ClassVar[bool] = False  # one all-reduce per parameter tensor, not per bucket
     layout_options: ClassVar[tuple[str, ...]] = ()  # StrategyConfig fields that shape the sharded form
     params_sharded: ClassVar[bool] = False  # each rank holds a shard of the parameters, no replica

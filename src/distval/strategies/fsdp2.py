@@ -33,6 +33,9 @@ class FSDP2(Strategy):
     counts_all_comm = False
     plan_model = "fsdp"
     overlaps_backward = True
+    # torch's FSDP2 overlaps by running its all-gathers and reduce-scatters on side CUDA streams; on CPU
+    # (Gloo) each is a blocking call in the training thread (_fsdp_collectives.foreach_reduce, unshard)
+    overlaps_only_with_streams = True
 
     @classmethod
     def check_options(cls, cfg: StrategyConfig) -> None:

@@ -90,7 +90,8 @@ def reference_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         probe = train_rank(ctx, dataclasses.replace(cfg, strategy=name, steps=PROBE_STEPS, return_params=False,
                                                     micro_batch=cfg.probe.micro_batch, probe=None))
         result["probes"][name] = phase_medians(probe["steps"][PROBE_WARMUP:])
-        result["probe_peak_flops"] = probe["peak_flops"]  # the MFUs' peak: a rank's threads
+        if name == PLAIN:
+            result["probe_peak_flops"] = probe["peak_flops"]  # what the plain MFU is a share of: a rank's threads
     result["optimizer_per_param_s"] = adamw_per_param(result["num_params"], ctx.device)
     return result
 
@@ -133,12 +134,12 @@ def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
         return []
     return [StepCost(name, strategies.REGISTRY[name].plan_model, cfg.model, units, reference["num_params"],
                      (probe["step_s"] - probe["optimizer_s"] - plain["fb_s"]) / cfg.grad_accum, probe["optimizer_s"],
-                     reference["optimizer_per_param_s"], min(plain["mfu_fb"], 1.0))
+                     reference["optimizer_per_param_s"], min(plain["mfu_fb"], 1.0), reference["probe_peak_flops"])
             for name, probe in probes.items()]
 
 
-def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, peak_flops: float,
-                   calibration: str, num_tensors: int) -> dict[str, float | None]:
+def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, calibration: str,
+                   num_tensors: int, device_type: str = "cpu") -> dict[str, float | None]:
     """The planner's step for this run, in the categories the harness measures: forward+backward
     (FLOPs at the MFU the plain model reached on one rank with a rank's micro-batch and threads, of
     the peak measured there, plus the strategy's own cost measured alike), the optimizer phase, and
@@ -148,7 +149,7 @@ def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, peak
     from distval.plan import PlanConfig, evaluate, resolve
     from distval.plan.steps import MIB
 
-    share = core_share(world)
+    share, peak_flops = core_share(world), cost.peak_flops
     if share < 1:
         cost = dataclasses.replace(cost, overhead_s=cost.overhead_s / share, optimizer_s=cost.optimizer_s / share,
                                    optimizer_per_param_s=cost.optimizer_per_param_s / share)
@@ -159,7 +160,8 @@ def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, peak
         bucket_mb = cost.num_params * 4 / num_tensors / MIB  # (simple_ddp's K syncs: not modelled)
     plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
                       peak_tflops=peak_flops / 1e12, mfu=cost.mfu, strategy=strategy.plan_model,
-                      bucket_mb=bucket_mb, overlap=strategy.overlaps_backward, calibration=calibration)
+                      bucket_mb=bucket_mb, calibration=calibration,
+                      overlap=strategy.overlaps_backward and (device_type == "cuda" or not strategy.overlaps_only_with_streams))
     result = evaluate(plan, dataclasses.replace(resolve(plan), cost=cost))
     step, compute = result.step_time_s, result.compute_time_s
     if step is None or compute is None:
@@ -334,8 +336,8 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
         row = compare_row(label, result, reference)
         if not strategies.REGISTRY[name].single_process:  # the planner models one process per device, not dp
             if name in costs:
-                row.update(predicted_step(run_cfg, name, world, costs[name], reference["probe_peak_flops"],
-                                          calibration, reference["num_tensors"]))
+                row.update(predicted_step(run_cfg, name, world, costs[name], calibration, reference["num_tensors"],
+                                          result["device"]))
             row.update(predicted_memory(run_cfg, name, world))
         exposed = None
         if run_cfg.trace.enabled:

@@ -132,6 +132,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
         "checksum": _checksum(full),
         "num_params": full.numel(),
         "peak_flops": peak,
+        "device": ctx.device.type,
         "counts_all_comm": strategy.counts_all_comm,
         "num_tensors": sum(1 for p in model.parameters() if p.requires_grad),
         "health": [f.to_dict() for f in health.findings()] if health else [],
