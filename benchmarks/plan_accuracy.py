@@ -8,8 +8,15 @@ measured p50 step time, the plan's prediction, their ratio, and per category (fo
 optimizer, exposed communication) measured vs predicted. Goal (issue 28): measured/predicted in
 0.8-1.25 for every strategy and setting. Prints a markdown table (docs/plan.md "How close").
 
+Setting `2:tiny:emulated` (root): two emulated nodes joined by a `--rate` link (`distval emulate`,
+one rank each). `compare` does not run under an outer launcher, so there each strategy trains on
+its own (`emulate -- train --json`), the bench runs across the nodes (`emulate -- comm bench`),
+and the prediction is compare's own (`predicted_step`) with the step costs of a local 2-rank
+compare on this host (the same ranks' work, measured on one rank).
+
     python benchmarks/plan_accuracy.py                       # 2 and 3 ranks, tiny and small
     python benchmarks/plan_accuracy.py --settings 2:tiny --repeats 1 --steps 20
+    python benchmarks/plan_accuracy.py --settings 2:tiny:emulated --rate 1gbit
 
 Long (about 3 minutes per setting and repeat on the 2-core host); nothing else should run.
 """
@@ -45,6 +52,42 @@ def one(nproc: int, model: str, steps: int, folder: Path, tag: str) -> list[dict
     return json.loads(report.read_text())["tables"]["strategies"]["rows"]
 
 
+def emulated(model: str, steps: int, rate: str, folder: Path, tag: str) -> list[dict]:
+    """The strategies trained across two emulated nodes, each row as compare's strategies table
+    has it (measured columns from the steps, predicted ones from compare's own predicted_step)."""
+    from distval.plan import presets
+    from distval.plan.calibration import load, save_costs
+    from distval.train.compare import predicted_step
+    from distval.train.config import TrainConfig
+    from distval.train.model import build_model
+
+    one(2, model, steps, folder, f"{tag}-local")  # its bench file now holds the step costs
+    costs = json.loads((folder / f"bench-{tag}-local.json").read_text())["tables"]["step_costs"]
+    bench = folder / f"bench-{tag}.json"
+    emulate = ("emulate", "--nodes", "2", "--nproc-per-node", "1", "--rate", rate, "--")
+    distval(*emulate, "comm", "bench", "--ops", "all_reduce,all_gather,reduce_scatter", "-b", "1K", "-e", "16M",
+            "-f", "4", "-n", "20", "-w", "5", "--json", str(bench))
+    save_costs(str(bench), costs)
+    tensors = sum(1 for p in build_model(presets.model(model), seed=0).parameters() if p.requires_grad)
+    rows = []
+    for name in STRATEGIES:
+        out = folder / f"train-{tag}-{name}.json"
+        distval(*emulate, "train", "--model", model, "--strategy", name, "--steps", str(steps), "--json", str(out))
+        measured = json.loads(out.read_text())["tables"]["steps"]["rows"][1:]
+        cost = next(c for c in load(str(bench)).costs if c.strategy == name)
+        row = {"strategy": name, **{f"measured_{k}": statistics.median(r[col] for r in measured) for k, col in (
+            ("optimizer_s", "optimizer_s"), ("exposed_comm_s", "comm_blocked_s"))}}
+        row["step_time_p50_s"] = statistics.median(r["step_time_s"] for r in measured)
+        counted = any(r["comm_calls"] for r in measured)  # fsdp2's collectives are torch's own
+        row["measured_compute_s"] = statistics.median(r["step_time_s"] - r["comm_blocked_s"] - r["optimizer_s"]
+                                                      for r in measured) if counted else None
+        if not counted:
+            row["measured_exposed_comm_s"] = None
+        row.update(predicted_step(TrainConfig(model=model, strategy=name), name, 2, cost, str(bench), tensors))
+        rows.append(row)
+    return rows
+
+
 def ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.1f}"
 
@@ -55,6 +98,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--keep", help="keep the bench and compare JSON files in this folder")
+    p.add_argument("--rate", default="1gbit", help="the emulated link (tc rate)")
     args = p.parse_args()
     lines = ["| ranks | model | strategy | measured ms | plan ms | ratio | compute ms (meas/plan) | optimizer ms | "
              "exposed comm ms | largest error |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -63,8 +107,12 @@ def main() -> int:
         folder = Path(args.keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
         for setting in args.settings.split(","):
-            nproc, model = setting.split(":")
-            runs = [one(int(nproc), model, args.steps, folder, f"{nproc}-{model}-{i}") for i in range(args.repeats)]
+            nproc, model, *how = setting.split(":")
+            if how == ["emulated"]:
+                runs = [emulated(model, args.steps, args.rate, folder, f"emu-{model}-{i}") for i in range(args.repeats)]
+                nproc = f"2 nodes, {args.rate}"
+            else:
+                runs = [one(int(nproc), model, args.steps, folder, f"{nproc}-{model}-{i}") for i in range(args.repeats)]
             for name in STRATEGIES:
                 rows = [r for run in runs for r in run if r["strategy"] == name and r["predicted_step_time_s"]]
                 if not rows:

@@ -37,8 +37,12 @@ def test_quick_ladder_climbs_every_stage_and_the_plan_meets_the_measurement(tmp_
     compare = ladder["compare"]  # a plan that misses a strategy by more than 0.67-1.5x makes the stage WARN
     assert ("4 strategies match the reference" in compare["headline"]) == (compare["status"] == "OK"), compare
     assert compare["status"] == "OK" or "outside 0.67-1.5x" in compare["headline"], compare
-    # the bench's own report: the plan's calibration, and `distval plan --calibration` reads it too
-    assert calibration.load(str(out / "bench.json")).fits["all_reduce"].beta_bytes_per_s > 0
+    # the bench's own report: the plan's calibration, and `distval plan --calibration` reads it too, with the
+    # per-call cost the bench measured and the step costs compare measured on one rank
+    saved = calibration.load(str(out / "bench.json"))
+    assert saved.fits["all_reduce"].beta_bytes_per_s > 0 and [c for c, _ in saved.call_overhead] == [0.001, 0.005]
+    assert [c.strategy for c in saved.costs] == ["pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2"]
+    assert all(0 < c.mfu <= 1 and c.optimizer_s > 0 and c.units == 3 for c in saved.costs)
     rows = {r["strategy"]: r for r in doc["tables"]["strategies"]["rows"]}
     assert list(rows) == ["pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2"]
     predictions = {c["where"].get("strategy", c["name"].split()[1]): c for c in doc["checks"]
