@@ -11,9 +11,12 @@ runs the same items on CPU ranks: a dry run of this script itself where no GPU i
 Items: check, bench, timing (all_reduce latency by each timing method: blocking, burst, burst
 from a CUDA graph; and comm bench's burst against a bare torch.distributed burst loop), harness
 (distval train against a bare loop of the same model, eager and compiled), train (every
-strategy), compare (every strategy and dp), resume (SIGKILL after the first checkpoint, restart,
-losses bitwise equal to an uninterrupted run: a full-form and a sharded-form strategy), drill
-(needs 2 ranks), doctor, run. Exit 0 when nothing FAILed.
+strategy), compare (every strategy and dp), plan (issue 28's table on this machine: a bench with
+its per-call cost, then compare --calibration of benchmarks/plan_accuracy.py's strategies: measured
+against predicted step time per strategy, and the category carrying the error; FAIL outside
+compare's 0.67-1.5x), resume (SIGKILL after the first checkpoint, restart, losses bitwise equal to
+an uninterrupted run: a full-form and a sharded-form strategy), drill (needs 2 ranks), doctor, run.
+Exit 0 when nothing FAILed.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from typing import Callable
 STRATEGIES = ["simple_ddp", "simple_ddp_ga", "simple_ddp_hook", "simple_ddp_async", "bucket_ddp_async", "pytorch_ddp",
               "zero1", "zero2", "zero3", "pytorch_zero1", "fsdp2"]
 RESUMED = ["pytorch_ddp", "zero2"]  # the full form (rank 0 writes) and the sharded DCP form (every rank)
-ITEMS = ["check", "bench", "timing", "harness", "train", "compare", "resume", "drill", "doctor", "run"]
+ITEMS = ["check", "bench", "timing", "harness", "train", "compare", "plan", "resume", "drill", "doctor", "run"]
+PLANNED = ["pytorch_ddp", "bucket_ddp_async", "simple_ddp", "zero1", "zero2", "zero3", "fsdp2"]  # plan_accuracy.py's
 
 
 class Item(Exception):
@@ -162,6 +166,25 @@ class Checker:
                 f"({worst['strategy']}); bitwise equal to the reference: {', '.join(bitwise) or 'none'}"
                 + (f"; dp: {dp['status']} {dp['summary']}" if dp else ""))
 
+    def plan(self) -> str:
+        if self.args.nproc < 2:
+            raise Item("SKIP", "needs 2 ranks (one GPU each)")
+        bench = self.work / "plan-bench.json"
+        self.run_ok("comm", "bench", *self.common, "--ops", "all_reduce,all_gather,reduce_scatter", "-b", "1K",
+                    "-e", "64M", "-f", "4", "-n", "20", "-w", "5", name="plan-bench")
+        report = self.run_ok("compare", *self.common, "--model", self.args.model, "--steps", "20", "--strategies",
+                             ",".join(PLANNED), "--calibration", str(bench), name="plan", timeout=1200)
+        table = [r for r in rows(report, "strategies") if r["prediction_ratio"] is not None]
+        if not table:
+            raise Item("FAIL", "no strategy has a prediction")
+        close = sum(0.8 <= r["prediction_ratio"] <= 1.25 for r in table)
+        text = "; ".join(f"{r['strategy']} {r['step_time_p50_s'] * 1e3:.1f}/{r['predicted_step_time_s'] * 1e3:.1f} ms "
+                         f"{r['prediction_ratio']:.2f}x" + (f" ({miss})" if (miss := r["prediction_miss"]) else "")
+                         for r in table)
+        if any(r["prediction_miss"] for r in table):
+            raise Item("FAIL", f"outside 0.67-1.5x: {text}")
+        return f"{close} of {len(table)} within 0.8-1.25x (measured/plan): {text}"
+
     def resume(self, strategy: str) -> str:
         """SIGKILL rank 0 at step 7 (after the synchronous checkpoint at 5: an async save still
         in flight when a rank dies is lost, and the restart would begin at step 0); the agent
@@ -252,6 +275,8 @@ def main() -> int:
                 c.item(f"train {s}", lambda s=s: c.train(s))
         if "compare" in only:
             c.item("compare (all strategies)", c.compare)
+        if "plan" in only:
+            c.item("plan against measured", c.plan)
         if "resume" in only:
             for s in RESUMED:
                 c.item(f"resume {s} after SIGKILL", lambda s=s: c.resume(s))

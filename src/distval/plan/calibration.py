@@ -99,19 +99,16 @@ class Calibration:
     burst_overhead_s: float = 0.0  # what a call issued right after another one costs beyond the fit
 
     def call_cost(self, compute_s: float | None) -> float:
-        """After `compute_s` of compute: linear between the measured compute times, flat outside
-        them (the cost is a wait for a core, a scheduler slice at most; it does not grow without
-        bound with the compute); None: back to back after another call."""
-        points = self.call_overhead
+        """After `compute_s` of compute: from the back-to-back figure at none, linear through the
+        measured compute times, flat beyond the last (the cost is a wait for a core, a scheduler
+        slice at most: it does not grow without bound with the compute); None: back to back after
+        another call."""
         if compute_s is None:
             return self.burst_overhead_s
-        if not points:
-            return 0.0
-        if compute_s <= points[0][0]:
-            return points[0][1]
+        points = ((0.0, self.burst_overhead_s), *self.call_overhead)
         for (c0, y0), (c1, y1) in zip(points, points[1:]):
             if compute_s <= c1:
-                return y0 + (y1 - y0) * (compute_s - c0) / (c1 - c0)
+                return y1 if c1 <= c0 else y0 + (y1 - y0) * max(0.0, compute_s - c0) / (c1 - c0)
         return points[-1][1]
 
     def cost(self, plan_model: str, strategy: str | None = None) -> StepCost | None:
@@ -232,8 +229,8 @@ def _costs(doc: dict, flag: str) -> tuple[StepCost, ...]:
     except (TypeError, KeyError, ValueError) as e:
         raise ValueError(f"{flag}: its step_costs table is not as `distval compare` writes it ({e!r}); "
                          f"write it again or drop the table") from None
-    bad = [c.strategy for c in costs if c.units < 1 or c.num_params < 1 or c.optimizer_s < 0 or c.optimizer_per_param_s < 0
-           or not 0 < c.mfu <= 1 or c.peak_flops <= 0]
+    bad = [c.strategy for c in costs if min(c.units, c.num_params) < 1
+           or min(c.optimizer_s, c.optimizer_per_param_s) < 0 or not 0 < c.mfu <= 1 or c.peak_flops <= 0]
     if bad:
         raise ValueError(f"{flag}: step_costs of {', '.join(bad)} need units and num_params >= 1, optimizer_s >= 0 "
                          f"and 0 < mfu <= 1, optimizer times >= 0, peak_flops > 0")

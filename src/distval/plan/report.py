@@ -28,8 +28,8 @@ COLLECTIVE_COLUMNS = [
     "source",
 ]
 STEP_COLUMNS = ["comm_time_s", "compute_time_s", "overhead_time_s", "optimizer_time_s", "step_time_no_overlap_s",
-                "step_time_overlap_s", "comm_compute_ratio", "step_time_s", "comm_share", "tokens_per_step", "tokens_per_s",
-                "mfu"]
+                "step_time_overlap_s", "comm_compute_ratio", "step_time_s", "comm_share", "tokens_per_step",
+                "tokens_per_s", "mfu"]
 MEMORY_COLUMNS = [
     "strategy",
     "params_bytes",
@@ -141,9 +141,10 @@ def assumption_rows(result: StepResult) -> list[dict]:
     if inp.calibration is not None:
         rows.append(("calibration", inp.calibration.describe(), "measured (comm bench)"))
     cost = inp.cost
-    rows.append(("strategy's own cost, optimizer step",
-                 f"{cost.overhead_per_unit_s * 1e3:.3g} ms per unit and micro-batch; optimizer {cost.optimizer_s * 1e3:.3g}"
-                 f" ms for {cost.num_params:,} parameters ({cost.strategy}, {cost.model})" if cost else "not modelled (0)",
+    measured = (f"{cost.overhead_per_unit_s * 1e3:.3g} ms per unit and micro-batch; optimizer "
+                f"{cost.optimizer_s * 1e3:.3g} ms for {cost.num_params:,} parameters ({cost.strategy}, {cost.model})"
+                if cost else None)
+    rows.append(("strategy's own cost, optimizer step", measured or "not modelled (0)",
                  "measured (compare's step costs on one rank)" if cost else "no step costs in --calibration"))
     rows += _link_rows(inp)
     return [{"input": a, "value": b, "source": c} for a, b, c in rows]

@@ -121,8 +121,9 @@ def _optimizer(inp: "Inputs", tasks: list[Task], seconds: float) -> None:
     """The optimizer step; where gradients are sharded (every strategy but ddp) the global gradient
     norm (clipping, the health checks) first needs one 4-byte all_reduce of the shards' sums."""
     if inp.cfg.strategy != "ddp":
-        tasks.append(comm_task(inp, "grad norm all_reduce", "all_reduce", NORM_BYTES, (len(tasks) - 1,) if tasks else ()))
-        # (after the norm's own little compute: the per-call cost's constant part)
+        # (after the norm's own little compute: the per-call cost at its shortest)
+        deps = (len(tasks) - 1,) if tasks else ()
+        tasks.append(comm_task(inp, "grad norm all_reduce", "all_reduce", NORM_BYTES, deps))
     tasks.append(Task("optimizer step", COMPUTE, seconds, (len(tasks) - 1,) if tasks else ()))
 
 
@@ -130,7 +131,8 @@ def _gather_params(inp: "Inputs", tasks: list[Task], optimizer: float) -> None:
     _optimizer(inp, tasks, optimizer)
     deps = (len(tasks) - 1,)
     for i, size in enumerate(buckets(inp.model.num_params * inp.param_bytes, inp.cfg.bucket_mb * MIB)):
-        tasks.append(comm_task(inp, "params all_gather (step)", "all_gather", size, deps, optimizer if i == 0 else None))
+        after = optimizer if i == 0 else None  # the later buckets follow the first back to back
+        tasks.append(comm_task(inp, "params all_gather (step)", "all_gather", size, deps, after))
 
 
 def zero1(inp: "Inputs", fwd: float | None, bwd: float | None, optimizer: float) -> list[Phase]:

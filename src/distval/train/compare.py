@@ -10,7 +10,9 @@ pytorch_ddp and pytorch_zero1 the wait inside backward from the last bucket's la
 return; None for fsdp2, whose collectives are torch's own), the model state each rank holds
 (parameters, gradients, optimizer state, shards: the largest rank) against the strategy's formula
 and the planner's prediction, and with `--calibration bench.json` the step time `distval plan`
-predicts (compute at the reference run's measured MFU, communication from the bench's α–β fit).
+predicts, category by category (forward+backward, optimizer, exposed communication), from the
+bench's α–β fit and per-call cost and the step costs the reference's process measures on one rank
+(docs/plan.md "Step costs"; saved into the calibration file).
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, cali
     from distval.plan import PlanConfig, evaluate, resolve
     from distval.plan.steps import MIB
 
-    share, peak_flops = core_share(world), cost.peak_flops
+    share, peak_flops = core_share(world) if device_type == "cpu" else 1.0, cost.peak_flops
     if share < 1:
         cost = dataclasses.replace(cost, overhead_s=cost.overhead_s / share, optimizer_s=cost.optimizer_s / share,
                                    optimizer_per_param_s=cost.optimizer_per_param_s / share)
@@ -158,10 +160,10 @@ def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, cali
     bucket_mb = cfg.strategy_cfg.bucket_mb
     if strategy.call_per_tensor:  # the planner sees buckets of the mean tensor's size: each call pays its α
         bucket_mb = cost.num_params * 4 / num_tensors / MIB  # (simple_ddp's K syncs: not modelled)
+    overlap = strategy.overlaps_backward and (device_type == "cuda" or not strategy.overlaps_only_with_streams)
     plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
                       peak_tflops=peak_flops / 1e12, mfu=cost.mfu, strategy=strategy.plan_model,
-                      bucket_mb=bucket_mb, calibration=calibration,
-                      overlap=strategy.overlaps_backward and (device_type == "cuda" or not strategy.overlaps_only_with_streams))
+                      bucket_mb=bucket_mb, calibration=calibration, overlap=overlap)
     result = evaluate(plan, dataclasses.replace(resolve(plan), cost=cost))
     step, compute = result.step_time_s, result.compute_time_s
     if step is None or compute is None:
@@ -178,15 +180,17 @@ CATEGORIES = {  # a category of the step: (measured column, predicted column)
 }
 HINTS = {  # where a miss is, and what to do
     "compute": ("the error is in forward and backward",
-                "the plan's forward+backward is the model's FLOPs at the reference run's MFU plus the strategy's own "
-                "cost measured on one rank; a cost that grows with the ranks (hooks waiting on peers, comm threads "
-                "taking the compute's cores) is not in it: trace the run (--trace) to see where the time goes"),
+                "the plan's forward+backward is the model's FLOPs at the MFU the plain model reached on one rank, plus "
+                "the strategy's own cost measured there; what only happens with peers (hooks waiting on them, the "
+                "backend's threads taking the compute's cores) is not in it: trace the run (--trace) to see where "
+                "the time goes"),
     "optimizer": ("the error is in the optimizer step",
-                  "the plan's optimizer step is the one-rank probe's time per parameter times the parameters this "
-                  "rank updates; a per-tensor cost (small models) does not shrink with sharding"),
+                  "the plan's optimizer step is measured on one rank alone (its per-parameter part divided by "
+                  "sharding); ranks updating at once share the host's memory bandwidth: trace the run (--trace)"),
     "exposed communication": ("the error is in the communication not hidden behind compute",
-                              "the plan's collectives come from the bench's α–β fit and the overlap the planner "
-                              "schedules; trace the run (--trace) to see how much this strategy really hides"),
+                              "the plan's collectives are the bench's α–β fit plus its measured per-call cost after "
+                              "compute, with the overlap the planner schedules; the per-call cost varies on a shared "
+                              "host (run `comm bench` again), and a trace (--trace) shows what this strategy hides"),
     "unsplit": ("the harness cannot split forward+backward from this strategy's communication (its collectives are "
                 "torch's own and not timed)",
                 "trace the run (--trace) to split it"),
@@ -239,8 +243,8 @@ def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float
 
 def save_step_costs(calibration: str, table: Table, world: int) -> Check:
     """The step costs into the calibration file, said in one line (WARN when it cannot be written)."""
-    rows = ", ".join(f"{r['strategy']} {r['overhead_s'] * 1e3:+.1f} ms/micro-batch, optimizer {r['optimizer_s'] * 1e3:.1f} ms"
-                     for r in table.rows)
+    rows = ", ".join(f"{r['strategy']} {r['overhead_s'] * 1e3:+.1f} ms/micro-batch, optimizer "
+                     f"{r['optimizer_s'] * 1e3:.1f} ms" for r in table.rows)
     try:
         save_costs(calibration, table.to_dict())
     except OSError as e:
@@ -311,7 +315,8 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
         return reference
     costs = {c.strategy: c for c in step_costs(cfg, reference)}
     if costs:  # in the report, and in the calibration file, where `plan --calibration` finds them
-        report.tables.append(Table("step_costs", STEP_COST_COLUMNS, rows=[dataclasses.asdict(c) for c in costs.values()],
+        rows = [dataclasses.asdict(c) for c in costs.values()]
+        report.tables.append(Table("step_costs", STEP_COST_COLUMNS, rows=rows,
                                    title="each strategy's own costs, measured on one rank (the plan's step costs)",
                                    units={"overhead_s": "s", "optimizer_s": "s", "optimizer_per_param_s": "s"}))
         report.add(save_step_costs(calibration, report.tables[-1], world))

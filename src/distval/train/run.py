@@ -24,7 +24,8 @@ STEP_COLUMNS = ["step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s"
 
 def steps_table(result: dict[str, Any]) -> Table:
     table = Table("steps", STEP_COLUMNS, title="training steps (loss: mean over ranks; step time: max over ranks)",
-                  units={"step_time_s": "s", "optimizer_s": "s", "comm_bytes": "B", "peak_mem_bytes": "B", "tokens_per_s": "tokens/s"})
+                  units={"step_time_s": "s", "optimizer_s": "s", "comm_bytes": "B", "peak_mem_bytes": "B",
+                         "tokens_per_s": "tokens/s"})
     for row in result["steps"]:
         table.add(**{c: row[c] for c in STEP_COLUMNS})
     return table
