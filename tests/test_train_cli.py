@@ -31,6 +31,16 @@ def test_bad_training_input_is_one_line_exit_2(args, message, tmp_path, cli):
     assert not out.exists()
 
 
+def test_compare_under_an_outer_launcher_is_one_line_exit_2(monkeypatch, tmp_path, cli):
+    """Each rank of a torchrun/Slurm/emulate job would start its own local jobs: refused at once."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    res = cli("compare", "--json", str(tmp_path / "c.json"))
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "compare starts local jobs of its own" in lines[0], res.stderr
+    assert "found torchrun" in lines[0] and not (tmp_path / "c.json").exists()
+
+
 def test_train_reports_every_step(tmp_path):
     out, log = tmp_path / "t.json", tmp_path / "steps.jsonl"
     res = run_cli("train", "--nproc", "2", "--strategy", "simple_ddp_async", "--steps", "6", "--grad-accum", "2",

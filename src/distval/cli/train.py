@@ -82,7 +82,13 @@ def compare_cmd(
 ) -> int:
     """Every strategy on the same workload: parity with one process, step time, memory, traffic."""
     from distval import strategies as strategy_mod
+    from distval.launch import detect_mode
     from distval.train.compare import compare_runs, run_compare
+
+    if (mode := detect_mode()) != "local":  # each rank would start a reference job and the strategies' own
+        raise ValueError(f"compare starts local jobs of its own (a one-process reference, then each strategy): run "
+                         f"it on one node without an outer launcher (found {mode}); across nodes, train each "
+                         f"strategy under it (`distval train --strategy NAME`)")
 
     names = (
         strategy_mod.DDP_FAMILY if strategies == "all" else [strategy_mod.check_name(n) for n in split_list(strategies)]
