@@ -114,7 +114,7 @@ def test_compare_trains_its_reference_on_the_strategies_global_batch(monkeypatch
 
     seen = []
     monkeypatch.setattr(devices, "default_nproc", lambda: gpus)
-    monkeypatch.setattr(compare, "_one", lambda cfg, opts: seen.append((cfg, opts)) or Report("train"))
+    monkeypatch.setattr(compare, "_one", lambda cfg, opts, rank_fn=None: seen.append((cfg, opts)) or Report("train"))
     cfg = TrainConfig(model="tiny", steps=2)
     compare.run_compare(cfg, ["simple_ddp"], LaunchOptions())
     (ref, opts), = seen
