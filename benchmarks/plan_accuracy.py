@@ -80,6 +80,8 @@ def measure_emulated(model: str, steps: int, rate: str, folder: Path, tag: str) 
 def measured_rows(folder: Path, tag: str) -> list[dict]:
     """Per strategy the measured columns of compare's strategies table (emulated: from each
     training run's steps, as compare computes them)."""
+    from distval.train.compare import forward_backward_s
+
     if not tag.startswith("emu_"):
         return json.loads((folder / f"compare-{tag}.json").read_text())["tables"]["strategies"]["rows"]
     rows = []
@@ -92,8 +94,7 @@ def measured_rows(folder: Path, tag: str) -> list[dict]:
         rows.append({"strategy": name, "step_time_p50_s": median(lambda s: s["step_time_s"]),
                      "measured_optimizer_s": median(lambda s: s["optimizer_s"]),
                      "measured_exposed_comm_s": median(lambda s: s["comm_blocked_s"]) if counted else None,
-                     "measured_compute_s": median(lambda s: s["step_time_s"] - s["comm_blocked_s"] - s["optimizer_s"])
-                     if counted else None})
+                     "measured_compute_s": median(forward_backward_s) if counted else None})
     return rows
 
 

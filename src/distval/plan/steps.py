@@ -62,8 +62,9 @@ def comm_task(inp: "Inputs", label: str, op: str, size_bytes: float, deps: tuple
     """One collective with the calibration's measured per-call cost on top of α–β; `after`: the
     seconds of compute it is issued right after (None: back to back after another collective)."""
     seconds, algorithm, source = inp.network.time(op, size_bytes)
-    if seconds and inp.calibration is not None and (inp.calibration.call_overhead or inp.calibration.burst_overhead_s):
-        seconds, source = seconds + inp.calibration.call_cost(after), f"{source} + per-call cost"
+    extra = inp.calibration.call_cost(after) if seconds and inp.calibration is not None else 0.0
+    if extra:
+        seconds, source = seconds + extra, f"{source} + per-call cost"
     sent = bus_factor(op, inp.world_size) * size_bytes if inp.world_size > 1 else 0.0
     return Task(label, COMM, seconds, deps, op, size_bytes, sent, algorithm, source)
 

@@ -114,16 +114,19 @@ def adamw_per_param(num_params: int, device: torch.device, reps: int = 5) -> flo
     return best / num_params
 
 
+def forward_backward_s(step: dict[str, Any]) -> float:
+    """A step record's forward+backward: its time less the optimizer phase and the waits on
+    collectives (the harness's split)."""
+    return step["step_time_s"] - step["optimizer_s"] - step["comm_blocked_s"]
+
+
 def phase_medians(steps: list[dict[str, Any]]) -> dict[str, float]:
-    """Median step, optimizer phase, wait on collectives, forward+backward (the step less both),
-    and the MFU of forward+backward."""
+    """Median step, optimizer phase, forward+backward, and the MFU of forward+backward."""
     def median(f):
         return statistics.median(f(s) for s in steps)
     return {"step_s": median(lambda s: s["step_time_s"]), "optimizer_s": median(lambda s: s["optimizer_s"]),
-            "blocked_s": median(lambda s: s["comm_blocked_s"]),
-            "fb_s": median(lambda s: s["step_time_s"] - s["optimizer_s"] - s["comm_blocked_s"]),
-            "mfu_fb": median(lambda s: s["mfu"] * s["step_time_s"] / max(1e-9, s["step_time_s"] - s["optimizer_s"]
-                                                                          - s["comm_blocked_s"]))}
+            "fb_s": median(forward_backward_s),
+            "mfu_fb": median(lambda s: s["mfu"] * s["step_time_s"] / max(1e-9, forward_backward_s(s)))}
 
 
 def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
@@ -426,8 +429,7 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
         "comm_hidden_frac": None if comm_time == 0 else max(0.0, 1 - blocked / comm_time),  # fsdp2: nothing counted
         "predicted_step_time_s": None,
         # the step split as the harness sees it: the time the training thread waited on collectives, and the rest
-        "measured_compute_s": None if uncounted else statistics.median(s["step_time_s"] - s["comm_blocked_s"]
-                                                                        - s["optimizer_s"] for s in steps),
+        "measured_compute_s": None if uncounted else statistics.median(map(forward_backward_s, steps)),
         "measured_exposed_comm_s": None if uncounted else statistics.median(s["comm_blocked_s"] for s in steps),
         "measured_split": None if uncounted else "harness",  # "trace" when a trace of the run splits it
         "predicted_compute_s": None,
