@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from distval import exit_without_collecting
 from distval.cli import comm, doctor, drill, emulate, launch, plan, run, slurm, trace, train  # noqa: F401 (each adds its commands)
 from distval.cli.app import app
 from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun
@@ -19,6 +20,7 @@ __all__ = ["app", "main"]
 
 
 def main(argv: list[str] | None = None) -> None:
+    exit_without_collecting()
     try:
         code = app(args=argv, prog_name="distval", standalone_mode=False)
     except ValueError as e:

@@ -21,6 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 from distval import device as devices
+from distval import exit_without_collecting
 from distval.comm.layer import Comm
 from distval.health.diagnose import WorkerFailure, diagnose
 from distval.health.faults import Faults
@@ -39,6 +40,7 @@ CHANNEL_TIMEOUT_S = 10.0  # a store whose host died must not hold a failing rank
 def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watchers: list[Watcher] | tuple = ()
                ) -> JobResult | None:
     rank = int(os.environ["RANK"])
+    exit_without_collecting()
     channel = channels.for_worker(rank)
     ctx: RankContext | None = None
     monitor: Monitor | None = None
