@@ -45,17 +45,24 @@ def test_every_op_obeys_nccl_tests_formulas(nproc):
         assert f["beta_gbps"] > 0 and f["alpha_us"] >= 0 and -1 <= f["r2"] <= 1
         assert f["n_half_bytes"] == pytest.approx(f["alpha_us"] * 1e-6 * f["beta_gbps"] * 1e9)
     assert all(c.status is Status.OK for c in report.checks)
-    # a call as training issues it: after 1 and 5 ms of compute, and back to back, per op the planner uses
+    # a call as training issues it: after 0.25, 1 and 5 ms of compute, and back to back, per op the planner uses
     # (against the op's fit: an op whose 3-iteration sweep fitted no line has no row)
     calls = report.table("call_costs").rows
     assert [(r["op"], r["compute_s"], r["back_to_back"]) for r in calls] == [
         (op, c, b) for op in ("all_reduce", "all_gather", "reduce_scatter") if op in fits
-        for c, b in ((0.001, False), (0.005, False), (0.005, True))] and calls
+        for c, b in ((0.00025, False), (0.001, False), (0.005, False), (0.005, True))] and calls
     for r in calls:
         fit = fits[r["op"]]
         assert r["bytes"] in (65536, 65520) and r["call_us"] > 0  # 64 KiB, rounded to the ranks as the sweep is
         assert r["fit_us"] == pytest.approx(fit["alpha_us"] + r["bytes"] / (fit["beta_gbps"] * 1e3))
         assert r["overhead_us"] == pytest.approx(r["call_us"] - r["fit_us"])
+    # an all_reduce overlapped with ~5 ms of compute, sized to take about as long alone
+    (overlap,) = report.table("overlap_costs").rows
+    assert overlap["op"] == "all_reduce" and 16 * 2**10 <= overlap["bytes"] <= 64 * 2**20
+    assert 2_000 < overlap["compute_us"] < 50_000 and overlap["comm_us"] > 0
+    assert overlap["interference"] == pytest.approx(
+        (overlap["both_us"] - max(overlap["compute_us"], overlap["comm_us"]))
+        / min(overlap["compute_us"], overlap["comm_us"]))
     if nproc == 3:  # nccl-tests' own numbers for -b 1K float32 at 3 ranks, written out by hand
         first = {(r["op"], r["inplace"]): r for r in rows if r["bytes"] in (1024, 1008)}
         expected = {  # op: (count, bytes, busbw/algbw)

@@ -292,6 +292,43 @@ def test_step_costs_and_call_costs_enter_the_plan(tmp_path):
     assert plain.inputs.cost is None and plain.optimizer_time_s == 0 and plain.overhead_time_s == 0
 
 
+def test_overlap_interference_slows_what_overlaps_and_nothing_else(tmp_path, capsys):
+    """`comm bench`'s overlap probe (table overlap_costs): while a collective and compute run at
+    once each goes at 1/(1 + k); the probe's own arithmetic (B = max(T, C) + k min(T, C)) is what
+    the schedule gives back; a DDP step with overlapped buckets gets slower and says by how much,
+    one without overlap does not; a malformed row is one line, exit 2."""
+    from distval.plan.schedule import COMM, COMPUTE, Task, run
+
+    for compute, comm in ((5.0, 3.0), (2.0, 7.0)):
+        both = (Task("backward", COMPUTE, compute), Task("all_reduce", COMM, comm))
+        assert run(both, 0.4) == pytest.approx((max(compute, comm) + 0.4 * min(compute, comm), compute + 0.4 * min(
+            compute, comm) if comm < compute else compute * 1.4))
+    chain = (Task("forward", COMPUTE, 2.0), Task("bucket", COMM, 3.0, (0,)), Task("backward", COMPUTE, 1.0, (0,)))
+    assert run(chain, 0.0) == (5.0, 3.0) and run(chain, 1.0) == pytest.approx((6.0, 4.0))  # serial while both run
+
+    path = tmp_path / "bench.json"
+    write_bench(path, {"all_reduce": (150e-6, 1.2e9)})
+    plain = evaluate(PlanConfig(model="small", world_size=4, bucket_mb=4, calibration=str(path)))
+    doc = json.loads(path.read_text())
+    doc["tables"]["overlap_costs"] = {"name": "overlap_costs", "rows": [
+        {"op": "all_reduce", "bytes": 2**20, "compute_us": 5000.0, "comm_us": 4000.0, "both_us": 7000.0,
+         "interference": 0.75}]}
+    path.write_text(json.dumps(doc))
+    slowed = evaluate(PlanConfig(model="small", world_size=4, bucket_mb=4, calibration=str(path)))
+    assert slowed.inputs.calibration.interference == 0.75 and plain.interference_time_s == 0
+    assert slowed.interference_time_s > 0 and slowed.step_time_s > plain.step_time_s
+    assert slowed.step_time_s <= plain.step_time_no_overlap_s + slowed.interference_time_s + 1e-12
+    serial = evaluate(PlanConfig(model="small", world_size=4, bucket_mb=4, overlap=False, calibration=str(path)))
+    assert serial.interference_time_s == 0 and serial.step_time_s == pytest.approx(plain.step_time_no_overlap_s)
+    step = plan_json(capsys, tmp_path, "--model", "small", "--world", "4", "--bucket-mb", "4",
+                     "--calibration", str(path))["tables"]["step"]["rows"][0]
+    assert step["interference_time_s"] == pytest.approx(slowed.interference_time_s)
+    doc["tables"]["overlap_costs"]["rows"][0]["interference"] = "fast"
+    path.write_text(json.dumps(doc))
+    code, _, stderr = plan(capsys, "--model", "small", "--world", "2", "--calibration", str(path))
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "overlap_costs row needs" in stderr, stderr
+
+
 def test_compare_saves_its_step_costs_into_the_calibration_file(tmp_path, capsys):
     """What compare measured on one rank lands in the bench file, where `plan --calibration` finds it;
     a malformed step_costs table is one line, exit 2."""

@@ -52,10 +52,14 @@ FIT_COLUMNS = ["op", "dtype", "alpha_us", "beta_gbps", "r2", "n_half_bytes", "nu
 CALL_COLUMNS = ["op", "bytes", "compute_s", "back_to_back", "call_us", "fit_us", "overhead_us"]
 CALL_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # what training issues (the planner's ops)
 CALL_BYTES = 64 * 2**10
-CALL_COMPUTE_S = (0.001, 0.005)  # compute before each timed call, on every rank: the cost grows with it
+CALL_COMPUTE_S = (0.00025, 0.001, 0.005)  # compute before each timed call, on every rank: the cost grows with it
 CALL_ITERS = 12  # per op and compute time; the calibration pools the ops (36 calls a point)
 CALL_BURST = 4  # back to back: after the compute, one op untimed, then this many timed, per op
 COPY_BYTES = 64 * 2**20
+OVERLAP_COLUMNS = ["op", "bytes", "compute_us", "comm_us", "both_us", "interference"]
+OVERLAP_COMPUTE_S = 0.02  # the probe's compute: long enough that the scheduler's noise averages out
+OVERLAP_ITERS = 12  # repeats of compute alone, the all_reduce alone, and both (~1 s)
+OVERLAP_BYTES = (16 * 2**10, 64 * 2**20)  # the all_reduce's size is chosen in this range to take ~the compute's time
 
 
 # -- per-rank -------------------------------------------------------------------------------------
@@ -91,8 +95,10 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> dict[str, Any]:
     calls = [call_times(ctx, cfg, op, dtype, compute_s, burst) for op in CALL_OPS
              for compute_s, burst in [(c, 0) for c in CALL_COMPUTE_S] + [(CALL_COMPUTE_S[-1], CALL_BURST)]
              if cfg.call_cost and op in cfg.ops and op not in skipped and ctx.world_size >= OP_SPECS[op].min_ranks]
+    overlap = overlap_times(ctx, dtype) if cfg.call_cost and "all_reduce" in cfg.ops and "all_reduce" not in skipped \
+        else None
     return {"rows": rows, "skipped": skipped, "copy_gbps": copy_gbps, "timing": cfg.describe(ctx.device),
-            "calls": calls}
+            "calls": calls, "overlap": overlap}
 
 
 def call_times(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, compute_s: float,
@@ -103,7 +109,9 @@ def call_times(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, 
     ranks outnumber cores the last rank's compute ends later the longer it is: what the α of the
     sweep does not hold. With `burst`, the op right after the compute is untimed and the `burst`
     ops issued back to back after it are timed (per op): a per-tensor strategy's calls after
-    backward. Seconds per call, max over ranks."""
+    backward. Seconds per call, the mean over ranks: a rank's call holds its wait for the slowest
+    rank's compute, and the mean of those waits is what a step pays beyond the mean rank's compute
+    (the max would count the slowest rank's lead again on top of the compute the plan predicts)."""
     coll = Collective(ctx.comm, op, dtype, count_for_bytes(op, CALL_BYTES, dtype.itemsize, ctx.world_size),
                       ctx.device, redop=cfg.redop, root=cfg.root, inplace=inplace_variants(op)[0])
     coll.fill(seed=1)
@@ -123,9 +131,57 @@ def call_times(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, 
         devices.synchronize(ctx.device)
         if i:
             times[i - 1] = (time.perf_counter() - start) / max(1, burst)
-    ctx.control_comm.all_reduce(times, "max")
+    ctx.control_comm.all_reduce(times, "sum")
+    times /= ctx.world_size
     return {"op": op, "bytes": coll.size_bytes, "compute_s": compute_s, "back_to_back": bool(burst),
             "times_s": times.tolist()}
+
+
+def overlap_times(ctx: RankContext, dtype: torch.dtype) -> dict[str, Any]:
+    """An all_reduce issued before compute and waited for after it, as DDP overlaps a bucket's
+    all_reduce with the rest of backward: per repeat the compute alone (T), the all_reduce alone
+    (C) and both (B, from the issue until both have ended), every rank at once after a barrier,
+    each the slowest rank's. Sized so C is about T. The interference k = (B - max(T, C)) / min(T, C)
+    is what the planner's schedule slows overlapped work by (0: perfect overlap, 1: no better than
+    one after the other); on a CPU host the backend's threads and the kernel's packet work take
+    cores from the compute."""
+    a = torch.randn(256, 256, device=ctx.device)
+
+    def timed(fn: Callable[[], Any]) -> float:
+        ctx.control_comm.barrier()
+        start = time.perf_counter()
+        fn()
+        devices.synchronize(ctx.device)
+        return time.perf_counter() - start
+
+    def compute(n: int) -> None:
+        x = a
+        for _ in range(n):
+            x = torch.tanh(x @ x)
+
+    timed(lambda: compute(4))  # warm up
+    per = torch.tensor([statistics.median(timed(lambda: compute(8)) for _ in range(5)) / 8], dtype=torch.float64)
+    ctx.control_comm.all_reduce(per, "max")  # every rank the same count (each timing is a barrier: never per rank)
+    n = max(1, round(OVERLAP_COMPUTE_S / per.item()))
+    elt = dtype.itemsize
+    buf = torch.zeros(OVERLAP_BYTES[0] // elt, dtype=dtype, device=ctx.device)
+    for _ in range(2):  # twice: the first sizing can land far off where α dominates
+        took = statistics.median(timed(lambda: ctx.comm.all_reduce(buf)) for _ in range(3))
+        want = torch.tensor([buf.numel() * elt * OVERLAP_COMPUTE_S / max(took, 1e-6)], dtype=torch.float64)
+        ctx.control_comm.all_reduce(want, "max")  # one size on every rank
+        size = int(min(max(want.item(), OVERLAP_BYTES[0]), OVERLAP_BYTES[1])) // elt * elt
+        buf = torch.zeros(size // elt, dtype=dtype, device=ctx.device)
+
+    def both() -> None:
+        work = ctx.comm.all_reduce(buf, async_op=True)
+        compute(n)
+        work.wait()
+
+    times = torch.tensor([[timed(lambda: compute(n)), timed(lambda: ctx.comm.all_reduce(buf)), timed(both)]
+                          for _ in range(OVERLAP_ITERS + 1)][1:], dtype=torch.float64)  # the first warms up
+    ctx.control_comm.all_reduce(times, "max")
+    return {"op": "all_reduce", "bytes": buf.numel() * elt, "compute_s": times[:, 0].tolist(),
+            "comm_s": times[:, 1].tolist(), "both_s": times[:, 2].tolist()}
 
 
 def _bench_one(
@@ -289,7 +345,7 @@ def call_table(per_rank: list[dict[str, Any]], fits: Table) -> Table | None:
     """Per op and compute time: the mean of a call issued after compute, the sweep's fit at that
     size, and the difference (the per-call cost training pays beyond the fit; the calibration
     averages it over the ops)."""
-    table = Table("call_costs", CALL_COLUMNS, title=f"one op after compute (mean of {CALL_ITERS}, max over ranks: "
+    table = Table("call_costs", CALL_COLUMNS, title=f"one op after compute (mean of {CALL_ITERS}, mean over ranks: "
                   "a step pays the sum) against the alpha-beta fit at its size", units={"bytes": "B", "compute_s": "s",
                                                                     "call_us": "us", "fit_us": "us",
                                                                     "overhead_us": "us"})
@@ -376,6 +432,21 @@ def csv_text(bench: Table) -> str:
     return buf.getvalue()
 
 
+def overlap_table(per_rank: list[dict[str, Any]]) -> Table | None:
+    """The overlap probe's medians and its interference (None when it did not run)."""
+    probe = per_rank[0].get("overlap")
+    if not probe:
+        return None
+    compute, comm, both = (statistics.median(probe[k]) for k in ("compute_s", "comm_s", "both_s"))
+    table = Table("overlap_costs", OVERLAP_COLUMNS,
+                  title=f"an all_reduce overlapped with compute (median of {OVERLAP_ITERS}, max over ranks): "
+                  "interference = (both - max(compute, comm)) / min(compute, comm); 0 hides it fully, 1 not at all",
+                  units={"bytes": "B", "compute_us": "us", "comm_us": "us", "both_us": "us"})
+    table.add(op=probe["op"], bytes=probe["bytes"], compute_us=compute * 1e6, comm_us=comm * 1e6, both_us=both * 1e6,
+              interference=(both - max(compute, comm)) / min(compute, comm))
+    return table
+
+
 def build_report(job: JobResult, cfg: BenchConfig) -> Report:
     bench, fits, copy_gbps = build_tables(job.results, cfg)
     report = Report(
@@ -390,7 +461,5 @@ def build_report(job: JobResult, cfg: BenchConfig) -> Report:
     )
     report.checks = bench_checks(bench, fits, cfg, job.world_size, copy_gbps, job.results[0]["skipped"])
     report.tables += [bench, fits]
-    calls = call_table(job.results, fits)
-    if calls is not None:
-        report.tables.append(calls)
+    report.tables += [t for t in (call_table(job.results, fits), overlap_table(job.results)) if t is not None]
     return report

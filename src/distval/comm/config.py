@@ -114,7 +114,8 @@ class BenchConfig:
     bursts: int = knob(5, "--bursts", help="Burst timing: timed bursts per size.")
     call_cost: bool = knob(True, "--call-cost/--no-call-cost", help="Also time all_reduce, all_gather and "
                            "reduce_scatter of 64 KiB as training issues them, one after a few ms of compute (table "
-                           "call_costs: the per-call cost `distval plan --calibration` adds).")
+                           "call_costs: the per-call cost `distval plan --calibration` adds), and an all_reduce "
+                           "overlapped with compute (table overlap_costs: how much overlap slows both).")
 
     def __post_init__(self) -> None:
         ops = expand_all(self.ops, BENCH_OPS)

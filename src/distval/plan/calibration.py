@@ -97,6 +97,8 @@ class Calibration:
     # what a call issued after c seconds of compute costs beyond the fit (table call_costs): (c, s) points
     call_overhead: tuple[tuple[float, float], ...] = ()
     burst_overhead_s: float = 0.0  # what a call issued right after another one costs beyond the fit
+    # how much a collective and compute that overlap slow each other (table overlap_costs): 0 none, 1 serial
+    interference: float = 0.0
 
     def call_cost(self, compute_s: float | None) -> float:
         """After `compute_s` of compute: from the back-to-back figure at none, linear through the
@@ -135,6 +137,8 @@ class Calibration:
         if self.call_overhead or self.burst_overhead_s:
             after = ", ".join(f"{y * 1e6:.0f} µs after {c * 1e3:g} ms of compute" for c, y in self.call_overhead)
             parts.append(f"per call {after or 'none after compute'}, {self.burst_overhead_s * 1e6:.0f} µs back to back")
+        if self.interference:
+            parts.append(f"overlap interference {self.interference:.2f}")
         if self.costs:
             parts.append("step costs of " + ", ".join(c.strategy for c in self.costs))
         return (
@@ -174,7 +178,7 @@ def _load(path: str, _mtime_ns: int, _size: int) -> Calibration:
         raise ValueError(f"{flag}: meta.world_size is {world!r}; a calibration needs a bench of at least 2 ranks")
     fits = _fits(doc, flag)
     return Calibration(path, world, str(meta.get("backend", "unknown")), _scope(meta.get("hosts")), fits,
-                       _costs(doc, flag), *_call_overhead(doc, flag))
+                       _costs(doc, flag), *_call_overhead(doc, flag), _interference(doc, flag))
 
 
 def _fits(doc: dict, flag: str) -> dict[str, Fit]:
@@ -254,6 +258,22 @@ def _call_overhead(doc: dict, flag: str) -> tuple[tuple[tuple[float, float], ...
         (burst if row.get("back_to_back") else by_compute.setdefault(compute, [])).append(value * 1e-6)
     return (tuple(sorted((c, max(0.0, statistics.fmean(v))) for c, v in by_compute.items())),
             max(0.0, statistics.fmean(burst)) if burst else 0.0)
+
+
+INTERFERENCE_MAX = 2.0  # beyond it a probe of two noisy medians says more about the noise than the host
+
+
+def _interference(doc: dict, flag: str) -> float:
+    """`comm bench`'s overlap probe (table overlap_costs): how much an overlapped all_reduce and
+    compute slow each other, clamped to [0, INTERFERENCE_MAX]; 0 without the table."""
+    table = doc["tables"].get("overlap_costs")
+    rows = table.get("rows") if isinstance(table, dict) else None
+    if not rows:
+        return 0.0
+    value = rows[0].get("interference") if isinstance(rows, list) and isinstance(rows[0], dict) else None
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{flag}: the overlap_costs row needs a number interference (got {value!r})")
+    return min(max(0.0, float(value)), INTERFERENCE_MAX)
 
 
 def _scope(hosts) -> str:

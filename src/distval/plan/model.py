@@ -209,6 +209,8 @@ class StepResult:
     model_flops_per_step: float | None
     overhead_time_s: float = 0.0  # of compute_time_s: the strategy's own cost, all micro-batches (measured)
     optimizer_time_s: float = 0.0  # of compute_time_s: the optimizer phase (measured)
+    # beyond compute_time_s: what overlapped collectives slow the compute by (the measured interference)
+    interference_time_s: float = 0.0
 
     @property
     def comm_compute_ratio(self) -> float | None:
@@ -225,7 +227,7 @@ class StepResult:
         """The share of the step spent waiting for communication (not hidden behind compute)."""
         if not self.step_time_s or self.compute_time_s is None:
             return None
-        return max(0.0, self.step_time_s - self.compute_time_s) / self.step_time_s
+        return max(0.0, self.step_time_s - self.compute_time_s - self.interference_time_s) / self.step_time_s
 
     @property
     def mfu(self) -> float | None:
@@ -245,6 +247,8 @@ def evaluate(cfg: PlanConfig, inputs: Inputs | None = None) -> StepResult:
     both = comm is not None and compute is not None
     per_token = flops_per_token(inp.model)
     tokens = inp.global_batch * inp.model.seq_len if inp.model.seq_len else None
+    interference = inp.calibration.interference if inp.calibration is not None else 0.0
+    busy = schedule.compute_busy(phases, inp.cfg.overlap, interference)
     return StepResult(
         inp,
         phases,
@@ -252,9 +256,10 @@ def evaluate(cfg: PlanConfig, inputs: Inputs | None = None) -> StepResult:
         compute,
         comm + compute if both else None,
         max(comm, compute) if both else None,
-        schedule.step_time(phases, inp.cfg.overlap),
+        schedule.step_time(phases, inp.cfg.overlap, interference),
         tokens,
         per_token * tokens if per_token is not None else None,
         overhead * inp.grad_accum,
         optimizer,
+        max(0.0, busy - compute) if interference and busy is not None and compute is not None else 0.0,
     )

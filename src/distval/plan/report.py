@@ -27,7 +27,8 @@ COLLECTIVE_COLUMNS = [
     "time_s",
     "source",
 ]
-STEP_COLUMNS = ["comm_time_s", "compute_time_s", "overhead_time_s", "optimizer_time_s", "step_time_no_overlap_s",
+STEP_COLUMNS = ["comm_time_s", "compute_time_s", "overhead_time_s", "optimizer_time_s", "interference_time_s",
+                "step_time_no_overlap_s",
                 "step_time_overlap_s", "comm_compute_ratio", "step_time_s", "comm_share", "tokens_per_step",
                 "tokens_per_s", "mfu"]
 MEMORY_COLUMNS = [
@@ -95,7 +96,8 @@ def collectives_rows(result: StepResult) -> list[dict]:
 def step_row(result: StepResult) -> dict:
     return {"comm_time_s": result.comm_time_s, "compute_time_s": result.compute_time_s,
             "overhead_time_s": result.overhead_time_s, "optimizer_time_s": result.optimizer_time_s,
-            "step_time_no_overlap_s": result.step_time_no_overlap_s, "step_time_overlap_s": result.step_time_overlap_s,
+            "interference_time_s": result.interference_time_s, "step_time_no_overlap_s": result.step_time_no_overlap_s,
+            "step_time_overlap_s": result.step_time_overlap_s,
             "comm_compute_ratio": result.comm_compute_ratio, "step_time_s": result.step_time_s,
             "comm_share": result.comm_share, "tokens_per_step": result.tokens_per_step,
             "tokens_per_s": result.tokens_per_s, "mfu": result.mfu}
@@ -350,6 +352,7 @@ _STEP_LABELS = {
     "compute_time_s": "compute",
     "overhead_time_s": "  of which the strategy's own cost",
     "optimizer_time_s": "  of which the optimizer step",
+    "interference_time_s": "compute lost to overlapped communication",
     "step_time_no_overlap_s": "step, no overlap",
     "step_time_overlap_s": "step, perfect overlap",
     "step_time_s": "step, estimate",

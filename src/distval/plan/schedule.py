@@ -7,7 +7,9 @@ all-reduce starts when backward has produced the bucket and runs while backward 
 ZeRO-3 gathers the next unit's parameters while this unit computes (one unit of prefetch).
 
     serial(tasks)    = Σ durations                   (no overlap: the upper bound)
-    makespan(tasks)  = end of the last task          (overlap as the dependencies allow)
+    makespan(tasks)  = end of the last task          (overlap as the dependencies allow, each of a
+                                                      compute task and a collective that overlap
+                                                      slowed by the measured interference)
     max(Σ compute, Σ comm)                           (perfect overlap: the lower bound)
 
 A step is a list of phases (repeat, tasks): micro-batches that are scheduled alike. Phases run one
@@ -48,24 +50,59 @@ def total(phases: list[Phase], stream: str) -> float | None:
     return sum(r * d for r, d in values)
 
 
-def makespan(tasks: tuple[Task, ...]) -> float | None:
+def run(tasks: tuple[Task, ...], interference: float = 0.0) -> tuple[float, float] | None:
+    """(makespan, the compute stream's busy seconds) of one phase. While a compute task and a
+    collective run at once each goes at 1/(1 + interference) of its own speed: 0 is perfect
+    overlap, 1 as slow as running them one after the other. On a CPU host the backend's threads
+    and the kernel's packet work take cores from the compute (`comm bench`'s overlap probe measures
+    it); on a GPU, NCCL's kernels take SMs. None when a duration is unknown."""
     if any(t.duration_s is None for t in tasks):
         return None
-    free = {COMPUTE: 0.0, COMM: 0.0}
-    end: list[float] = []
-    for i, t in enumerate(tasks):
-        assert all(d < i for d in t.deps), f"task {t.label} depends on a later task"
-        start = max([free[t.stream]] + [end[d] for d in t.deps])
-        end.append(start + t.duration_s)
-        free[t.stream] = end[-1]
-    return max(end, default=0.0)
+    slow = 1.0 + max(0.0, interference)
+    end: list[float | None] = [None] * len(tasks)
+    waiting = {s: [i for i, t in enumerate(tasks) if t.stream == s] for s in (COMPUTE, COMM)}
+    running: dict[str, list] = {}  # stream -> [task index, work left in seconds at full speed]
+    now = busy = 0.0
+    while any(waiting.values()) or running:
+        for stream, queue in waiting.items():
+            if stream not in running and queue:
+                t = tasks[queue[0]]
+                assert all(d < queue[0] for d in t.deps), f"task {t.label} depends on a later task"
+                if all(end[d] is not None for d in t.deps):
+                    running[stream] = [queue.pop(0), t.duration_s]
+        # the lowest unfinished task's dependencies have all ended: something always runs
+        speed = 1.0 / slow if len(running) == 2 else 1.0
+        dt = min(left for _, left in running.values()) / speed
+        now += dt
+        busy += dt if COMPUTE in running else 0.0
+        for stream, task in list(running.items()):
+            task[1] -= dt * speed
+            if task[1] <= 1e-12:
+                end[task[0]] = now
+                del running[stream]
+    return now, busy
 
 
-def step_time(phases: list[Phase], overlap: bool) -> float | None:
+def makespan(tasks: tuple[Task, ...], interference: float = 0.0) -> float | None:
+    done = run(tasks, interference)
+    return None if done is None else done[0]
+
+
+def step_time(phases: list[Phase], overlap: bool, interference: float = 0.0) -> float | None:
     if not overlap:
         comm, compute = total(phases, COMM), total(phases, COMPUTE)
         return None if comm is None or compute is None else comm + compute
-    spans = [makespan(p.tasks) for p in phases]
+    spans = [makespan(p.tasks, interference) for p in phases]
     if any(s is None for s in spans):
         return None
     return sum(p.repeat * s for p, s in zip(phases, spans))
+
+
+def compute_busy(phases: list[Phase], overlap: bool, interference: float = 0.0) -> float | None:
+    """The compute stream's seconds in a step: its tasks, stretched where collectives overlap them."""
+    if not overlap:
+        return total(phases, COMPUTE)
+    runs = [run(p.tasks, interference) for p in phases]
+    if any(r is None for r in runs):
+        return None
+    return sum(p.repeat * r[1] for p, r in zip(phases, runs))

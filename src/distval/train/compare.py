@@ -31,6 +31,7 @@ from distval.launch import JobResult, LaunchOptions, planned_world_size
 from distval.launch.execute import execute
 from distval.plan import presets
 from distval.plan.calibration import STEP_COST_COLUMNS, StepCost, save_costs
+from distval.plan.schedule import COMM
 from distval.results import Check, Report, Status, Table
 from distval.stats import percentile
 from distval.trace.config import TraceConfig
@@ -62,6 +63,9 @@ COMPARE_COLUMNS = [
     "measured_split",
     "predicted_compute_s",
     "predicted_exposed_comm_s",
+    "measured_overlapped_comm_s",
+    "predicted_overlapped_comm_s",
+    "predicted_calls_per_step",
     "measured_optimizer_s",
     "predicted_optimizer_s",
     "predicted_overhead_s",
@@ -171,9 +175,13 @@ def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, cali
     step, compute = result.step_time_s, result.compute_time_s
     if step is None or compute is None:
         return {}
+    compute += result.interference_time_s  # what overlapped collectives slow forward+backward by
+    exposed = max(0.0, step - compute)
     return {"predicted_step_time_s": step, "predicted_compute_s": compute - result.optimizer_time_s,
             "predicted_optimizer_s": result.optimizer_time_s, "predicted_overhead_s": result.overhead_time_s,
-            "predicted_exposed_comm_s": max(0.0, step - compute)}
+            "predicted_exposed_comm_s": exposed,
+            "predicted_overlapped_comm_s": max(0.0, (result.comm_time_s or 0.0) - exposed),
+            "predicted_calls_per_step": sum(p.repeat for p in result.phases for t in p.tasks if t.stream == COMM)}
 
 
 CATEGORIES = {  # a category of the step: (measured column, predicted column)
@@ -348,10 +356,10 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
                                           result["device"]))
             row.update(predicted_memory(run_cfg, name, world))
         exposed = None
-        if run_cfg.trace.enabled:
-            exposed = add_trace(report, run_cfg, result["steps"], label=f" {label}")
-        if exposed is not None:  # the trace splits any strategy's step, torch's own collectives included
-            row.update(measured_split="trace", measured_exposed_comm_s=exposed,
+        traced = add_trace(report, run_cfg, result["steps"], label=f" {label}") if run_cfg.trace.enabled else None
+        if traced is not None:  # the trace splits any strategy's step, torch's own collectives included
+            exposed, overlapped = traced
+            row.update(measured_split="trace", measured_exposed_comm_s=exposed, measured_overlapped_comm_s=overlapped,
                        measured_compute_s=max(0.0, row["step_time_p50_s"] - exposed - row["measured_optimizer_s"]))
         predicted = prediction_check(label, row)
         table.add(**row)
@@ -434,6 +442,10 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
         "measured_split": None if uncounted else "harness",  # "trace" when a trace of the run splits it
         "predicted_compute_s": None,
         "predicted_exposed_comm_s": None,
+        # collectives in flight while the training thread went on (from each issue until its wait began)
+        "measured_overlapped_comm_s": None if uncounted else max(0.0, comm_time - blocked) / len(steps),
+        "predicted_overlapped_comm_s": None,
+        "predicted_calls_per_step": None,
         "measured_optimizer_s": statistics.median(s["optimizer_s"] for s in steps),
         "predicted_optimizer_s": None,
         "predicted_overhead_s": None,

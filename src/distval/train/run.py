@@ -75,10 +75,12 @@ def add_health(report: Report, result: dict[str, Any], cfg: TrainConfig) -> None
     report_health(report, result.get("health", []), result.get("health_ranks", []), cfg.health, replicas)
 
 
-def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]], label: str = "") -> float | None:
+def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]],
+              label: str = "") -> tuple[float, float] | None:
     """The analysis of the run's traces (trace/report.py): its breakdown table, and a check that
     its step times are the harness's (the traces mark the same region). Returns the exposed
-    communication and waiting per step (s, mean over ranks)."""
+    communication and waiting, and the communication overlapped with compute, per step (s, mean
+    over ranks)."""
     from distval.trace.report import analyze, harness_check
 
     traced = analyze([Path(cfg.trace.dir)])
@@ -94,5 +96,8 @@ def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]], lab
         breakdown.columns = ["run", *breakdown.columns]
         breakdown.rows = [{"run": label.strip() or cfg.strategy, **r} for r in breakdown.rows]
         report.tables.append(breakdown)
-    shares = [(r["comm_exposed"] + r["waiting_for_peers"]) / 100 * r["step_ms"] / 1e3 for r in breakdown.rows]
-    return statistics.fmean(shares) if shares else None
+    if not breakdown.rows:
+        return None
+    per_step = lambda *keys: statistics.fmean(sum(r[k] for k in keys) / 100 * r["step_ms"] / 1e3  # noqa: E731
+                                              for r in breakdown.rows)
+    return per_step("comm_exposed", "waiting_for_peers"), per_step("comm_overlapped")
