@@ -40,7 +40,9 @@ def test_quick_ladder_climbs_every_stage_and_the_plan_meets_the_measurement(tmp_
     # the bench's own report: the plan's calibration, and `distval plan --calibration` reads it too, with the
     # per-call cost the bench measured and the step costs compare measured on one rank
     saved = calibration.load(str(out / "bench.json"))
-    assert saved.fits["all_reduce"].beta_bytes_per_s > 0 and [c for c, _ in saved.call_overhead] == [0.001, 0.005]
+    assert saved.fits["all_reduce"].beta_bytes_per_s > 0 and [c for c, _ in saved.call_overhead] == [0.00025, 0.001,
+                                                                                                      0.005]
+    assert 0 <= saved.interference <= 2 and doc["tables"]["overlap_costs"]["rows"][0]["both_us"] > 0
     assert [c.strategy for c in saved.costs] == ["pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2"]
     assert all(0 < c.mfu <= 1 and c.optimizer_s > 0 and c.units == 3 for c in saved.costs)
     rows = {r["strategy"]: r for r in doc["tables"]["strategies"]["rows"]}
@@ -50,6 +52,8 @@ def test_quick_ladder_climbs_every_stage_and_the_plan_meets_the_measurement(tmp_
     for name, row in rows.items():  # compute at the reference's measured rate plus the fitted comm
         assert row["max_rel_param_diff"] <= 1e-5, name
         assert 0.2 < row["predicted_step_time_s"] / row["step_time_p50_s"] < 5, (name, row)
+        if row["comm_calls_per_step"] is not None:  # the plan issues the collectives the strategy issued
+            assert row["predicted_calls_per_step"] == row["comm_calls_per_step"], (name, row)
         inside = 0.67 <= row["prediction_ratio"] <= 1.5  # the check follows the ratio, and names the category
         assert (predictions[name]["status"] == "OK") == inside and (row["prediction_miss"] is None) == inside, row
     assert {r["rank"] for r in doc["tables"]["trace_breakdown"]["rows"]} == {0, 1}

@@ -98,6 +98,8 @@ def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]],
         report.tables.append(breakdown)
     if not breakdown.rows:
         return None
-    per_step = lambda *keys: statistics.fmean(sum(r[k] for k in keys) / 100 * r["step_ms"] / 1e3  # noqa: E731
-                                              for r in breakdown.rows)
+
+    def per_step(*shares: str) -> float:  # the rows give shares of the step in percent
+        return statistics.fmean(sum(r[k] for k in shares) / 100 * r["step_ms"] / 1e3 for r in breakdown.rows)
+
     return per_step("comm_exposed", "waiting_for_peers"), per_step("comm_overlapped")
