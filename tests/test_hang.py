@@ -172,6 +172,33 @@ def test_a_certain_hang_is_declared_once_when_progress_stops(clock):
     assert "it skipped a collective" in fired[0].verdict and not said
 
 
+def test_ranks_that_move_on_while_their_stacks_are_taken_are_not_hung(clock, monkeypatch):
+    """Starved of CPU (many jobs on few cores) a rank's heartbeat can lag its progress by seconds:
+    what looked like every rank waiting in one collective (a "network" hang, certain) is dropped
+    when the heartbeats read after the diagnosis show progress; a job that stays still is declared."""
+    import distval.health.hang as hang_module
+
+    fired = []
+    dog, reader = Watchdog(2, HangPolicy(floor_s=3.0), fired.append), _Reader()
+    _progressing(dog, reader, clock)
+    reader.beats = {0: beat(11, 10, pending(11)), 1: beat(11, 10, pending(11))}  # both in all_reduce #11
+    dog.tick(reader)
+    diagnose = hang_module.diagnose_hang
+
+    def moved_on(beats, stalled):  # the heartbeats catch up while the stacks are taken
+        found = diagnose(beats, stalled, with_stacks=False)
+        reader.beats = {0: beat(12, 11), 1: beat(12, 11)}
+        return found
+
+    monkeypatch.setattr(hang_module, "diagnose_hang", moved_on)
+    _ticks(dog, reader, clock, 5.0)
+    assert not fired
+    monkeypatch.setattr(hang_module, "diagnose_hang", lambda beats, stalled: diagnose(beats, stalled, False))
+    reader.beats = {0: beat(13, 12, pending(13)), 1: beat(13, 12, pending(13))}
+    _ticks(dog, reader, clock, 5.0)
+    assert len(fired) == 1 and fired[0].kind == "network" and fired[0].certain
+
+
 def test_a_watchdog_that_came_late_takes_stepping_ranks_for_a_running_loop(clock):
     """Under load the watchdog may first read the heartbeats after every rank stepped and one
     went wrong (here skipped a collective), and see no change after: the steps (not a measured

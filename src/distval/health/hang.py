@@ -453,7 +453,7 @@ class Watchdog:
         if self._mismatch(beats, reader):
             self.on_hang(self.hang)
             return
-        progress = {r: (b["groups"], b.get("step")) for r, b in beats.items() if b}
+        progress = _progress(beats)
         # learning starts once every rank's process group is up: start-up (imports, rendezvous,
         # data loading) is not a gap between steps
         ready = len(progress) == self.world_size and all(groups for groups, _ in progress.values())
@@ -485,6 +485,8 @@ class Watchdog:
             if b and statuses.get(r):
                 b.update(status=statuses[r].get("status", b["status"]), step=statuses[r].get("step", b["step"]))
         hang = diagnose_hang(beats, stalled)
+        if _progress(reader.all(self.world_size, HEARTBEAT)) != progress:
+            return  # the ranks moved on while their stacks were taken: starved of CPU (a stale heartbeat), not hung
         if hang.kind not in ("stopped", "dead") and compiling(hang) and stalled < self.policy.busy_s:
             self._compiling_until = self._looked = now + COMPILE_RECHECK_S  # real work: look again later
             return
@@ -584,6 +586,11 @@ class Watchdog:
             self._pause_ended(time.monotonic())
         if self.hang is None and self._reader is not None:
             self._mismatch(self._reader.all(self.world_size, HEARTBEAT), self._reader)
+
+
+def _progress(beats: dict[int, dict[str, Any] | None]) -> dict[int, tuple]:
+    """What counts as progress in the heartbeats: each rank's collectives per group and its step."""
+    return {r: (b["groups"], b.get("step")) for r, b in beats.items() if b}
 
 
 def stop_ranks(hang: Hang, grace_s: float = 2.0) -> None:
