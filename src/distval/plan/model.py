@@ -248,7 +248,8 @@ def evaluate(cfg: PlanConfig, inputs: Inputs | None = None) -> StepResult:
     per_token = flops_per_token(inp.model)
     tokens = inp.global_batch * inp.model.seq_len if inp.model.seq_len else None
     interference = inp.calibration.interference if inp.calibration is not None else 0.0
-    busy = schedule.compute_busy(phases, inp.cfg.overlap, interference)
+    timed = schedule.step_time(phases, inp.cfg.overlap, interference)
+    step, busy = timed if timed is not None else (None, None)
     return StepResult(
         inp,
         phases,
@@ -256,7 +257,7 @@ def evaluate(cfg: PlanConfig, inputs: Inputs | None = None) -> StepResult:
         compute,
         comm + compute if both else None,
         max(comm, compute) if both else None,
-        schedule.step_time(phases, inp.cfg.overlap, interference),
+        step,
         tokens,
         per_token * tokens if per_token is not None else None,
         overhead * inp.grad_accum,

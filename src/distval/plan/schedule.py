@@ -7,7 +7,7 @@ all-reduce starts when backward has produced the bucket and runs while backward 
 ZeRO-3 gathers the next unit's parameters while this unit computes (one unit of prefetch).
 
     serial(tasks)    = Σ durations                   (no overlap: the upper bound)
-    makespan(tasks)  = end of the last task          (overlap as the dependencies allow, each of a
+    run(tasks)       = end of the last task          (overlap as the dependencies allow, each of a
                                                       compute task and a collective that overlap
                                                       slowed by the measured interference)
     max(Σ compute, Σ comm)                           (perfect overlap: the lower bound)
@@ -83,26 +83,13 @@ def run(tasks: tuple[Task, ...], interference: float = 0.0) -> tuple[float, floa
     return now, busy
 
 
-def makespan(tasks: tuple[Task, ...], interference: float = 0.0) -> float | None:
-    done = run(tasks, interference)
-    return None if done is None else done[0]
-
-
-def step_time(phases: list[Phase], overlap: bool, interference: float = 0.0) -> float | None:
+def step_time(phases: list[Phase], overlap: bool, interference: float = 0.0) -> tuple[float, float] | None:
+    """(step seconds, the compute stream's busy seconds): with overlap each phase's schedule (its
+    compute stretched where collectives overlap it), without it Σ comm + Σ compute."""
     if not overlap:
         comm, compute = total(phases, COMM), total(phases, COMPUTE)
-        return None if comm is None or compute is None else comm + compute
-    spans = [makespan(p.tasks, interference) for p in phases]
-    if any(s is None for s in spans):
-        return None
-    return sum(p.repeat * s for p, s in zip(phases, spans))
-
-
-def compute_busy(phases: list[Phase], overlap: bool, interference: float = 0.0) -> float | None:
-    """The compute stream's seconds in a step: its tasks, stretched where collectives overlap them."""
-    if not overlap:
-        return total(phases, COMPUTE)
+        return None if comm is None or compute is None else (comm + compute, compute)
     runs = [run(p.tasks, interference) for p in phases]
     if any(r is None for r in runs):
         return None
-    return sum(p.repeat * r[1] for p, r in zip(phases, runs))
+    return sum(p.repeat * r[0] for p, r in zip(phases, runs)), sum(p.repeat * r[1] for p, r in zip(phases, runs))
