@@ -438,7 +438,8 @@ def test_a_train_hang_is_named_with_the_culprit(train_runs, name):
     culprit = int(fault.split("rank=")[1].split(",")[0])
     assert check["where"]["rank"] == culprit and check["details"]["hang"] == kind, (name, check["summary"])
     assert words in check["summary"], (name, check["summary"])
-    assert check["details"]["diagnosed_s"] < 15, (name, check["details"]["diagnosed_s"])
+    # 9-10 s alone; up to 15.6 seen with the five jobs sharing 2 cores
+    assert check["details"]["diagnosed_s"] < 20, (name, check["details"]["diagnosed_s"])
     assert check["details"]["stacks"].get(str(culprit)), (name, check["details"]["stacks_note"])
     assert "distval: hang after" in text  # the verdict on the terminal at once, before the teardown
     if name == "spin":
@@ -525,7 +526,11 @@ def _launch(tmp_path: Path, name: str, nproc: str, *script_args: str) -> tuple[i
         env = {"DISTVAL_FAULT": "step=25,rank=1,action=stop"}
     else:
         target, env = [str(tmp_path / "ddp_script.py"), *script_args], {}
-    res = run_cli("launch", "--nproc", nproc, "--hang-after", "3s", "--json", str(out), *target, env=env,
+    # 3 s learns from the gaps: fine for a script's steps; distval train's heartbeats, published from
+    # a thread, can lag a second or more when 14 ranks share 2 cores (a stopped rank is named at the
+    # floor either way)
+    after = "6s" if name == "module" else "3s"
+    res = run_cli("launch", "--nproc", nproc, "--hang-after", after, "--json", str(out), *target, env=env,
                   timeout=180)
     return res.returncode, out, res.stdout + res.stderr
 
