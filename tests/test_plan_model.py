@@ -12,7 +12,7 @@ from distval.plan.levers import accumulation_lever, at_world, lever_rows, scalin
 from distval.plan.memory import activations, block_bytes_per_token, model_states
 from distval.plan.network import Link, Network
 from distval.plan.report import collectives_rows
-from distval.plan.steps import powersgd_ratio
+from distval.plan.steps import MIB, buckets, powersgd_ratio
 
 H100 = {"device": "H100"}  # a datasheet peak: no measurement, deterministic
 
@@ -162,6 +162,15 @@ def test_traffic_zero12_equal_ddp_zero3_is_three_psi():
     assert _sent("ddp", grad_accum=4) == pytest.approx(ddp)
     assert _sent("zero2", grad_accum=4) == pytest.approx((n - 1) / n * psi * 2 * (4 + 1))
     assert _sent("zero3", grad_accum=4) == pytest.approx(4 * 1.5 * ddp)
+
+
+def test_a_total_of_whole_buckets_is_that_many_calls():
+    # compare plans a per-tensor strategy as buckets of the mean tensor: n tensors must be n calls, not n + 1
+    for num_params, tensors in [(115008, 20), (12_600_000, 148), (7, 3), (1_000_003, 97)]:
+        total = num_params * 4
+        sizes = buckets(total, total / tensors, min(MIB, total / tensors))
+        assert len(sizes) == tensors and sum(sizes) == pytest.approx(total)
+    assert buckets(10.0, 4.0) == [4.0, 4.0, 2.0] and buckets(10.0, 4.0, 1.0) == [1.0, 4.0, 4.0, 1.0]
 
 
 def test_powersgd_ratio_by_hand():
