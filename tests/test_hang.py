@@ -175,7 +175,8 @@ def test_a_certain_hang_is_declared_once_when_progress_stops(clock):
 def test_ranks_that_move_on_while_their_stacks_are_taken_are_not_hung(clock, monkeypatch):
     """Starved of CPU (many jobs on few cores) a rank's heartbeat can lag its progress by seconds:
     what looked like every rank waiting in one collective (a "network" hang, certain) is dropped
-    when the heartbeats read after the diagnosis show progress; a job that stays still is declared."""
+    when the heartbeats read after the diagnosis show progress, or when they do before a second
+    look confirms it; a job that stays still is declared."""
     import distval.health.hang as hang_module
 
     fired = []
@@ -193,10 +194,24 @@ def test_ranks_that_move_on_while_their_stacks_are_taken_are_not_hung(clock, mon
     monkeypatch.setattr(hang_module, "diagnose_hang", moved_on)
     _ticks(dog, reader, clock, 5.0)
     assert not fired
+    # stale through the stacks too, caught up 2 s later: the verdict that nothing but heartbeats
+    # proves is looked at once more, LOOK_EVERY_S (3 s) after the first, before it ends the job
     monkeypatch.setattr(hang_module, "diagnose_hang", lambda beats, stalled: diagnose(beats, stalled, False))
+    dog = Watchdog(2, HangPolicy(floor_s=3.0), fired.append)
+    _progressing(dog, reader, clock)
+    reader.beats = {0: beat(11, 10, pending(11)), 1: beat(11, 10, pending(11))}
+    _ticks(dog, reader, clock, 5.5)  # the first look at the 4 s threshold, the second due at 7
+    assert not fired
+    reader.beats = {0: beat(12, 11, pending(12)), 1: beat(12, 11, pending(12))}
+    _ticks(dog, reader, clock, 1.0)  # progress anew: the learned allowance is longer, the look to come dropped
+    _ticks(dog, reader, clock, 4.0)
+    assert not fired
     reader.beats = {0: beat(13, 12, pending(13)), 1: beat(13, 12, pending(13))}
-    _ticks(dog, reader, clock, 5.0)
+    _ticks(dog, reader, clock, 0.5)
+    first = dog.policy.threshold(list(dog.gaps), False)  # when the first look comes
+    _ticks(dog, reader, clock, first + 4.0)
     assert len(fired) == 1 and fired[0].kind == "network" and fired[0].certain
+    assert first + 3.0 <= fired[0].stalled_s < first + 3.5 and "(and still so 3 s later)" in fired[0].verdict
 
 
 def test_a_watchdog_that_came_late_takes_stepping_ranks_for_a_running_loop(clock):
@@ -322,9 +337,10 @@ def test_ranks_whose_script_returned_are_exiting_not_hung(clock):
         dog.tick(reader)
     assert not fired
     reader.statuses[1] = {"status": "running s.py"}
-    clock[0] += 1.0
-    dog.tick(reader)
-    assert len(fired) == 1
+    _ticks(dog, reader, clock, 1.0)  # both wait in one all_reduce (network): seen now, ended at a second look
+    assert not fired
+    _ticks(dog, reader, clock, 3.0)
+    assert len(fired) == 1 and fired[0].kind == "network"
 
 
 def test_a_size_mismatch_that_made_gloo_abort_a_rank_names_the_rank_that_skipped():
