@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from distval.ladder import STAGES, select
 from distval.plan import calibration, presets
 
@@ -47,6 +49,12 @@ def test_quick_ladder_climbs_every_stage_and_the_plan_meets_the_measurement(tmp_
     assert all(0 < c.mfu <= 1 and c.optimizer_s > 0 and c.units == 3 for c in saved.costs)
     rows = {r["strategy"]: r for r in doc["tables"]["strategies"]["rows"]}
     assert list(rows) == ["pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2"]
+    # the plan stage comes after compare and extrapolates from the model compare checked: its ddp step is
+    # compare's pytorch_ddp prediction
+    assert "compute at the" in ladder["plan"]["headline"] and "MFU and step costs compare measured" in \
+        ladder["plan"]["headline"], ladder["plan"]
+    planned = doc["tables"]["plan_step"]["rows"][0]["step_time_s"]
+    assert planned == pytest.approx(rows["pytorch_ddp"]["predicted_step_time_s"], rel=1e-6)
     predictions = {c["where"].get("strategy", c["name"].split()[1]): c for c in doc["checks"]
                    if c["name"].endswith(" prediction")}
     for name, row in rows.items():  # compute at the reference's measured rate plus the fitted comm

@@ -71,7 +71,7 @@ def realistic_report(num_ok: int = 40) -> Report:
     return report
 
 
-STAGES = ["doctor", "check", "bench", "plan", "compare", "drills", "trace", "health"]
+STAGES = ["doctor", "check", "bench", "compare", "plan", "drills", "trace", "health"]
 STAGE_STATUS = {"bench": "WARN", "compare": "FAIL"}
 HEADLINES = {"doctor": "2 ranks on 1 host, rendezvous 0.3 s", "check": "212 checks exact",
              "bench": "all_reduce plateau 1.9 GB/s", "plan": "zero2 predicted 41.0 ms/step",

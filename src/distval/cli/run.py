@@ -27,12 +27,12 @@ def run_cmd(
     values: dict, opts: LaunchOptions,
     quick: Annotated[bool, option("--quick", help="A smoke run (about 2 minutes here): fewer sizes, iterations and "
                                   "steps; every stage still there.")] = False,
-    only: Annotated[Optional[str], option("--only", help="Comma list of stages to run: doctor, check, bench, plan, "
-                                          "compare, drills, trace, health.")] = None,
+    only: Annotated[Optional[str], option("--only", help="Comma list of stages to run: doctor, check, bench, compare, "
+                                          "plan, drills, trace, health.")] = None,
     skip: Annotated[Optional[str], option("--skip", help="Comma list of stages to leave out.")] = None,
     json: JsonOut = None,
 ) -> int:
-    """The acceptance ladder: doctor, comm check, comm bench, plan, compare, drills, a traced run, its health."""
+    """The acceptance ladder: doctor, comm check, comm bench, compare, plan, drills, a traced run, its health."""
     from distval import ladder
 
     stages = ladder.select(split_list(only) if only else None, split_list(skip) if skip else None)

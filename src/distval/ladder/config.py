@@ -10,7 +10,7 @@ from distval.doctor.report import DoctorConfig
 from distval.knobs import knob
 from distval.plan import presets
 
-STAGES = ("doctor", "check", "bench", "plan", "compare", "drills", "trace", "health")
+STAGES = ("doctor", "check", "bench", "compare", "plan", "drills", "trace", "health")
 IN_JOB_A = ("doctor", "check", "bench")  # one set of workers for the three
 LOCAL_ONLY = ("compare", "drills")  # start local jobs of their own: not under an outer launcher
 COMPARE_STRATEGIES = ("pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2")

@@ -232,15 +232,18 @@ class Ladder:
         write_json(report, self.calibration)  # `distval plan --calibration` reads it too
         return _in_job(job, StageResult.of("bench", report.checks, report.tables, _bench_line(report)))
 
-    # -- plan, compare, drills ---------------------------------------------------------------------------
+    # -- compare, plan, drills ---------------------------------------------------------------------------
     def _plan(self) -> StageResult | None:
+        """After compare: the plan extrapolates from the model compare just checked (the bench's
+        α–β and per-call cost, the step costs and MFU compare measured on one rank, saved in
+        bench.json); without compare, at the assumed MFU."""
         if not self.reporter:
             return None
         from distval.plan import report as plan_report
         from distval.plan.config import PlanConfig
 
         plan = PlanConfig(model=self.cfg.model, micro_batch=2, world_size=self.world, device=_device_preset(),
-                          strategy="ddp", calibration=self.calibration)
+                          strategy="ddp", calibration=self.calibration)  # compare's micro-batch
         report = plan_report.build_report(plan)
         for t in report.tables:
             t.name = f"plan_{t.name}"
@@ -248,8 +251,11 @@ class Ladder:
         comm = (f"comm {step['comm_time_s'] * 1e3:.2f} ms per step with the measured α–β" if step["comm_time_s"]
                 is not None else "no link to plan the communication with (no bench ran)")
         total = f"step {step['step_time_s'] * 1e3:.2f} ms, " if step["step_time_s"] is not None else ""
-        line = (f"ddp on {self.world} ranks: {total}{comm}; compute at an assumed {plan.mfu:.0%} MFU (compare "
-                "measures it)")
+        mfu = next(r for r in report.table("plan_assumptions").rows if r["input"] == "MFU")
+        compute = (f"compute at the {mfu['value']:.0%} MFU and step costs compare measured"
+                   if mfu["source"].startswith("measured") else
+                   f"compute at an assumed {mfu['value']:.0%} MFU (the compare stage measures it)")
+        line = f"ddp on {self.world} ranks: {total}{comm}; {compute}"
         return StageResult.of("plan", report.checks, report.tables, line)
 
     def _compare(self) -> StageResult:
