@@ -53,7 +53,7 @@ CALL_COLUMNS = ["op", "bytes", "compute_s", "back_to_back", "call_us", "fit_us",
 CALL_OPS = ("all_reduce", "all_gather", "reduce_scatter")  # what training issues (the planner's ops)
 CALL_BYTES = 64 * 2**10
 CALL_COMPUTE_S = (0.00025, 0.001, 0.005)  # compute before each timed call, on every rank: the cost grows with it
-CALL_ITERS = 12  # per op and compute time; the calibration pools the ops (36 calls a point)
+CALL_ITERS = 20  # per op and compute time (the calibration corrects each op's fit with its own figures)
 CALL_BURST = 4  # back to back: after the compute, one op untimed, then this many timed, per op
 COPY_BYTES = 64 * 2**20
 OVERLAP_COLUMNS = ["op", "bytes", "compute_us", "comm_us", "both_us", "interference"]
@@ -343,8 +343,8 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
 
 def call_table(per_rank: list[dict[str, Any]], fits: Table) -> Table | None:
     """Per op and compute time: the mean of a call issued after compute, the sweep's fit at that
-    size, and the difference (the per-call cost training pays beyond the fit; the calibration
-    averages it over the ops)."""
+    size, and the difference (the per-call cost training pays beyond the fit, per op: negative
+    where the sweep's α, timed after a barrier, is above the op in training's rhythm)."""
     table = Table("call_costs", CALL_COLUMNS, title=f"one op after compute (mean of {CALL_ITERS}, mean over ranks: "
                   "a step pays the sum) against the alpha-beta fit at its size", units={"bytes": "B", "compute_s": "s",
                                                                     "call_us": "us", "fit_us": "us",

@@ -28,7 +28,7 @@ import json
 import math
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from distval.plan.network import PLAN_OPS, Link, from_fit
 from distval.results import SCHEMA
@@ -89,6 +89,34 @@ class StepCost:
 
 # which measured strategy stands for a plan model when several were measured: torch's own first
 _PREFERRED = ("pytorch_ddp", "fsdp2", "pytorch_zero1")
+ALL_OPS = "*"  # the call cost of an op the probe did not time: the mean over those it did
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """What one collective issued as training issues it costs beyond the α–β fit (`comm bench`'s
+    table call_costs): (seconds of compute before it, seconds) points, and the figure back to back
+    after another call. Per op it may be negative: where the sweep's α (each op timed after a
+    barrier) is above what the op takes in training's rhythm, the fit is corrected, not only
+    added to (a 3.4 ms all_reduce α in one bench of three, 0.4-0.6 in the others)."""
+    after: tuple[tuple[float, float], ...] = ()
+    back_to_back_s: float = 0.0
+
+    def at(self, compute_s: float | None) -> float:
+        """After `compute_s` of compute: from the back-to-back figure at none, linear through the
+        measured compute times, flat beyond the last (the cost is a wait for a core, a scheduler
+        slice at most: it does not grow without bound with the compute); None: back to back after
+        another call."""
+        if compute_s is None:
+            return self.back_to_back_s
+        points = ((0.0, self.back_to_back_s), *self.after)
+        for (c0, y0), (c1, y1) in zip(points, points[1:]):
+            if compute_s <= c1:
+                return y1 if c1 <= c0 else y0 + (y1 - y0) * max(0.0, compute_s - c0) / (c1 - c0)
+        return points[-1][1]
+
+    def describe(self) -> str:
+        return "/".join(f"{y * 1e6:.0f}" for _, y in (*self.after, (None, self.back_to_back_s)))
 
 
 @dataclass(frozen=True)
@@ -99,24 +127,16 @@ class Calibration:
     scope: str  # "intra", "inter" or "unknown"
     fits: dict[str, Fit]  # plan op -> fit
     costs: tuple[StepCost, ...] = ()  # table step_costs, when the file has one
-    # what a call issued after c seconds of compute costs beyond the fit (table call_costs): (c, s) points
-    call_overhead: tuple[tuple[float, float], ...] = ()
-    burst_overhead_s: float = 0.0  # what a call issued right after another one costs beyond the fit
+    # what a call issued after compute or back to back costs beyond the fit (table call_costs): per op,
+    # and under ALL_OPS the mean over the ops (at least 0) for an op the probe did not time
+    call_costs: dict[str, CallCost] = field(default_factory=dict)
     # how much a collective and compute that overlap slow each other (table overlap_costs): 0 none, 1 serial
     interference: float = 0.0
 
-    def call_cost(self, compute_s: float | None) -> float:
-        """After `compute_s` of compute: from the back-to-back figure at none, linear through the
-        measured compute times, flat beyond the last (the cost is a wait for a core, a scheduler
-        slice at most: it does not grow without bound with the compute); None: back to back after
-        another call."""
-        if compute_s is None:
-            return self.burst_overhead_s
-        points = ((0.0, self.burst_overhead_s), *self.call_overhead)
-        for (c0, y0), (c1, y1) in zip(points, points[1:]):
-            if compute_s <= c1:
-                return y1 if c1 <= c0 else y0 + (y1 - y0) * max(0.0, compute_s - c0) / (c1 - c0)
-        return points[-1][1]
+    def call_cost(self, compute_s: float | None, op: str = ALL_OPS) -> float:
+        """What `op` issued after `compute_s` of compute (None: back to back) costs beyond its fit."""
+        cost = self.call_costs.get(op) or self.call_costs.get(ALL_OPS)
+        return cost.at(compute_s) if cost is not None else 0.0
 
     def cost(self, plan_model: str, strategy: str | None = None) -> StepCost | None:
         """The step cost of `strategy` if measured, else of the plan model's preferred strategy."""
@@ -139,9 +159,11 @@ class Calibration:
         parts = [
             f"{op} α {f.alpha_s * 1e6:.1f} µs β {f.beta_bytes_per_s / 1e9:.3g} GB/s" for op, f in self.fits.items()
         ]
-        if self.call_overhead or self.burst_overhead_s:
-            after = ", ".join(f"{y * 1e6:.0f} µs after {c * 1e3:g} ms of compute" for c, y in self.call_overhead)
-            parts.append(f"per call {after or 'none after compute'}, {self.burst_overhead_s * 1e6:.0f} µs back to back")
+        timed = {op: c for op, c in self.call_costs.items() if op != ALL_OPS}
+        if timed:
+            after = ", ".join(f"{c * 1e3:g}" for c, _ in next(iter(timed.values())).after)
+            parts.append(f"per call beyond the fit after {after} ms of compute and back to back: "
+                         + ", ".join(f"{op} {c.describe()} µs" for op, c in timed.items()))
         if self.interference:
             parts.append(f"overlap interference {self.interference:.2f}")
         if self.costs:
@@ -183,7 +205,7 @@ def _load(path: str, _mtime_ns: int, _size: int) -> Calibration:
         raise ValueError(f"{flag}: meta.world_size is {world!r}; a calibration needs a bench of at least 2 ranks")
     fits = _fits(doc, flag)
     return Calibration(path, world, str(meta.get("backend", "unknown")), _scope(meta.get("hosts")), fits,
-                       _costs(doc, flag), *_call_overhead(doc, flag), _interference(doc, flag))
+                       _costs(doc, flag), _call_costs(doc, flag), _interference(doc, flag))
 
 
 def _fits(doc: dict, flag: str) -> dict[str, Fit]:
@@ -246,23 +268,26 @@ def _costs(doc: dict, flag: str) -> tuple[StepCost, ...]:
     return costs
 
 
-def _call_overhead(doc: dict, flag: str) -> tuple[tuple[tuple[float, float], ...], float]:
-    """What a collective issued after c seconds of compute costs beyond the α–β fit (`comm
-    bench`'s table call_costs): per compute time the mean over its ops (at least 0), one curve for every op
-    (what it measures is the host giving the backend's threads a core back and, where ranks
-    outnumber cores, the last rank's compute ending later, not the op)."""
+def _call_costs(doc: dict, flag: str) -> dict[str, CallCost]:
+    """What a collective issued after c seconds of compute, or back to back, costs beyond the α–β
+    fit (`comm bench`'s table call_costs): per op, and under ALL_OPS the mean over the ops, at
+    least 0 (it stands for ops whose own fit it never corrected)."""
     table = doc["tables"].get("call_costs")
     rows = table.get("rows") if isinstance(table, dict) else []
-    by_compute: dict[float, list[float]] = {}
-    burst: list[float] = []
+    points: dict[str, dict[float | None, list[float]]] = {}
     for row in rows if isinstance(rows, list) else []:
         value, compute = (row.get("overhead_us"), row.get("compute_s")) if isinstance(row, dict) else (None, None)
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (value, compute)) or compute < 0:
             raise ValueError(f"{flag}: a call_costs row needs a number overhead_us and compute_s >= 0 "
                              f"(got {value!r}, {compute!r})")
-        (burst if row.get("back_to_back") else by_compute.setdefault(compute, [])).append(value * 1e-6)
-    return (tuple(sorted((c, max(0.0, statistics.fmean(v))) for c, v in by_compute.items())),
-            max(0.0, statistics.fmean(burst)) if burst else 0.0)
+        for op in (str(row.get("op")), ALL_OPS):
+            points.setdefault(op, {}).setdefault(None if row.get("back_to_back") else compute, []).append(value * 1e-6)
+    def mean(op: str, values: list[float]) -> float:
+        return max(0.0, statistics.fmean(values)) if op == ALL_OPS else statistics.fmean(values)
+
+    return {op: CallCost(tuple(sorted((c, mean(op, v)) for c, v in by.items() if c is not None)),
+                         mean(op, by[None]) if None in by else 0.0)
+            for op, by in points.items()}
 
 
 INTERFERENCE_MAX = 2.0  # beyond it a probe of two noisy medians says more about the noise than the host

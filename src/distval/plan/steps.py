@@ -63,9 +63,9 @@ def comm_task(inp: "Inputs", label: str, op: str, size_bytes: float, deps: tuple
     """One collective with the calibration's measured per-call cost on top of α–β; `after`: the
     seconds of compute it is issued right after (None: back to back after another collective)."""
     seconds, algorithm, source = inp.network.time(op, size_bytes)
-    extra = inp.calibration.call_cost(after) if seconds and inp.calibration is not None else 0.0
-    if extra:
-        seconds, source = seconds + extra, f"{source} + per-call cost"
+    extra = inp.calibration.call_cost(after, op) if seconds and inp.calibration is not None else 0.0
+    if extra:  # negative where the probe found the op faster than its fit (never below nothing)
+        seconds, source = max(0.0, seconds + extra), f"{source} + per-call cost"
     sent = bus_factor(op, inp.world_size) * size_bytes if inp.world_size > 1 else 0.0
     return Task(label, COMM, seconds, deps, op, size_bytes, sent, algorithm, source)
 
