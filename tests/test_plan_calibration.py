@@ -306,6 +306,32 @@ def test_step_costs_and_call_costs_enter_the_plan(tmp_path):
     assert slow_flat.optimizer_time(12_587_904 / 2) == pytest.approx(0.0175)  # sharded: all of it shrinks
 
 
+def test_fsdp2s_predicted_optimizer_holds_the_norm_all_reduce_it_waits_for(tmp_path, monkeypatch):
+    """fsdp2's collectives are torch's own: the optimizer phase the harness times holds its wait for
+    the gradient norm's all_reduce, so compare's prediction puts that all_reduce (α + per-call cost of
+    4 bytes) in the optimizer category and out of the exposed communication; the step is the same. A
+    strategy whose collectives the layer times keeps it as communication."""
+    from distval import strategies
+    from distval.plan.steps import NORM_LABEL
+    from distval.train.compare import predicted_step
+    from distval.train.config import TrainConfig
+
+    path = tmp_path / "bench.json"
+    write_bench(path, {op: (300e-6, 1.0e9) for op in ("all_reduce", "all_gather", "reduce_scatter")})
+    _with_costs(path, [], CALLS)
+    cost = StepCost(**dict(COST, strategy="fsdp2", plan_model="fsdp"))
+    holds = predicted_step(TrainConfig(model="small"), "fsdp2", 2, cost, str(path), 20)
+    monkeypatch.setattr(strategies.REGISTRY["fsdp2"], "counts_all_comm", True)
+    timed = predicted_step(TrainConfig(model="small"), "fsdp2", 2, cost, str(path), 20)
+    result = evaluate(PlanConfig(model="small", world_size=2, strategy="fsdp", calibration=str(path)))
+    (norm,) = [t.duration_s for p in result.phases for t in p.tasks if t.label == NORM_LABEL]
+    assert norm == pytest.approx(300e-6 + 4 / 1e9 + 300e-6)  # α, 4 bytes, all_reduce's back-to-back per-call cost
+    assert holds["predicted_step_time_s"] == timed["predicted_step_time_s"]
+    assert holds["predicted_optimizer_s"] == pytest.approx(timed["predicted_optimizer_s"] + norm)
+    assert holds["predicted_exposed_comm_s"] == pytest.approx(timed["predicted_exposed_comm_s"] - norm)
+    assert holds["predicted_compute_s"] == timed["predicted_compute_s"]
+
+
 def test_overlap_interference_slows_what_overlaps_and_nothing_else(tmp_path, capsys):
     """`comm bench`'s overlap probe (table overlap_costs): while a collective and compute run at
     once each goes at 1/(1 + k); the probe's own arithmetic (B = max(T, C) + k min(T, C)) is what

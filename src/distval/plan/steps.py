@@ -117,6 +117,7 @@ def ddp(inp: "Inputs", fwd: float | None, bwd: float | None, optimizer: float) -
 
 
 NORM_BYTES = 4  # the global gradient norm of sharded gradients: one fp32 all_reduce
+NORM_LABEL = "grad norm all_reduce"
 
 
 def _optimizer(inp: "Inputs", tasks: list[Task], seconds: float) -> None:
@@ -125,7 +126,7 @@ def _optimizer(inp: "Inputs", tasks: list[Task], seconds: float) -> None:
     if inp.cfg.strategy != "ddp":
         # (after the norm's own little compute: the per-call cost at its shortest)
         deps = (len(tasks) - 1,) if tasks else ()
-        tasks.append(comm_task(inp, "grad norm all_reduce", "all_reduce", NORM_BYTES, deps))
+        tasks.append(comm_task(inp, NORM_LABEL, "all_reduce", NORM_BYTES, deps))
     tasks.append(Task("optimizer step", COMPUTE, seconds, (len(tasks) - 1,) if tasks else ()))
 
 
