@@ -282,6 +282,7 @@ def _call_costs(doc: dict, flag: str) -> dict[str, CallCost]:
                              f"(got {value!r}, {compute!r})")
         for op in (str(row.get("op")), ALL_OPS):
             points.setdefault(op, {}).setdefault(None if row.get("back_to_back") else compute, []).append(value * 1e-6)
+
     def mean(op: str, values: list[float]) -> float:
         return max(0.0, statistics.fmean(values)) if op == ALL_OPS else statistics.fmean(values)
 
