@@ -436,7 +436,7 @@ class Watchdog:
         self._ready = False
         self._running = False  # progress seen with every process group up: start-up is over
         self._compiling_until = 0.0
-        self._suspected = 0.0  # when every rank was last seen waiting in one collective, not yet confirmed
+        self._suspected: float | None = None  # when every rank was seen waiting in one collective, unconfirmed
         self._changed = time.monotonic()
         self._checked = 0.0
         self._compared: dict[int, Any] = {}
@@ -467,7 +467,7 @@ class Watchdog:
             elif ready and self._ready:
                 self.gaps.append(now - self._changed)
             self._running = self._running or (ready and self._progress is not None)
-            self._progress, self._changed, self._ready, self._suspected = progress, now, ready, 0.0
+            self._progress, self._changed, self._ready, self._suspected = progress, now, ready, None
         # the loop runs once every rank has stepped: a watchdog that came late (under load) may have
         # seen no change with every group up, and the steps say start-up is over all the same
         self._running = self._running or (ready and all((step or 0) >= 1 for _, step in progress.values()))
@@ -481,7 +481,7 @@ class Watchdog:
         if self.pause is not None and now - self._looked < LOOK_EVERY_S:
             self._pause_live(stalled)
             return
-        if self._suspected and now - self._suspected < LOOK_EVERY_S:
+        if self._suspected is not None and now - self._suspected < LOOK_EVERY_S:
             return
         statuses = reader.all(self.world_size, "status")  # written at once: fresher than a heartbeat
         if all((statuses.get(r) or {}).get("done") for r in range(self.world_size)):
@@ -495,10 +495,10 @@ class Watchdog:
         if hang.kind not in ("stopped", "dead") and compiling(hang) and stalled < self.policy.busy_s:
             self._compiling_until = self._looked = now + COMPILE_RECHECK_S  # real work: look again later
             return
-        if hang.kind == "network" and not self._suspected:
-            self._suspected = now  # no rank is behind: nothing proves it but the heartbeats; look once more
-            return
         if hang.kind == "network":
+            if self._suspected is None:
+                self._suspected = now  # no rank is behind: nothing proves it but the heartbeats; look once more
+                return
             hang.verdict += f" (and still so {now - self._suspected:.0f} s later)"
         if hang.certain:
             self._declare(hang)
