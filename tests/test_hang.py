@@ -454,8 +454,11 @@ def test_a_train_hang_is_named_with_the_culprit(train_runs, name):
     culprit = int(fault.split("rank=")[1].split(",")[0])
     assert check["where"]["rank"] == culprit and check["details"]["hang"] == kind, (name, check["summary"])
     assert words in check["summary"], (name, check["summary"])
-    # 9-10 s alone; up to 15.6 seen with the five jobs sharing 2 cores
-    assert check["details"]["diagnosed_s"] < 20, (name, check["details"]["diagnosed_s"])
+    # named at the watchdog's threshold, learned from the gaps between progress: 9-10 s alone, 15.6 and
+    # once 22.8 with the five jobs sharing 2 cores (their steps' gaps raise it); the stacks and the
+    # verdict take seconds beyond it
+    stalled, diagnosed = check["details"]["stalled_s"], check["details"]["diagnosed_s"]
+    assert stalled < 30 and diagnosed - stalled < 5, (name, stalled, diagnosed)
     assert check["details"]["stacks"].get(str(culprit)), (name, check["details"]["stacks_note"])
     assert "distval: hang after" in text  # the verdict on the terminal at once, before the teardown
     if name == "spin":
