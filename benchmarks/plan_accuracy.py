@@ -134,7 +134,8 @@ def table_lines(setting: str, model: str, runs: list[list[dict]]) -> tuple[list[
             values = [r[key] for r in rows if r.get(key) is not None]
             return statistics.median(values) if values else None
 
-        ratio = statistics.median(r["step_time_p50_s"] / r["predicted_step_time_s"] for r in rows)
+        ratios = [r["step_time_p50_s"] / r["predicted_step_time_s"] for r in rows]
+        ratio = statistics.median(ratios)
         errors = {label: abs(med(m) - med(pr)) for label, m, pr in CATEGORIES
                   if med(m) is not None and med(pr) is not None}
         if med("measured_compute_s") is None:  # fsdp2: forward+backward and its collectives are one figure
@@ -145,8 +146,8 @@ def table_lines(setting: str, model: str, runs: list[list[dict]]) -> tuple[list[
         cats = " | ".join(f"{ms(med(m))} / {ms(med(pr))}" for _, m, pr in CATEGORIES)
         mark = "" if ok else "**"
         lines.append(f"| {setting} | {model} | {name} | {ms(med('step_time_p50_s'))} | "
-                     f"{ms(med('predicted_step_time_s'))} | {mark}{ratio:.2f}{mark} | {cats} | "
-                     f"{max(errors, key=errors.__getitem__)} |")
+                     f"{ms(med('predicted_step_time_s'))} | {mark}{ratio:.2f}{mark} | "
+                     f"{min(ratios):.2f}-{max(ratios):.2f} | {cats} | {max(errors, key=errors.__getitem__)} |")
     return lines, misses
 
 
@@ -181,8 +182,8 @@ def main() -> int:
         for tag in tags:
             where, model, _ = tag.split("-")
             groups.setdefault((where, model), []).append(predicted_rows(folder, tag))
-        lines = ["| ranks | model | strategy | measured ms | plan ms | ratio | compute ms (meas / plan) | "
-                 "optimizer ms | exposed comm ms | largest error |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines = ["| ranks | model | strategy | measured ms | plan ms | ratio | repeats | compute ms (meas / plan) | "
+                 "optimizer ms | exposed comm ms | largest error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         misses = 0
         for (where, model), runs in groups.items():
             setting = f"2 nodes, {where[4:]}" if where.startswith("emu_") else where
