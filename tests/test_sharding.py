@@ -41,7 +41,7 @@ def _num_params() -> int:
 
 
 # the plainest case and the hardest (an odd world: uneven splits; accumulation: the no-sync paths)
-@pytest.mark.parametrize("world, grad_accum", [(2, 1), (3, 4)])
+@pytest.mark.parametrize("world, grad_accum", [(2, 1), (3, 2)])
 def test_sharded_strategies_match_one_process_hold_their_memory_and_move_their_bytes(world, grad_accum):
     cfg = dataclasses.replace(BASE, grad_accum=grad_accum)
     reference = reference_run(cfg, world)

@@ -28,7 +28,7 @@ def _all_strategies(ctx: RankContext, cfg: TrainConfig) -> dict:
 
 
 # the plainest case and the hardest (an odd world: uneven splits; accumulation: the no-sync paths)
-@pytest.mark.parametrize("world, grad_accum", [(2, 1), (3, 4)])
+@pytest.mark.parametrize("world, grad_accum", [(2, 1), (3, 2)])
 def test_every_strategy_matches_one_process(world, grad_accum):
     cfg = dataclasses.replace(BASE, grad_accum=grad_accum, strategy_cfg=StrategyConfig(bucket_mb=0.02))
     reference = reference_run(cfg, world)["params"]
