@@ -9,6 +9,7 @@ import functools
 import json
 
 import pytest
+import torch
 
 from distval.comm.fit import fit_alpha_beta
 from distval.plan import PlanConfig, evaluate
@@ -304,6 +305,30 @@ def test_step_costs_and_call_costs_enter_the_plan(tmp_path):
                                 optimizer_s=0.035, optimizer_per_param_s=5.6e-9))
     assert slow_flat.optimizer_time(12_587_904) == pytest.approx(0.035)
     assert slow_flat.optimizer_time(12_587_904 / 2) == pytest.approx(0.0175)  # sharded: all of it shrinks
+
+
+def test_each_strategy_divides_the_per_parameter_rate_of_what_its_optimizer_updates():
+    """ZeRO updates flat shards, fsdp2 the model's tensors as DTensor shards: each gets the AdamW
+    rate of its layout, less what a tensor costs whatever its size (timed on one-element tensors).
+    fsdp2's phase beyond that rate (DTensor dispatch per tensor) stays
+    when sharding halves its parameters; measured on `small` it was 49.5 ms on one rank against 35
+    for the plain model, 37.4 on 2 ranks, and the phase taken as all per-parameter predicted 26.2."""
+    from distval.train.compare import PLAIN, adamw_per_param, adamw_step_s, step_costs
+    from distval.train.config import TrainConfig
+
+    many_small = [64] * 200  # per-tensor cost dominates: the whole step over the parameters overstates the rate
+    per_tensor_heavy = adamw_step_s(many_small, torch.device("cpu")) / sum(many_small)
+    assert 0 <= adamw_per_param(many_small, torch.device("cpu")) < per_tensor_heavy / 2
+    assert 1e-11 < adamw_per_param([1_000_000], torch.device("cpu")) < 1e-7
+    phase = {"step_s": 0.80, "optimizer_s": 0.0495, "fb_s": 0.70, "mfu_fb": 0.4}
+    reference = {"probes": {PLAIN: dict(phase, optimizer_s=0.035), "fsdp2": phase, "zero2": phase},
+                 "num_params": 12_587_904, "optimizer_per_param_s": 5.6e-9, "optimizer_per_param_tensors_s": 2.8e-9,
+                 "probe_peak_flops": 1e11}
+    costs = {c.strategy: c for c in step_costs(TrainConfig(model="small"), reference)}
+    assert costs["zero2"].optimizer_per_param_s == 5.6e-9 and costs["fsdp2"].optimizer_per_param_s == 2.8e-9
+    half = 12_587_904 / 2
+    assert costs["fsdp2"].optimizer_time(half) == pytest.approx(0.0495 - 2.8e-9 * half)  # ~32 ms: 14.3 ms stays
+    assert costs["zero2"].optimizer_time(half) == pytest.approx(0.0495 / 2)  # capped at the phase: all of it halves
 
 
 def test_fsdp2s_predicted_optimizer_holds_the_norm_all_reduce_it_waits_for(tmp_path, monkeypatch):

@@ -57,8 +57,10 @@ class StepCost:
     collectives move nothing). `overhead_s`: its forward+backward per micro-batch less the plain
     model's, over `units` units (blocks + root); `optimizer_s`: its optimizer phase (gradient norm,
     clipping, update) over all `num_params` parameters, of which `optimizer_per_param_s` × parameters
-    grows with the parameters (AdamW timed on one flat tensor) and the rest is per tensor and
-    call, which sharding does not shrink; `mfu`: the plain model's MFU on forward and backward alone,
+    grows with the parameters (AdamW's rate on what the strategy's optimizer updates: one flat
+    tensor for ZeRO's flat shards, the model's own tensors otherwise, less what a tensor costs
+    whatever its size) and the rest is per tensor and call (fsdp2's DTensor dispatch), which
+    sharding does not shrink; `mfu`: the plain model's MFU on forward and backward alone,
     of `peak_flops`."""
 
     strategy: str
@@ -78,8 +80,8 @@ class StepCost:
 
     def optimizer_time(self, params: float) -> float:
         """The optimizer phase when this rank updates `params` parameters: the measured phase at
-        `num_params`, its per-parameter part scaled. The flat-tensor rate is capped at the whole
-        phase over its parameters: one flat tensor of a large model updates slower per parameter
+        `num_params`, its per-parameter part scaled. The rate is capped at the whole phase over its
+        parameters: one flat tensor of a large model updates slower per parameter
         than the model's own tensors (small: 5.6 ns a parameter against 2.8 for the whole phase; likely
         AdamW's temporaries, each a fresh large allocation), and the part that grows with the
         parameters cannot exceed the phase it is part of."""

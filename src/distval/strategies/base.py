@@ -63,6 +63,9 @@ class Strategy:
     params_sharded: ClassVar[bool] = False  # each rank holds a shard of the parameters, no replica
     grads_replicated: ClassVar[bool] = True  # after sync_gradients every rank holds the same full gradients
     fused_optimizer: ClassVar[bool] = True  # on CUDA its parameters take the fused AdamW (else foreach)
+    # its optimizer updates flat shards (ZeRO's buffers), not the model's own tensors or shards of each
+    # (DDP, FSDP2's DTensors): which per-parameter rate the planner divides by sharding
+    optimizer_over_flat_shards: ClassVar[bool] = False
     single_process: ClassVar[bool] = False  # one process drives every local GPU (dp): compare runs it at --nproc 1
     compiles: ClassVar[bool] = True  # --compile: torch.compile of the model's forward works under it
     compiles_not: ClassVar[str] = ""  # why not, where it does not

@@ -81,6 +81,7 @@ class ShardedStrategy(Strategy):
     `self.groups[i]`, one fp32 Parameter each) instead of the model's parameters."""
 
     grads_replicated = False  # each rank keeps the reduced gradients of its shard only
+    optimizer_over_flat_shards = True
 
     groups: list[FlatGroup]
     shards: list[nn.Parameter]

@@ -98,16 +98,26 @@ def reference_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         result["probes"][name] = phase_medians(probe["steps"][PROBE_WARMUP:])
         if name == PLAIN:
             result["probe_peak_flops"] = probe["peak_flops"]  # what the plain MFU is a share of: a rank's threads
-    result["optimizer_per_param_s"] = adamw_per_param(result["num_params"], ctx.device)
+    sizes = result["param_sizes"]
+    result["optimizer_per_param_s"] = adamw_per_param([sum(sizes)], ctx.device)  # ZeRO's flat shards
+    result["optimizer_per_param_tensors_s"] = adamw_per_param(sizes, ctx.device)  # the model's tensors or their shards
     return result
 
 
-def adamw_per_param(num_params: int, device: torch.device, reps: int = 5) -> float:
-    """AdamW's update time per parameter on one flat tensor of `num_params` (no per-tensor cost):
-    the part of the optimizer phase that sharding divides. The best of `reps` after one warm-up."""
-    param = torch.zeros(num_params, device=device, requires_grad=True)
-    param.grad = torch.ones_like(param)
-    optimizer = torch.optim.AdamW([param], lr=1e-3, weight_decay=0.1,  # as train/loop.py's optimizer_impl
+def adamw_per_param(sizes: list[int], device: torch.device) -> float:
+    """AdamW's update time per parameter over tensors of these sizes, the part of the optimizer
+    phase that sharding divides: the step over them less a step over as many one-element tensors
+    (what each tensor costs whatever its size), per parameter."""
+    return max(0.0, (adamw_step_s(sizes, device) - adamw_step_s([1] * len(sizes), device)) / sum(sizes))
+
+
+def adamw_step_s(sizes: list[int], device: torch.device, reps: int = 5) -> float:
+    """One AdamW step over fresh tensors of these sizes, as train/loop.py's optimizer_impl builds it
+    (fused on CUDA, single-tensor on CPU): the best of `reps` after one warm-up."""
+    params = [torch.zeros(n, device=device, requires_grad=True) for n in sizes]
+    for param in params:
+        param.grad = torch.ones_like(param)
+    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1,
                                   **({"fused": True} if device.type == "cuda" else {"foreach": False}))
     best = float("inf")
     for _ in range(reps + 1):
@@ -115,7 +125,7 @@ def adamw_per_param(num_params: int, device: torch.device, reps: int = 5) -> flo
         optimizer.step()
         devices.synchronize(device)
         best = min(best, time.perf_counter() - began)
-    return best / num_params
+    return best
 
 
 def forward_backward_s(step: dict[str, Any]) -> float:
@@ -141,9 +151,13 @@ def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
     plain, units = probes.pop(PLAIN, None), presets.model(cfg.model).num_layers + 1
     if plain is None:
         return []
+    def per_param(name: str) -> float:  # the rate of what its optimizer updates: flat shards or tensors
+        flat = strategies.REGISTRY[name].optimizer_over_flat_shards
+        return reference["optimizer_per_param_s" if flat else "optimizer_per_param_tensors_s"]
+
     return [StepCost(name, strategies.REGISTRY[name].plan_model, cfg.model, units, reference["num_params"],
                      (probe["step_s"] - probe["optimizer_s"] - plain["fb_s"]) / cfg.grad_accum, probe["optimizer_s"],
-                     reference["optimizer_per_param_s"], min(plain["mfu_fb"], 1.0), reference["probe_peak_flops"])
+                     per_param(name), min(plain["mfu_fb"], 1.0), reference["probe_peak_flops"])
             for name, probe in probes.items()]
 
 
