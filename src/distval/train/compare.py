@@ -151,6 +151,7 @@ def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
     plain, units = probes.pop(PLAIN, None), presets.model(cfg.model).num_layers + 1
     if plain is None:
         return []
+
     def per_param(name: str) -> float:  # the rate of what its optimizer updates: flat shards or tensors
         flat = strategies.REGISTRY[name].optimizer_over_flat_shards
         return reference["optimizer_per_param_s" if flat else "optimizer_per_param_tensors_s"]
@@ -370,7 +371,7 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
         row = compare_row(label, result, reference)
         if not strategies.REGISTRY[name].single_process:  # the planner models one process per device, not dp
             if name in costs:
-                row.update(predicted_step(run_cfg, name, world, costs[name], calibration, reference["num_tensors"],
+                row.update(predicted_step(run_cfg, name, world, costs[name], calibration, len(reference["param_sizes"]),
                                           result["device"]))
             row.update(predicted_memory(run_cfg, name, world))
         exposed = None

@@ -134,7 +134,6 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
         "peak_flops": peak,
         "device": ctx.device.type,
         "counts_all_comm": strategy.counts_all_comm,
-        "num_tensors": sum(1 for p in model.parameters() if p.requires_grad),
         "param_sizes": [p.numel() for p in model.parameters() if p.requires_grad],  # unsharded, as built
         "health": [f.to_dict() for f in health.findings()] if health else [],
         "health_ranks": health.rank_rows() if health else [],
