@@ -6,7 +6,8 @@ below, whose reference rank also measures each strategy's own costs on one rank 
 costs, saved into the bench file). Repeated `--repeats` times, each repeat a fresh bench and
 compare. The prediction is compare's own (`train/compare.py` `predicted_step`), recomputed here
 from the kept files, so `--replay DIR` reprints the table of a run with the planner as it is now.
-Per strategy the median over repeats of measured p50 step time, the prediction, their ratio, and
+Per strategy the median over repeats of measured p50 step time, the prediction, their ratio (and
+the repeats' lowest and highest ratio: a miss whose repeats straddle the band is the host's draw), and
 per category (forward+backward, optimizer, exposed communication) measured vs predicted. Goal
 (issue 28): measured/predicted in 0.8-1.25 for every strategy and setting. Prints a markdown table
 (docs/plan.md "How close").
