@@ -310,9 +310,9 @@ def test_step_costs_and_call_costs_enter_the_plan(tmp_path):
 def test_each_strategy_divides_the_per_parameter_rate_of_what_its_optimizer_updates():
     """ZeRO updates flat shards, fsdp2 the model's tensors as DTensor shards: each gets the AdamW
     rate of its layout, less what a tensor costs whatever its size (timed on one-element tensors).
-    fsdp2's phase beyond that rate (DTensor dispatch per tensor) stays
-    when sharding halves its parameters; measured on `small` it was 49.5 ms on one rank against 35
-    for the plain model, 37.4 on 2 ranks, and the phase taken as all per-parameter predicted 26.2."""
+    fsdp2's phase beyond that rate (DTensor dispatch per tensor) stays when sharding halves its
+    parameters; measured on `small` it was 49.5 ms on one rank against 35 for the plain model, 37.4
+    on 2 ranks, and the phase taken as all per-parameter predicted 26.2."""
     from distval.train.compare import PLAIN, adamw_per_param, adamw_step_s, step_costs
     from distval.train.config import TrainConfig
 
