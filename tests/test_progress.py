@@ -1,6 +1,9 @@
 """Live training progress: rank 0's steps, published on the rank channel, reach the console
 while training runs."""
 
+import json
+import time
+
 from distval.launch import channel as channels
 from distval.train.progress import ProgressView
 
@@ -65,3 +68,29 @@ def test_a_reader_gets_every_rank_in_two_requests_once_all_have_published():
     counting.requests.clear()
     assert reader.all(8, "state")[7] == {"error": "rank 7", "time": reader.all(8, "state")[7]["time"]}
     assert "multi_get" not in counting.requests  # a kind whose keys are deleted is read key by key
+
+
+
+class SlowStore:
+    """A store whose writes take 0.2 s (a loaded host's), counting those in flight."""
+
+    def __init__(self):
+        self.values, self.in_flight = {}, 0
+
+    def set(self, key, value):
+        self.in_flight += 1
+        time.sleep(0.2)
+        self.values[key] = value
+        self.in_flight -= 1
+
+
+def test_closing_a_rank_channel_waits_for_the_write_in_flight():
+    """A writer thread left inside TCPStore.set (the GIL released) while the interpreter finalizes
+    aborts the process ("terminate called without an active exception"): a job that finished,
+    reported as killed by SIGABRT. close() returns only once nothing is being written."""
+    store = SlowStore()
+    channel = channels.RankChannel(0, store)
+    channel.publish("step", {"step": 1})
+    time.sleep(0.05)  # the writer thread has taken it: nothing is left for a flush to write
+    channel.close()
+    assert store.in_flight == 0 and json.loads(store.values["distval/step/0"])["step"] == 1

@@ -31,6 +31,7 @@ import time
 from typing import Any, Iterable
 
 ENV = "DISTVAL_CHANNEL"
+CLOSE_TIMEOUT_S = 5.0  # a rank's end waits at most this for a write in flight
 
 
 def _key(kind: str, rank: int) -> str:
@@ -74,6 +75,7 @@ class RankChannel:
         self._slot: dict[str, bytes] = {}
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()
+        self._closed = False
         self.errors = 0
         self._thread = threading.Thread(target=self._run, name="distval-channel", daemon=True)
         self._thread.start()
@@ -112,11 +114,24 @@ class RankChannel:
             pending, self._slot = self._slot, {}
         self._write(pending)
 
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Write what is left and stop the writer thread, joined before the process ends: a daemon
+        thread inside the store's C++ (the GIL released) while the interpreter finalizes ends the
+        process in std::terminate, a job that finished failing as killed by SIGABRT."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=timeout_s)  # a store that stopped answering: not past this
+        self.flush()
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._slot or self._store is None:
+                while not self._closed and (not self._slot or self._store is None):
                     self._cond.wait()
+                if self._closed:
+                    return
                 pending, self._slot = self._slot, {}
             self._write(pending)
 

@@ -121,7 +121,7 @@ def main(argv: list[str]) -> None:
             tracer.close()
         steps.close()
         heartbeat.close()
-        channel.flush()
+        channel.close()
 
 
 def _finished(channel: channels.RankChannel, status: str) -> None:

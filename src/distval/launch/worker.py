@@ -108,7 +108,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
             heartbeat.close()
         if monitor is not None:
             monitor.close()
-        channel.flush()
+        channel.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
