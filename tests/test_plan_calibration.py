@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -329,6 +331,31 @@ def test_each_strategy_divides_the_per_parameter_rate_of_what_its_optimizer_upda
     half = 12_587_904 / 2
     assert costs["fsdp2"].optimizer_time(half) == pytest.approx(0.0495 - 2.8e-9 * half)  # ~32 ms: 14.3 ms stays
     assert costs["zero2"].optimizer_time(half) == pytest.approx(0.0495 / 2)  # capped at the phase: all of it halves
+
+
+def test_fsdp2s_step_cost_holds_the_work_it_leaves_out_on_one_rank():
+    """FSDP2 skips its all-gather path (copy-in, the call, copy-out) when its group has one rank, so
+    the reference rank's one-rank step never runs it. fakeworld runs fsdp2 on torch's fake process
+    group of 1 and of N ranks in a fresh process (sharded there: the rank holds 1/N of the
+    parameters), and compare adds the difference in forward+backward to fsdp2's overhead and to no
+    other strategy's (on tiny at 2 ranks: 1.0-2.0 ms, a third of fsdp2's miss)."""
+    from distval.train.compare import PLAIN, step_costs
+    from distval.train.config import TrainConfig
+
+    done = subprocess.run([sys.executable, "-m", "distval.train.fakeworld", "--strategy", "fsdp2", "--model", "tiny",
+                           "--micro-batch", "2", "--world", "2", "--threads", "1"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout.splitlines()[-1])
+    assert doc["held"] == {"1": 1.0, "2": pytest.approx(0.5, abs=0.01)}  # it did shard, over 2 ranks
+    assert all(0 < seconds < 1 for seconds in doc["fb_s"].values())
+    phase = {"step_s": 0.010, "optimizer_s": 0.002, "fb_s": 0.006, "mfu_fb": 0.2}
+    reference = {"probes": {PLAIN: phase, "fsdp2": phase, "zero3": phase}, "num_params": 115_008,
+                 "optimizer_per_param_s": 2e-9, "optimizer_per_param_tensors_s": 2e-9, "probe_peak_flops": 1e11,
+                 "world_cost_s": {"fsdp2": 0.0015}}
+    costs = {c.strategy: c for c in step_costs(TrainConfig(model="tiny"), reference)}
+    assert costs["zero3"].overhead_s == pytest.approx(0.002)  # its one-rank step: 10 - 2 - 6 ms
+    assert costs["fsdp2"].overhead_s == pytest.approx(0.0035)
 
 
 def test_fsdp2s_predicted_optimizer_holds_the_norm_all_reduce_it_waits_for(tmp_path, monkeypatch):

@@ -58,6 +58,7 @@ class Strategy:
     plan_model: ClassVar[str] = "ddp"  # its memory and traffic model: ddp, zero1, zero2, zero3 or fsdp
     overlaps_backward: ClassVar[bool] = False  # communication runs during backward (the planner's --overlap)
     overlaps_only_with_streams: ClassVar[bool] = False  # ... through device streams: on CPU its collectives block
+    skips_work_at_world_1: ClassVar[bool] = False  # its one-rank step leaves out work it does at N (fsdp2)
     call_per_tensor: ClassVar[bool] = False  # one all-reduce per parameter tensor, not per bucket
     layout_options: ClassVar[tuple[str, ...]] = ()  # StrategyConfig fields that shape the sharded form
     params_sharded: ClassVar[bool] = False  # each rank holds a shard of the parameters, no replica

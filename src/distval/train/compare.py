@@ -36,6 +36,7 @@ from distval.results import Check, Report, Status, Table
 from distval.stats import percentile
 from distval.trace.config import TraceConfig
 from distval.train.config import StepProbe, TrainConfig
+from distval.train.fakeworld import world_cost_s
 from distval.train.loop import train_rank
 from distval.train.run import add_trace
 
@@ -85,7 +86,8 @@ PLAIN = "simple_ddp_ga"  # the plain model: at world 1 its per-tensor all_reduce
 def reference_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     """The reference run, then (cfg.probe) the plain model and each strategy for a few steps on the
     same rank with a rank's micro-batch and threads (world 1: a strategy's hooks and bookkeeping
-    run, its collectives move nothing): the step costs."""
+    run, its collectives move nothing), and what a strategy that skips work at world 1 adds at the
+    strategies' world size: the step costs."""
     result = train_rank(ctx, cfg)
     result["probes"] = {}
     if cfg.probe is None:
@@ -98,6 +100,12 @@ def reference_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         result["probes"][name] = phase_medians(probe["steps"][PROBE_WARMUP:])
         if name == PLAIN:
             result["probe_peak_flops"] = probe["peak_flops"]  # what the plain MFU is a share of: a rank's threads
+    result["world_cost_s"] = {}  # forward+backward work a strategy leaves out at world 1 (CPU ranks: fakeworld.py)
+    for name in cfg.probe.strategies:
+        if strategies.REGISTRY[name].skips_work_at_world_1 and cfg.probe.world > 1 and ctx.device.type == "cpu":
+            ctx.status(f"timing {name} on a fake group of {cfg.probe.world}", busy=True)  # seconds in a subprocess
+            result["world_cost_s"][name] = world_cost_s(name, cfg.model, cfg.probe.micro_batch, cfg.probe.world,
+                                                        cfg.probe.threads, cfg.strategy_cfg.mixed_precision) or 0.0
     sizes = result["param_sizes"]
     result["optimizer_per_param_s"] = adamw_per_param([sum(sizes)], ctx.device)  # ZeRO's flat shards
     result["optimizer_per_param_tensors_s"] = adamw_per_param(sizes, ctx.device)  # the model's tensors or their shards
@@ -145,8 +153,9 @@ def phase_medians(steps: list[dict[str, Any]]) -> dict[str, float]:
 
 def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
     """Each probed strategy's own costs against the plain model on the same rank: its
-    forward+backward per micro-batch less the plain one's (its world-1 collectives included), its
-    optimizer phase, and the plain model's MFU on forward+backward."""
+    forward+backward per micro-batch less the plain one's (its world-1 collectives included, and
+    what it leaves out at world 1 added), its optimizer phase, and the plain model's MFU on
+    forward+backward."""
     probes = dict(reference["probes"])
     plain, units = probes.pop(PLAIN, None), presets.model(cfg.model).num_layers + 1
     if plain is None:
@@ -156,9 +165,13 @@ def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
         flat = strategies.REGISTRY[name].optimizer_over_flat_shards
         return reference["optimizer_per_param_s" if flat else "optimizer_per_param_tensors_s"]
 
+    def overhead(name: str, probe: dict[str, float]) -> float:  # per micro-batch
+        own = (probe["step_s"] - probe["optimizer_s"] - plain["fb_s"]) / cfg.grad_accum
+        return own + reference.get("world_cost_s", {}).get(name, 0.0)
+
     return [StepCost(name, strategies.REGISTRY[name].plan_model, cfg.model, units, reference["num_params"],
-                     (probe["step_s"] - probe["optimizer_s"] - plain["fb_s"]) / cfg.grad_accum, probe["optimizer_s"],
-                     per_param(name), min(plain["mfu_fb"], 1.0), reference["probe_peak_flops"])
+                     overhead(name, probe), probe["optimizer_s"], per_param(name), min(plain["mfu_fb"], 1.0),
+                     reference["probe_peak_flops"])
             for name, probe in probes.items()]
 
 
@@ -322,7 +335,7 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
     runs = compare_runs(strategy_names, sizes)
     # with a calibration, the reference's rank also measures each strategy's own costs (step_costs)
     probe = StepProbe(tuple(dict.fromkeys(n for _, n, _ in runs if not strategies.REGISTRY[n].single_process)),
-                      cfg.micro_batch, rank_threads(world)) if calibration else None
+                      cfg.micro_batch, rank_threads(world), world) if calibration else None
     ref_cfg = dataclasses.replace(cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world,
                                   return_params=True, trace=TraceConfig(), probe=probe)
     reference = _one(ref_cfg, dataclasses.replace(opts, nproc=1), reference_rank)
