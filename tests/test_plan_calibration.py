@@ -5,6 +5,7 @@ rejects files that are not distval bench reports (one line, exit 2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import subprocess
@@ -333,13 +334,15 @@ def test_each_strategy_divides_the_per_parameter_rate_of_what_its_optimizer_upda
     assert costs["zero2"].optimizer_time(half) == pytest.approx(0.0495 / 2)  # capped at the phase: all of it halves
 
 
-def test_fsdp2s_step_cost_holds_the_work_it_leaves_out_on_one_rank():
+def test_fsdp2s_step_cost_holds_the_work_it_leaves_out_on_one_rank(tmp_path):
     """FSDP2 skips its all-gather path (copy-in, the call, copy-out) when its group has one rank, so
     the reference rank's one-rank step never runs it. fakeworld runs fsdp2 on torch's fake process
     group of 1 and of N ranks in a fresh process (sharded there: the rank holds 1/N of the
     parameters), and compare adds the difference in forward+backward to fsdp2's overhead and to no
     other strategy's (on tiny at 2 ranks: 1.0-2.0 ms, a third of fsdp2's miss)."""
-    from distval.train.compare import PLAIN, step_costs
+    from distval.plan.calibration import STEP_COST_COLUMNS
+    from distval.results import Table
+    from distval.train.compare import PLAIN, save_step_costs, step_costs
     from distval.train.config import TrainConfig
 
     done = subprocess.run([sys.executable, "-m", "distval.train.fakeworld", "--strategy", "fsdp2", "--model", "tiny",
@@ -356,6 +359,18 @@ def test_fsdp2s_step_cost_holds_the_work_it_leaves_out_on_one_rank():
     costs = {c.strategy: c for c in step_costs(TrainConfig(model="tiny"), reference)}
     assert costs["zero3"].overhead_s == pytest.approx(0.002)  # its one-rank step: 10 - 2 - 6 ms
     assert costs["fsdp2"].overhead_s == pytest.approx(0.0035)
+    # said in the step costs' check; a fake group that did not run is a WARN, the figure left out
+    path = tmp_path / "bench.json"
+    write_bench(path, {"all_reduce": (150e-6, 1.2e9)})
+    table = Table("step_costs", STEP_COST_COLUMNS, rows=[dataclasses.asdict(c) for c in costs.values()])
+    said = save_step_costs(str(path), table, 2, {"fsdp2": 0.0015})
+    assert said.status.value == "OK" and "fsdp2 +3.5 ms/micro-batch (+1.5 of it at world 2" in said.summary
+    reference["world_cost_s"] = {"fsdp2": None}
+    table = Table("step_costs", STEP_COST_COLUMNS, rows=[dataclasses.asdict(c) for c in step_costs(
+        TrainConfig(model="tiny"), reference)])
+    said = save_step_costs(str(path), table, 2, reference["world_cost_s"])
+    assert said.status.value == "WARN" and "not measured: the work fsdp2 skips on one rank" in said.summary
+    assert "python -m distval.train.fakeworld --strategy fsdp2 --model tiny" in said.hint
 
 
 def test_fsdp2s_predicted_optimizer_holds_the_norm_all_reduce_it_waits_for(tmp_path, monkeypatch):

@@ -105,7 +105,7 @@ def reference_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         if strategies.REGISTRY[name].skips_work_at_world_1 and cfg.probe.world > 1 and ctx.device.type == "cpu":
             ctx.status(f"timing {name} on a fake group of {cfg.probe.world}", busy=True)  # seconds in a subprocess
             result["world_cost_s"][name] = world_cost_s(name, cfg.model, cfg.probe.micro_batch, cfg.probe.world,
-                                                        cfg.probe.threads, cfg.strategy_cfg.mixed_precision) or 0.0
+                                                        cfg.probe.threads, cfg.strategy_cfg.mixed_precision)
     sizes = result["param_sizes"]
     result["optimizer_per_param_s"] = adamw_per_param([sum(sizes)], ctx.device)  # ZeRO's flat shards
     result["optimizer_per_param_tensors_s"] = adamw_per_param(sizes, ctx.device)  # the model's tensors or their shards
@@ -167,7 +167,7 @@ def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
 
     def overhead(name: str, probe: dict[str, float]) -> float:  # per micro-batch
         own = (probe["step_s"] - probe["optimizer_s"] - plain["fb_s"]) / cfg.grad_accum
-        return own + reference.get("world_cost_s", {}).get(name, 0.0)
+        return own + (reference.get("world_cost_s", {}).get(name) or 0.0)
 
     return [StepCost(name, strategies.REGISTRY[name].plan_model, cfg.model, units, reference["num_params"],
                      overhead(name, probe), probe["optimizer_s"], per_param(name), min(plain["mfu_fb"], 1.0),
@@ -284,18 +284,32 @@ def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float
     return {"predicted_model_state_bytes": row["model_state_bytes"], "predicted_peak_mem_bytes": row["total_bytes"]}
 
 
-def save_step_costs(calibration: str, table: Table, world: int) -> Check:
-    """The step costs into the calibration file, said in one line (WARN when it cannot be written)."""
-    rows = ", ".join(f"{r['strategy']} {r['overhead_s'] * 1e3:+.1f} ms/micro-batch, optimizer "
-                     f"{r['optimizer_s'] * 1e3:.1f} ms" for r in table.rows)
+def save_step_costs(calibration: str, table: Table, world: int, at_world: dict[str, float | None] | None = None
+                    ) -> Check:
+    """The step costs into the calibration file, said in one line (WARN when it cannot be written, or
+    when the work a strategy skips on one rank could not be timed on a fake group: `at_world`)."""
+    at_world = at_world or {}
+
+    def row(r: dict[str, Any]) -> str:
+        extra = at_world.get(r["strategy"])
+        of_it = f" ({extra * 1e3:+.1f} of it at world {world}, on a fake process group)" if extra is not None else ""
+        return f"{r['strategy']} {r['overhead_s'] * 1e3:+.1f} ms/micro-batch{of_it}, optimizer " \
+               f"{r['optimizer_s'] * 1e3:.1f} ms"
+
+    rows = ", ".join(row(r) for r in table.rows)
     try:
         save_costs(calibration, table.to_dict())
     except OSError as e:
         return Check("compare step costs", Status.WARN, f"measured on one rank ({rows}); not saved: {e}",
                      hint=f"make {calibration} writable so `distval plan --calibration` can reuse them")
-    return Check("compare step costs", Status.OK, f"measured on one rank with a rank's micro-batch and threads of "
-                 f"{world} ranks: {rows}; saved in {calibration} for `distval plan --calibration`",
-                 details={"path": calibration})
+    summary = f"measured on one rank with a rank's micro-batch and threads of {world} ranks: {rows}; saved in " \
+              f"{calibration} for `distval plan --calibration`"
+    if missed := [name for name, extra in at_world.items() if extra is None]:
+        return Check("compare step costs", Status.WARN, f"{summary}; not measured: the work {', '.join(missed)} "
+                     f"skips on one rank (torch's fake process group did not run it), left out of the prediction",
+                     hint=f"`python -m distval.train.fakeworld --strategy {missed[0]} --model {table.rows[0]['model']} "
+                          f"--micro-batch 2 --world {world}` shows why", details={"path": calibration})
+    return Check("compare step costs", Status.OK, summary, details={"path": calibration})
 
 
 def core_share(world: int) -> float:
@@ -362,7 +376,7 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
         report.tables.append(Table("step_costs", STEP_COST_COLUMNS, rows=rows,
                                    title="each strategy's own costs, measured on one rank (the plan's step costs)",
                                    units={"overhead_s": "s", "optimizer_s": "s", "optimizer_per_param_s": "s"}))
-        report.add(save_step_costs(calibration, report.tables[-1], world))
+        report.add(save_step_costs(calibration, report.tables[-1], world, reference.get("world_cost_s")))
     sweep: dict[str, list[dict[str, Any]]] = {}
     for label, name, size in runs:
         strategy_cfg = cfg.strategy_cfg if size is None else dataclasses.replace(cfg.strategy_cfg, bucket_mb=size)

@@ -31,10 +31,13 @@ def world_cost_s(strategy: str, model: str, micro_batch: int, world: int, thread
                  mixed_precision: str = "none", timeout_s: float = 300.0) -> float | None:
     """Seconds the strategy's forward+backward adds per micro-batch at `world` ranks over one (at
     least 0); None where torch's fake process group cannot run it (an older torch), or it failed."""
-    done = subprocess.run([sys.executable, "-m", "distval.train.fakeworld", "--strategy", strategy, "--model",
-                           model, "--micro-batch",
-                           str(micro_batch), "--world", str(world), "--threads", str(threads),
-                           "--mixed-precision", mixed_precision], capture_output=True, text=True, timeout=timeout_s)
+    args = ["--strategy", strategy, "--model", model, "--micro-batch", str(micro_batch), "--world", str(world),
+            "--threads", str(threads), "--mixed-precision", mixed_precision]
+    try:
+        done = subprocess.run([sys.executable, "-m", "distval.train.fakeworld", *args], capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
     if done.returncode != 0 or not done.stdout.strip():
         return None
     fb = json.loads(done.stdout.splitlines()[-1])["fb_s"]
