@@ -13,10 +13,10 @@ profiler:
    collective not wrapped here).
 2. **FSDP2's own work at world N.** FSDP2 skips its all-gather path (copy-in, the call, copy-out)
    when its group has one rank, so the one-rank step the plan's step costs come from
-   (`compare`'s reference rank) never runs it. Here one process runs the model under FSDP2 on a
-   fake process group (torch's testing backend: collectives return at once, nothing moves) of
-   world 1 and of world N, alternately: the forward+backward and optimizer time FSDP2 adds at N
-   with no communication at all.
+   (`compare`'s reference rank) never runs it. `python -m distval.train.fakeworld`, which compare
+   runs for its step costs, runs the model under FSDP2 on a fake process group (torch's testing
+   backend: collectives return at once, nothing moves) of world 1 and of world N, alternately: the
+   forward+backward time FSDP2 adds at N with no communication at all.
 
 With `--calibration bench.json` (a `comm bench --json` into which `compare --calibration` saved
 fsdp2's step costs) the plan's own figures for the same step are printed beside them.
@@ -36,7 +36,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -103,54 +102,15 @@ def blocking(nproc: int, model: str, steps: int, tmp: Path) -> dict[Any, float]:
     return out
 
 
-def fake_world(world: int, model: str, micro_batch: int, steps: int = 30, warmup: int = 10) -> dict[str, float]:
-    """This process: the model under FSDP2 (each block, then the root, as the strategy shards it) on a
-    fake process group of `world` ranks; medians of forward+backward and clip+AdamW."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
-    from distval.plan import presets
-    from distval.train.model import build_model
-
-    torch.set_num_threads(1)  # a rank's threads when ranks share the host
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    mesh = init_device_mesh("cpu", (world,))
-    spec = presets.model(model)
-    net = build_model(spec, seed=0)
-    for block in net.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(net, mesh=mesh)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, foreach=True)
-    x = torch.randint(0, spec.vocab_size, (micro_batch, spec.seq_len))
-    fb, step = [], []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
-        net(x).float().square().mean().backward()
-        mid = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_([p for p in net.parameters() if p.grad is not None], 1.0)
-        opt.step()
-        opt.zero_grad()
-        if i >= warmup:
-            fb.append(mid - start)
-            step.append(time.perf_counter() - mid)
-    dist.destroy_process_group()
-    return {"fb": statistics.median(fb), "optimizer": statistics.median(step)}
-
-
-def world_pair(nproc: int, model: str, micro_batch: int, rounds: int = 2) -> dict[int, list[dict[str, float]]]:
-    """fake_world at 1 and `nproc`, alternately, each in a fresh process."""
-    runs: dict[int, list[dict[str, float]]] = {1: [], nproc: []}
-    for _ in range(rounds):
-        for world in (1, nproc):
-            done = subprocess.run([sys.executable, __file__, "--fake-world", str(world), "--model", model,
-                                   "--micro-batch", str(micro_batch)], capture_output=True, text=True)
-            if done.returncode != 0:
-                sys.exit(f"the fake-world run failed:\n{done.stderr[-2000:]}")
-            runs[world].append(json.loads(done.stdout.splitlines()[-1]))
-    return runs
+def fake_world(nproc: int, model: str, micro_batch: int) -> dict[str, dict[str, float]]:
+    """`python -m distval.train.fakeworld` (what compare adds to fsdp2's step cost): fsdp2's
+    forward+backward on a fake group of 1 and of `nproc` ranks, and the share of the parameters held."""
+    done = subprocess.run([sys.executable, "-m", "distval.train.fakeworld", "--strategy", "fsdp2", "--model", model,
+                           "--micro-batch", str(micro_batch), "--world", str(nproc), "--threads", "1"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"the fake-group run failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def planned(calibration: str, nproc: int, model: str, micro_batch: int) -> dict[str, float] | None:
@@ -190,11 +150,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--micro-batch", type=int, default=2)
     p.add_argument("--calibration", help="a comm bench --json holding fsdp2's step costs (compare --calibration)")
-    p.add_argument("--fake-world", type=int, help=argparse.SUPPRESS)  # one fake_world run, JSON on stdout
     args = p.parse_args()
-    if args.fake_world:
-        print(json.dumps(fake_world(args.fake_world, args.model, args.micro_batch)))
-        return 0
 
     ms = lambda s: f"{s * 1e3:6.2f}"  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
@@ -212,11 +168,11 @@ def main() -> int:
     rest = b["step_mean"] - b["optimizer_mean"] - blocked
     print(f"  the rest (forward+backward, FSDP2's own work, mean)  {ms(rest)}")
 
-    runs = world_pair(args.nproc, args.model, args.micro_batch)
-    print(f"FSDP2 alone in one process on a fake group (no communication), medians of {len(runs[1])} runs")
-    for world, values in runs.items():
-        print(f"  world {world}: forward+backward {ms(statistics.median(v['fb'] for v in values))}   "
-              f"clip+AdamW {ms(statistics.median(v['optimizer'] for v in values))}")
+    fake = fake_world(args.nproc, args.model, args.micro_batch)
+    print("FSDP2 alone in one process on a fake group (no communication: distval.train.fakeworld)")
+    for world, seconds in fake["fb_s"].items():
+        print(f"  world {world}: forward+backward {ms(seconds)}, the rank holding {fake['held'][world]:.2f} "
+              "of the parameters")
 
     if args.calibration:
         plan = planned(args.calibration, args.nproc, args.model, args.micro_batch)

@@ -368,9 +368,9 @@ def test_fsdp2s_step_cost_holds_the_work_it_leaves_out_on_one_rank(tmp_path):
     reference["world_cost_s"] = {"fsdp2": None}
     table = Table("step_costs", STEP_COST_COLUMNS, rows=[dataclasses.asdict(c) for c in step_costs(
         TrainConfig(model="tiny"), reference)])
-    said = save_step_costs(str(path), table, 2, reference["world_cost_s"])
+    said = save_step_costs(str(path), table, 2, reference["world_cost_s"], micro_batch=4)
     assert said.status.value == "WARN" and "not measured: the work fsdp2 skips on one rank" in said.summary
-    assert "python -m distval.train.fakeworld --strategy fsdp2 --model tiny" in said.hint
+    assert "python -m distval.train.fakeworld --strategy fsdp2 --model tiny --micro-batch 4 --world 2" in said.hint
 
 
 def test_fsdp2s_predicted_optimizer_holds_the_norm_all_reduce_it_waits_for(tmp_path, monkeypatch):

@@ -284,10 +284,11 @@ def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float
     return {"predicted_model_state_bytes": row["model_state_bytes"], "predicted_peak_mem_bytes": row["total_bytes"]}
 
 
-def save_step_costs(calibration: str, table: Table, world: int, at_world: dict[str, float | None] | None = None
-                    ) -> Check:
+def save_step_costs(calibration: str, table: Table, world: int, at_world: dict[str, float | None] | None = None,
+                    micro_batch: int = 0) -> Check:
     """The step costs into the calibration file, said in one line (WARN when it cannot be written, or
-    when the work a strategy skips on one rank could not be timed on a fake group: `at_world`)."""
+    when the work a strategy skips on one rank could not be timed on a fake group of `world` with a
+    rank's `micro_batch`: `at_world`)."""
     at_world = at_world or {}
 
     def row(r: dict[str, Any]) -> str:
@@ -308,7 +309,7 @@ def save_step_costs(calibration: str, table: Table, world: int, at_world: dict[s
         return Check("compare step costs", Status.WARN, f"{summary}; not measured: the work {', '.join(missed)} "
                      f"skips on one rank (torch's fake process group did not run it), left out of the prediction",
                      hint=f"`python -m distval.train.fakeworld --strategy {missed[0]} --model {table.rows[0]['model']} "
-                          f"--micro-batch 2 --world {world}` shows why", details={"path": calibration})
+                          f"--micro-batch {micro_batch} --world {world}` shows why", details={"path": calibration})
     return Check("compare step costs", Status.OK, summary, details={"path": calibration})
 
 
@@ -376,7 +377,8 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
         report.tables.append(Table("step_costs", STEP_COST_COLUMNS, rows=rows,
                                    title="each strategy's own costs, measured on one rank (the plan's step costs)",
                                    units={"overhead_s": "s", "optimizer_s": "s", "optimizer_per_param_s": "s"}))
-        report.add(save_step_costs(calibration, report.tables[-1], world, reference.get("world_cost_s")))
+        report.add(save_step_costs(calibration, report.tables[-1], world, reference.get("world_cost_s"),
+                                   cfg.micro_batch))
     sweep: dict[str, list[dict[str, Any]]] = {}
     for label, name, size in runs:
         strategy_cfg = cfg.strategy_cfg if size is None else dataclasses.replace(cfg.strategy_cfg, bucket_mb=size)
