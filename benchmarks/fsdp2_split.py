@@ -121,18 +121,14 @@ def planned(calibration: str, nproc: int, model: str, micro_batch: int) -> dict[
     from distval.plan import PlanConfig, evaluate, resolve
     from distval.plan.calibration import load
     from distval.plan.schedule import COMM
-    from distval.train.compare import core_share
+    from distval.train.compare import at_rank_speed
 
     cost = load(calibration).cost("fsdp", "fsdp2")
     if cost is None:
         return None
-    share, peak = core_share(nproc), cost.peak_flops
-    if share < 1:  # as compare.predicted_step: ranks outnumbering the cores
-        cost = dataclasses.replace(cost, overhead_s=cost.overhead_s / share, optimizer_s=cost.optimizer_s / share,
-                                   optimizer_per_param_s=cost.optimizer_per_param_s / share)
-        peak *= share
-    plan = PlanConfig(model=model, micro_batch=micro_batch, world_size=nproc, peak_tflops=peak / 1e12, mfu=cost.mfu,
-                      strategy="fsdp", calibration=calibration, overlap=False)
+    cost = at_rank_speed(cost, nproc)  # as compare.predicted_step: ranks outnumbering the cores
+    plan = PlanConfig(model=model, micro_batch=micro_batch, world_size=nproc, peak_tflops=cost.peak_flops / 1e12,
+                      mfu=cost.mfu, strategy="fsdp", calibration=calibration, overlap=False)
     result = evaluate(plan, dataclasses.replace(resolve(plan), cost=cost))
     out = {"step": result.step_time_s or 0.0, "compute": (result.compute_time_s or 0.0) - result.optimizer_time_s,
            "optimizer": result.optimizer_time_s}

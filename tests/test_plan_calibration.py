@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import subprocess
 import sys
 
@@ -460,3 +461,24 @@ def test_compare_saves_its_step_costs_into_the_calibration_file(tmp_path, capsys
     path.write_text(json.dumps(doc))
     code, _, stderr = plan(capsys, "--model", "small", "--world", "2", "--calibration", str(path))
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and "step_costs of fsdp2 need" in stderr, stderr
+
+
+def test_ranks_outnumbering_the_cores_pay_the_one_rank_costs_at_their_share(monkeypatch):
+    """compare's prediction (and fsdp2_split's) takes the step costs measured on one rank alone; 3
+    one-thread ranks on 2 cores each get 2/3 of a core, so forward+backward (the peak the MFU is a
+    share of), the strategy's own cost and the optimizer phase all take 1.5x as long; ranks that
+    fit the cores, and GPU ranks, pay them as measured."""
+    from distval.train.compare import at_rank_speed
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cost = StepCost(**dict(COST, strategy="zero2", plan_model="zero2", overhead_s=0.003, optimizer_s=0.006,
+                           optimizer_per_param_s=3e-9))
+    shared = at_rank_speed(cost, 3)
+    assert shared.overhead_s == pytest.approx(0.0045) and shared.optimizer_s == pytest.approx(0.009)
+    assert shared.optimizer_per_param_s == pytest.approx(4.5e-9) and shared.peak_flops == pytest.approx(
+        cost.peak_flops * 2 / 3)
+    assert shared.mfu == cost.mfu
+    assert at_rank_speed(cost, 2) == cost and at_rank_speed(cost, 3, "cuda") == cost
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # 2 ranks of 2 threads on 2 cores: half a core each
+    assert at_rank_speed(cost, 2).overhead_s == pytest.approx(0.006)

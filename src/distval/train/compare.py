@@ -188,18 +188,14 @@ def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, cali
     from distval.plan import PlanConfig, evaluate, resolve
     from distval.plan.steps import MIB, NORM_LABEL
 
-    share, peak_flops = core_share(world) if device_type == "cpu" else 1.0, cost.peak_flops
-    if share < 1:
-        cost = dataclasses.replace(cost, overhead_s=cost.overhead_s / share, optimizer_s=cost.optimizer_s / share,
-                                   optimizer_per_param_s=cost.optimizer_per_param_s / share)
-        peak_flops *= share
+    cost = at_rank_speed(cost, world, device_type)
     strategy = strategies.REGISTRY[name]
     bucket_mb = cfg.strategy_cfg.bucket_mb
     if strategy.call_per_tensor:  # the planner sees buckets of the mean tensor's size: each call pays its α
         bucket_mb = cost.num_params * 4 / num_tensors / MIB  # (simple_ddp's K syncs: not modelled)
     overlap = strategy.overlaps_backward and (device_type == "cuda" or not strategy.overlaps_only_with_streams)
     plan = PlanConfig(model=cfg.model, micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, world_size=world,
-                      peak_tflops=peak_flops / 1e12, mfu=cost.mfu, strategy=strategy.plan_model,
+                      peak_tflops=cost.peak_flops / 1e12, mfu=cost.mfu, strategy=strategy.plan_model,
                       bucket_mb=bucket_mb, calibration=calibration, overlap=overlap)
     result = evaluate(plan, dataclasses.replace(resolve(plan), cost=cost))
     step, compute = result.step_time_s, result.compute_time_s
@@ -311,6 +307,17 @@ def save_step_costs(calibration: str, table: Table, world: int, at_world: dict[s
                      hint=f"`python -m distval.train.fakeworld --strategy {missed[0]} --model {table.rows[0]['model']} "
                           f"--micro-batch {micro_batch} --world {world}` shows why", details={"path": calibration})
     return Check("compare step costs", Status.OK, summary, details={"path": calibration})
+
+
+def at_rank_speed(cost: StepCost, world: int, device_type: str = "cpu") -> StepCost:
+    """The one-rank step costs as a rank of `world` local CPU ranks pays them: where their threads
+    outnumber the cores, its forward+backward, own cost and optimizer slowed by its share of them."""
+    share = core_share(world) if device_type == "cpu" else 1.0
+    if share >= 1:
+        return cost
+    return dataclasses.replace(cost, overhead_s=cost.overhead_s / share, optimizer_s=cost.optimizer_s / share,
+                               optimizer_per_param_s=cost.optimizer_per_param_s / share,
+                               peak_flops=cost.peak_flops * share)
 
 
 def core_share(world: int) -> float:
