@@ -88,7 +88,7 @@ def measured_rows(folder: Path, tag: str) -> list[dict]:
     rows = []
     for name in STRATEGIES:
         steps = json.loads((folder / f"train-{tag}-{name}.json").read_text())["tables"]["steps"]["rows"][1:]
-        counted = any(s["comm_calls"] for s in steps)  # fsdp2's collectives are torch's own: not split
+        counted = any(s["comm_calls"] for s in steps)  # none counted (fsdp2 on torch < 2.8): not split
 
         def median(f):
             return statistics.median(f(s) for s in steps)

@@ -46,7 +46,9 @@ _all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather
 _reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def reduce_op(name: str) -> dist.ReduceOp:
+def reduce_op(name: str | dist.ReduceOp) -> dist.ReduceOp:
+    if isinstance(name, dist.ReduceOp):  # torch's own, as FSDP2 passes it (SUM, AVG, a pre-multiplied sum)
+        return name
     try:
         return _REDUCE_OPS[name]
     except KeyError:
@@ -303,3 +305,40 @@ class Comm:
 
     def _global(self, group_rank: int) -> int:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+
+class _FSDPComm:
+    """FSDP2's collectives through a `Comm` (FSDPModule.set_custom_all_gather/_reduce_scatter,
+    torch >= 2.8), so that they are counted, timed and watched like distval's own. The interface
+    is FSDP2's `Comm` (torch.distributed.fsdp._fully_shard._fsdp_api), matched by its methods:
+    `allocate` a plain buffer as FSDP2's default does, and a call that returns torch's `Work` for
+    an async op (FSDP2 waits on it only if it is one), the record finished by its future."""
+
+    def __init__(self, comm: Comm):
+        self.comm = comm
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def _issue(self, rec: OpRecord, issue: Callable[[bool], Any], output: torch.Tensor, async_op: bool):
+        if not async_op or rec.skipped:
+            return self.comm._run(rec, lambda: issue(False), [output], False)
+        work = issue(True)
+        work.get_future().then(lambda _: self.comm._finish(rec, [output]))
+        return work
+
+
+class FSDPAllGather(_FSDPComm):
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
+                 async_op: bool = False):
+        rec = self.comm._start("all_gather", input_tensor, nbytes(output_tensor))
+        return self._issue(rec, lambda a: _all_gather_tensor(output_tensor, input_tensor, group=group, async_op=a),
+                           output_tensor, async_op)
+
+
+class FSDPReduceScatter(_FSDPComm):
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
+                 op: Any = dist.ReduceOp.SUM, async_op: bool = False):
+        rec = self.comm._start("reduce_scatter", input_tensor, nbytes(input_tensor))
+        return self._issue(rec, lambda a: _reduce_scatter_tensor(output_tensor, input_tensor, op=reduce_op(op),
+                                                                 group=group, async_op=a), output_tensor, async_op)

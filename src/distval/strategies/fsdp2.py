@@ -6,7 +6,9 @@ them after, and reduce-scatters the gradients. `--mixed-precision bf16` computes
 parameters and reduces gradients in fp32 (MixedPrecisionPolicy(param_dtype=bfloat16,
 reduce_dtype=float32)). Gradient accumulation: set_requires_gradient_sync(False) on the first
 K-1 micro-batches keeps unsharded gradients locally, the last one reduce-scatters. FSDP2's
-collectives are torch's own: they bypass the layer and are not counted.
+all-gathers and reduce-scatters go through the layer (FSDPModule.set_custom_all_gather and
+_reduce_scatter, torch >= 2.8): counted, timed and watched like distval's own; the gradient norm's
+all_reduce (DTensor's) is torch's own and not counted.
 
 Per rank (fp32 Adam): sharded parameters, gradients and Adam moments, 16Ψ/N (+ padding of each
 tensor's first dimension).
@@ -21,7 +23,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from distval.comm.layer import Comm
+from distval.comm.layer import Comm, FSDPAllGather, FSDPReduceScatter
 from distval.strategies.base import Strategy, StrategyConfig, host_flat, initial_adam_state, optimizer_state_like
 
 
@@ -63,9 +65,13 @@ class FSDP2(Strategy):
             if cfg.mixed_precision != "none"
             else MixedPrecisionPolicy()
         )
-        for block in getattr(model, "blocks", []):
-            fully_shard(block, mesh=self.mesh, mp_policy=policy)
-        fully_shard(model, mesh=self.mesh, mp_policy=policy)
+        units = [*getattr(model, "blocks", []), model]
+        for unit in units:
+            fully_shard(unit, mesh=self.mesh, mp_policy=policy)
+        self.counted = hasattr(model, "set_custom_all_gather")
+        for unit in units if self.counted else ():
+            unit.set_custom_all_gather(FSDPAllGather(comm))
+            unit.set_custom_reduce_scatter(FSDPReduceScatter(comm))
 
     @contextlib.contextmanager
     def micro_batch(self, is_last: bool) -> Iterator[None]:
@@ -81,7 +87,21 @@ class FSDP2(Strategy):
         return host_flat(p.full_tensor().detach() for p in self.model.parameters())
 
     def expected_comm_bytes_per_step(self, grad_accum: int) -> int | None:
-        return None  # not counted by the layer
+        """Per micro-batch each unit's all-gather before its forward and, for the blocks (resharded
+        after forward; the root keeps its parameters), again before its backward; one reduce-scatter
+        per unit at the last micro-batch. A unit's collective moves its padded shards times N, in
+        the parameter dtype (all-gathers) and the reduce dtype (fp32, reduce-scatters)."""
+        if not self.counted:
+            return None  # torch's own: not counted by the layer
+        gathered = 2 if self.cfg.mixed_precision != "none" else 4
+        blocks = [self.unit_elements(b) for b in getattr(self.model, "blocks", [])]
+        root = self.unit_elements(self.model) - sum(blocks)
+        return grad_accum * gathered * (root + 2 * sum(blocks)) + 4 * (root + sum(blocks))
+
+    def unit_elements(self, unit: nn.Module) -> int:
+        """The elements a unit's collectives move: each parameter's shard, padded to equal size, times N."""
+        n = self.world_size
+        return sum(n * math.ceil(p.shape[0] / n) * (p.numel() // p.shape[0]) for p in unit.parameters())
 
     def expected_model_state_bytes(self, optimizer: torch.optim.Optimizer) -> int:
         n = self.world_size

@@ -7,7 +7,8 @@ strategy on `nproc` ranks; per strategy the parity of the final parameters with 
 the strategy's expected volume, and the share of communication hidden behind compute
 (1 - exposed/total, where exposed is the time the training thread waited on collectives; for
 pytorch_ddp and pytorch_zero1 the wait inside backward from the last bucket's launch to backward's
-return; None for fsdp2, whose collectives are torch's own), the model state each rank holds
+return; fsdp2's collectives go through the layer as FSDP2's custom all-gather and reduce-scatter),
+the model state each rank holds
 (parameters, gradients, optimizer state, shards: the largest rank) against the strategy's formula
 and the planner's prediction, and with `--calibration bench.json` the step time `distval plan`
 predicts, category by category (forward+backward, optimizer, exposed communication), from the
@@ -209,7 +210,9 @@ def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, cali
             "predicted_optimizer_s": result.optimizer_time_s + norm, "predicted_overhead_s": result.overhead_time_s,
             "predicted_exposed_comm_s": exposed - norm,
             "predicted_overlapped_comm_s": max(0.0, (result.comm_time_s or 0.0) - exposed),
-            "predicted_calls_per_step": sum(p.repeat for p in result.phases for t in p.tasks if t.stream == COMM)}
+            # what the harness counts: not the norm's all_reduce where that is torch's own
+            "predicted_calls_per_step": sum(p.repeat for p in result.phases for t in p.tasks if t.stream == COMM
+                                            and (strategy.counts_all_comm or t.label != NORM_LABEL))}
 
 
 CATEGORIES = {  # a category of the step: (measured column, predicted column)
@@ -489,7 +492,7 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
         "comm_bytes_per_step": None if uncounted else counted,
         "expected_comm_bytes_per_step": result["expected_comm_bytes_per_step"],
         "comm_wire_bytes_per_step": None if uncounted else statistics.median(s["comm_wire_bytes"] for s in steps),
-        "comm_hidden_frac": None if comm_time == 0 else max(0.0, 1 - blocked / comm_time),  # fsdp2: nothing counted
+        "comm_hidden_frac": None if comm_time == 0 else max(0.0, 1 - blocked / comm_time),  # None: nothing counted
         "predicted_step_time_s": None,
         # the step split as the harness sees it: the time the training thread waited on collectives, and the rest
         "measured_compute_s": None if uncounted else statistics.median(map(forward_backward_s, steps)),
