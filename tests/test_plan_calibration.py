@@ -463,12 +463,30 @@ def test_compare_saves_its_step_costs_into_the_calibration_file(tmp_path, capsys
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and "step_costs of fsdp2 need" in stderr, stderr
 
 
-def test_ranks_outnumbering_the_cores_pay_the_one_rank_costs_at_their_share(monkeypatch):
-    """compare's prediction (and fsdp2_split's) takes the step costs measured on one rank alone; 3
-    one-thread ranks on 2 cores each get 2/3 of a core, so forward+backward (the peak the MFU is a
-    share of), the strategy's own cost and the optimizer phase all take 1.5x as long; ranks that
-    fit the cores, and GPU ranks, pay them as measured."""
-    from distval.train.compare import at_rank_speed
+def test_ranks_sharing_the_host_pay_the_one_rank_costs_slowed_as_measured_else_at_their_core_share(monkeypatch):
+    """compare's prediction (and fsdp2_split's) takes the step costs measured on one rank alone.
+    compare also times the plain model's forward+backward on the job's ranks at once: each cost is
+    slowed by that over the one-rank time (on this host 2 ranks ran 1.0-1.8x slower than one alone,
+    the Gloo threads and the second busy core). Where it was not measured: 3 one-thread ranks on 2
+    cores each get 2/3 of a core, so forward+backward (the peak the MFU is a share of), the
+    strategy's own cost and the optimizer phase all take 1.5x as long; ranks that fit the cores,
+    and GPU ranks, pay them as measured."""
+    from distval.train.compare import PLAIN, at_rank_speed, step_costs
+    from distval.train.config import TrainConfig
+
+    phase = {"step_s": 0.012, "optimizer_s": 0.003, "fb_s": 0.008, "mfu_fb": 0.2}
+    reference = {"probes": {PLAIN: phase, "zero2": phase}, "num_params": 115_008, "optimizer_per_param_s": 3e-9,
+                 "optimizer_per_param_tensors_s": 3e-9, "probe_peak_flops": 5e10,
+                 "shared_probe": {"one_rank_fb_s": 0.008, "steps": 100, "fb_s": 0.0108}}
+    [measured] = step_costs(TrainConfig(model="tiny"), reference)
+    assert measured.shared_slowdown == pytest.approx(1.35)
+    for world in (2, 3):  # measured at the compared world size: it replaces the share
+        scaled = at_rank_speed(measured, world)
+        assert scaled.overhead_s == pytest.approx(measured.overhead_s * 1.35)
+        assert scaled.optimizer_s == pytest.approx(0.003 * 1.35) and scaled.peak_flops == pytest.approx(5e10 / 1.35)
+    failed = dict(reference, shared_probe={"one_rank_fb_s": 0.008, "steps": 100, "fb_s": None})
+    assert step_costs(TrainConfig(model="tiny"), failed)[0].shared_slowdown is None
+    assert step_costs(TrainConfig(model="tiny"), dict(reference, shared_probe={}))[0].shared_slowdown is None
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
