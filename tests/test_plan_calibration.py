@@ -311,6 +311,24 @@ def test_step_costs_and_call_costs_enter_the_plan(tmp_path):
     assert slow_flat.optimizer_time(12_587_904 / 2) == pytest.approx(0.0175)  # sharded: all of it shrinks
 
 
+def test_the_plan_slows_each_rank_as_compares_ranks_were_slowed_sharing_their_host(tmp_path):
+    """Step costs measured with a `shared_slowdown` (compare's ranks' forward+backward against one
+    rank's): `plan --calibration` at any world size above 1 pays every one-rank cost at that pace,
+    the forward+backward rate, the strategy's own cost and the optimizer, as compare's prediction
+    does, and says so; one rank alone pays them as measured."""
+    path = tmp_path / "bench.json"
+    write_bench(path, {"all_reduce": (150e-6, 1.2e9)})
+    _with_costs(path, [dict(COST, strategy="pytorch_ddp", plan_model="ddp", shared_slowdown=1.5)], CALLS)
+    slowed = evaluate(PlanConfig(model="small", world_size=8, calibration=str(path)))
+    _with_costs(path, [dict(COST, strategy="pytorch_ddp", plan_model="ddp")], CALLS)
+    alone = evaluate(PlanConfig(model="small", world_size=8, calibration=str(path)))
+    assert slowed.inputs.peak_flops == pytest.approx(8e10 / 1.5) and slowed.inputs.mfu == alone.inputs.mfu == 0.25
+    assert slowed.compute_time_s == pytest.approx(alone.compute_time_s * 1.5)
+    assert slowed.overhead_time_s == pytest.approx(alone.overhead_time_s * 1.5)
+    assert slowed.optimizer_time_s == pytest.approx(alone.optimizer_time_s * 1.5)
+    assert "1.50x slower sharing the host" in slowed.inputs.mfu_source and "slower" not in alone.inputs.mfu_source
+
+
 def test_each_strategy_divides_the_per_parameter_rate_of_what_its_optimizer_updates():
     """ZeRO updates flat shards, fsdp2 the model's tensors as DTensor shards: each gets the AdamW
     rate of its layout, less what a tensor costs whatever its size (timed on one-element tensors).

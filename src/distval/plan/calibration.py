@@ -28,7 +28,7 @@ import json
 import math
 import os
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from distval.plan.network import PLAN_OPS, Link, from_fit
 from distval.results import SCHEMA
@@ -78,6 +78,16 @@ class StepCost:
     mfu: float
     peak_flops: float  # what `mfu` is a share of: the rank's measured matmul rate (or the GPU's peak)
     shared_slowdown: float | None = None
+
+    def slowed(self, factor: float) -> StepCost:
+        """These costs on a rank `factor` times slower than the one they were measured on (its
+        forward+backward rate, own cost and optimizer alike); the result is per rank as it runs,
+        with no slowdown left to apply."""
+        if factor == 1 and self.shared_slowdown is None:
+            return self
+        return replace(self, overhead_s=self.overhead_s * factor, optimizer_s=self.optimizer_s * factor,
+                       optimizer_per_param_s=self.optimizer_per_param_s * factor, peak_flops=self.peak_flops / factor,
+                       shared_slowdown=None)
 
     @property
     def overhead_per_unit_s(self) -> float:

@@ -366,11 +366,7 @@ def at_rank_speed(cost: StepCost, world: int, device_type: str = "cpu") -> StepC
     slowdown = cost.shared_slowdown
     if slowdown is None:
         slowdown = 1 / core_share(world) if device_type == "cpu" else 1.0
-    if slowdown == 1:
-        return cost
-    return dataclasses.replace(cost, overhead_s=cost.overhead_s * slowdown, optimizer_s=cost.optimizer_s * slowdown,
-                               optimizer_per_param_s=cost.optimizer_per_param_s * slowdown,
-                               peak_flops=cost.peak_flops / slowdown)
+    return cost.slowed(slowdown)
 
 
 def core_share(world: int) -> float:
