@@ -48,7 +48,6 @@ def test_quick_ladder_climbs_every_stage_and_the_plan_meets_the_measurement(tmp_
     assert 0 <= saved.interference <= 2 and doc["tables"]["overlap_costs"]["rows"][0]["both_us"] > 0
     assert [c.strategy for c in saved.costs] == ["pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2"]
     assert all(0 < c.mfu <= 1 and c.optimizer_s > 0 and c.units == 3 for c in saved.costs)
-    assert len({c.shared_slowdown for c in saved.costs}) == 1 and saved.costs[0].shared_slowdown > 0  # 2 ranks at once
     rows = {r["strategy"]: r for r in doc["tables"]["strategies"]["rows"]}
     assert list(rows) == ["pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2"]
     # the plan stage comes after compare and extrapolates from the model compare checked: its ddp step is

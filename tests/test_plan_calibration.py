@@ -311,24 +311,6 @@ def test_step_costs_and_call_costs_enter_the_plan(tmp_path):
     assert slow_flat.optimizer_time(12_587_904 / 2) == pytest.approx(0.0175)  # sharded: all of it shrinks
 
 
-def test_the_plan_slows_each_rank_as_compares_ranks_were_slowed_sharing_their_host(tmp_path):
-    """Step costs measured with a `shared_slowdown` (compare's ranks' forward+backward against one
-    rank's): `plan --calibration` at any world size above 1 pays every one-rank cost at that pace,
-    the forward+backward rate, the strategy's own cost and the optimizer, as compare's prediction
-    does, and says so; one rank alone pays them as measured."""
-    path = tmp_path / "bench.json"
-    write_bench(path, {"all_reduce": (150e-6, 1.2e9)})
-    _with_costs(path, [dict(COST, strategy="pytorch_ddp", plan_model="ddp", shared_slowdown=1.5)], CALLS)
-    slowed = evaluate(PlanConfig(model="small", world_size=8, calibration=str(path)))
-    _with_costs(path, [dict(COST, strategy="pytorch_ddp", plan_model="ddp")], CALLS)
-    alone = evaluate(PlanConfig(model="small", world_size=8, calibration=str(path)))
-    assert slowed.inputs.peak_flops == pytest.approx(8e10 / 1.5) and slowed.inputs.mfu == alone.inputs.mfu == 0.25
-    assert slowed.compute_time_s == pytest.approx(alone.compute_time_s * 1.5)
-    assert slowed.overhead_time_s == pytest.approx(alone.overhead_time_s * 1.5)
-    assert slowed.optimizer_time_s == pytest.approx(alone.optimizer_time_s * 1.5)
-    assert "1.50x slower sharing the host" in slowed.inputs.mfu_source and "slower" not in alone.inputs.mfu_source
-
-
 def test_each_strategy_divides_the_per_parameter_rate_of_what_its_optimizer_updates():
     """ZeRO updates flat shards, fsdp2 the model's tensors as DTensor shards: each gets the AdamW
     rate of its layout, less what a tensor costs whatever its size (timed on one-element tensors).
@@ -481,30 +463,27 @@ def test_compare_saves_its_step_costs_into_the_calibration_file(tmp_path, capsys
     assert code == 2 and len(stderr.strip().splitlines()) == 1 and "step_costs of fsdp2 need" in stderr, stderr
 
 
-def test_ranks_sharing_the_host_pay_the_one_rank_costs_slowed_as_measured_else_at_their_core_share(monkeypatch):
-    """compare's prediction (and fsdp2_split's) takes the step costs measured on one rank alone.
-    compare also times the plain model's forward+backward on the job's ranks at once: each cost is
-    slowed by that over the one-rank time (on this host 2 ranks ran 1.0-1.8x slower than one alone,
-    the Gloo threads and the second busy core). Where it was not measured: 3 one-thread ranks on 2
-    cores each get 2/3 of a core, so forward+backward (the peak the MFU is a share of), the
-    strategy's own cost and the optimizer phase all take 1.5x as long; ranks that fit the cores,
-    and GPU ranks, pay them as measured."""
-    from distval.train.compare import PLAIN, at_rank_speed, step_costs
-    from distval.train.config import TrainConfig
+def test_each_probe_lasts_about_a_second_in_rounds_but_a_slow_step_is_not_repeated():
+    """compare's one-rank probes: a host's speed moves by more than the band between 0.1 s windows,
+    so each probed model measures about PROBE_SECONDS of steps, in up to three rounds taken in turn;
+    a step too slow for that (small, 0.7 s) keeps the fewest steps, one round."""
+    from distval.train.compare import PROBE_ROUNDS, PROBE_SECONDS, PROBE_STEPS, PROBE_WARMUP, probe_rounds
 
-    phase = {"step_s": 0.012, "optimizer_s": 0.003, "fb_s": 0.008, "mfu_fb": 0.2}
-    reference = {"probes": {PLAIN: phase, "zero2": phase}, "num_params": 115_008, "optimizer_per_param_s": 3e-9,
-                 "optimizer_per_param_tensors_s": 3e-9, "probe_peak_flops": 5e10,
-                 "shared_probe": {"one_rank_fb_s": 0.008, "steps": 100, "fb_s": 0.0108}}
-    [measured] = step_costs(TrainConfig(model="tiny"), reference)
-    assert measured.shared_slowdown == pytest.approx(1.35)
-    for world in (2, 3):  # measured at the compared world size: it replaces the share
-        scaled = at_rank_speed(measured, world)
-        assert scaled.overhead_s == pytest.approx(measured.overhead_s * 1.35)
-        assert scaled.optimizer_s == pytest.approx(0.003 * 1.35) and scaled.peak_flops == pytest.approx(5e10 / 1.35)
-    failed = dict(reference, shared_probe={"one_rank_fb_s": 0.008, "steps": 100, "fb_s": None})
-    assert step_costs(TrainConfig(model="tiny"), failed)[0].shared_slowdown is None
-    assert step_costs(TrainConfig(model="tiny"), dict(reference, shared_probe={}))[0].shared_slowdown is None
+    least = PROBE_STEPS - PROBE_WARMUP
+    for step_s in (0.002, 0.008, 0.03):  # tiny on this host: 5-10 ms
+        rounds, steps = probe_rounds(step_s)
+        assert rounds == PROBE_ROUNDS and steps >= least
+        assert PROBE_SECONDS <= rounds * steps * step_s < PROBE_SECONDS + rounds * step_s
+    assert probe_rounds(0.05) == (2, 10) and probe_rounds(0.1) == (1, 10)
+    assert probe_rounds(0.7) == probe_rounds(30.0) == (1, least)
+
+
+def test_ranks_outnumbering_the_cores_pay_the_one_rank_costs_at_their_share(monkeypatch):
+    """compare's prediction (and fsdp2_split's) takes the step costs measured on one rank alone; 3
+    one-thread ranks on 2 cores each get 2/3 of a core, so forward+backward (the peak the MFU is a
+    share of), the strategy's own cost and the optimizer phase all take 1.5x as long; ranks that
+    fit the cores, and GPU ranks, pay them as measured."""
+    from distval.train.compare import at_rank_speed
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -28,7 +28,7 @@ import json
 import math
 import os
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from distval.plan.network import PLAN_OPS, Link, from_fit
 from distval.results import SCHEMA
@@ -48,7 +48,7 @@ class Fit:
 
 
 STEP_COST_COLUMNS = ["strategy", "plan_model", "model", "units", "num_params", "overhead_s", "optimizer_s",
-                     "optimizer_per_param_s", "mfu", "peak_flops", "shared_slowdown"]
+                     "optimizer_per_param_s", "mfu", "peak_flops"]
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,7 @@ class StepCost:
     tensor for ZeRO's flat shards, the model's own tensors otherwise, less what a tensor costs
     whatever its size) and the rest is per tensor and call (fsdp2's DTensor dispatch), which
     sharding does not shrink; `mfu`: the plain model's MFU on forward and backward alone,
-    of `peak_flops`; `shared_slowdown`: how much longer the plain model's forward+backward took on
-    each of the compared job's local ranks, all running at once with their collectives between,
-    than on the one rank alone (the host's cores, memory and the backends' threads shared; None:
-    not measured, and compare takes the ranks' share of the cores). It belongs to that job's host
-    and world size: compare applies it, the plan's extrapolation does not."""
+    of `peak_flops`."""
 
     strategy: str
     plan_model: str
@@ -77,17 +73,6 @@ class StepCost:
     optimizer_per_param_s: float
     mfu: float
     peak_flops: float  # what `mfu` is a share of: the rank's measured matmul rate (or the GPU's peak)
-    shared_slowdown: float | None = None
-
-    def slowed(self, factor: float) -> StepCost:
-        """These costs on a rank `factor` times slower than the one they were measured on (its
-        forward+backward rate, own cost and optimizer alike); the result is per rank as it runs,
-        with no slowdown left to apply."""
-        if factor == 1 and self.shared_slowdown is None:
-            return self
-        return replace(self, overhead_s=self.overhead_s * factor, optimizer_s=self.optimizer_s * factor,
-                       optimizer_per_param_s=self.optimizer_per_param_s * factor, peak_flops=self.peak_flops / factor,
-                       shared_slowdown=None)
 
     @property
     def overhead_per_unit_s(self) -> float:
@@ -272,8 +257,7 @@ def _costs(doc: dict, flag: str) -> tuple[StepCost, ...]:
     try:
         costs = tuple(StepCost(str(r["strategy"]), str(r["plan_model"]), str(r["model"]), int(r["units"]),
                                int(r["num_params"]), float(r["overhead_s"]), float(r["optimizer_s"]),
-                               float(r["optimizer_per_param_s"]), float(r["mfu"]), float(r["peak_flops"]),
-                               None if r.get("shared_slowdown") is None else float(r["shared_slowdown"]))
+                               float(r["optimizer_per_param_s"]), float(r["mfu"]), float(r["peak_flops"]))
                       for r in rows)
     except (TypeError, KeyError, ValueError) as e:
         raise ValueError(f"{flag}: its step_costs table is not as `distval compare` writes it ({e!r}); "

@@ -91,13 +91,9 @@ def resolve(cfg: PlanConfig) -> Inputs:
     spec = presets.device(cfg.device)
     calibration = load(cfg.calibration) if cfg.calibration else None
     cost = calibration.cost(cfg.strategy) if calibration else None
-    shared = ""
-    if cost is not None and cost.shared_slowdown is not None and cfg.world_size > 1:  # ranks sharing a host
-        shared = f", each rank {cost.shared_slowdown:.2f}x slower sharing the host as compare's ranks did"
-        cost = cost.slowed(cost.shared_slowdown)
     mfu, mfu_source = cfg.mfu, "given" if cfg.mfu != DEFAULT_MFU else "assumed (default)"
     if cost is not None and cfg.mfu == DEFAULT_MFU:
-        mfu, mfu_source = cost.mfu, f"measured (step costs: the plain {cost.model} on one rank{shared})"
+        mfu, mfu_source = cost.mfu, f"measured (step costs: the plain {cost.model} on one rank)"
     if cfg.peak_tflops is not None:
         peak, peak_source = cfg.peak_tflops * 1e12, "given (--peak-tflops)"
     elif spec.peak_tflops is not None:

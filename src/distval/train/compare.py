@@ -86,10 +86,6 @@ PROBE_STEPS, PROBE_WARMUP = 10, 3  # the fewest steps of a probe on the referenc
 # the others': a host's speed moves by more than the band from one 0.1 s window to the next (docs/plan.md)
 PROBE_SECONDS, PROBE_ROUNDS = 1.0, 3
 PLAIN = "simple_ddp_ga"  # the plain model: at world 1 its per-tensor all_reduces are waits, left out of its compute
-# timed on one rank and on the job's local ranks at once, for how much sharing the host slows a rank: one
-# reduce-scatter and one all-gather a step, whose waits are timed (the plain model's many per-tensor calls at
-# world N add a cost of their own between them, 2-3 ms a step on tiny)
-SHARED = "zero1"
 
 
 def reference_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
@@ -113,15 +109,12 @@ def reference_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     result["probe_peak_flops"] = pilot["peak_flops"]  # what the plain MFU is a share of: a rank's threads
     rounds, steps = probe_rounds(phase_medians(pilot["steps"][PROBE_WARMUP:])["step_s"])
     measured: dict[str, list[dict[str, Any]]] = {PLAIN: pilot["steps"][PROBE_WARMUP:]}
-    shared = cfg.probe.world > 1 and ctx.device.type == "cpu"  # local CPU ranks share the host
     for _ in range(rounds):
-        for name in dict.fromkeys((PLAIN, *cfg.probe.strategies, *([SHARED] if shared else ()))):
+        for name in (PLAIN, *cfg.probe.strategies):
             if name == PLAIN and rounds == 1 and steps == PROBE_STEPS - PROBE_WARMUP:
                 continue  # the pilot was this round's plain run
             measured.setdefault(name, []).extend(probe(name, steps)["steps"][PROBE_WARMUP:])
-    result["probes"] = {name: phase_medians(measured[name]) for name in (PLAIN, *cfg.probe.strategies)}
-    if shared:
-        result["shared_probe"] = {"one_rank_fb_s": phase_medians(measured[SHARED])["fb_s"], "steps": rounds * steps}
+    result["probes"] = {name: phase_medians(steps) for name, steps in measured.items()}
     result["world_cost_s"] = {}  # forward+backward work a strategy leaves out at world 1 (CPU ranks: fakeworld.py)
     for name in cfg.probe.strategies:
         if strategies.REGISTRY[name].skips_work_at_world_1 and cfg.probe.world > 1 and ctx.device.type == "cpu":
@@ -200,23 +193,10 @@ def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
         own = (probe["step_s"] - probe["optimizer_s"] - plain["fb_s"]) / cfg.grad_accum
         return own + (reference.get("world_cost_s", {}).get(name) or 0.0)
 
-    shared = reference.get("shared_probe", {})
-    slowdown = shared["fb_s"] / shared["one_rank_fb_s"] if shared.get("fb_s") and shared["one_rank_fb_s"] > 0 \
-        else None
     return [StepCost(name, strategies.REGISTRY[name].plan_model, cfg.model, units, reference["num_params"],
                      overhead(name, probe), probe["optimizer_s"], per_param(name), min(plain["mfu_fb"], 1.0),
-                     reference["probe_peak_flops"], slowdown)
+                     reference["probe_peak_flops"])
             for name, probe in probes.items()]
-
-
-def shared_fb_s(cfg: TrainConfig, opts: LaunchOptions, steps: int) -> float | None:
-    """SHARED's forward+backward on the job's ranks, all at once with their collectives between,
-    for as many steps as the one-rank probe measured it: what the one-rank figures stretch to when
-    the local ranks share the host's cores, memory and their backends' threads (None: the run
-    failed)."""
-    result = _one(dataclasses.replace(cfg, strategy=SHARED, steps=PROBE_WARMUP + steps, return_params=False,
-                                      probe=None, trace=TraceConfig()), opts)
-    return None if isinstance(result, Report) else phase_medians(result["steps"][PROBE_WARMUP:])["fb_s"]
 
 
 def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, calibration: str,
@@ -340,9 +320,6 @@ def save_step_costs(calibration: str, table: Table, world: int, at_world: dict[s
                f"{r['optimizer_s'] * 1e3:.1f} ms"
 
     rows = ", ".join(row(r) for r in table.rows)
-    if table.rows and (slowdown := table.rows[0].get("shared_slowdown")) is not None:
-        rows += f"; {SHARED}'s forward+backward {slowdown:.2f}x as long on {world} ranks at once as on one (every " \
-                "one-rank cost scaled by it)"
     try:
         save_costs(calibration, table.to_dict())
     except OSError as e:
@@ -359,14 +336,14 @@ def save_step_costs(calibration: str, table: Table, world: int, at_world: dict[s
 
 
 def at_rank_speed(cost: StepCost, world: int, device_type: str = "cpu") -> StepCost:
-    """The one-rank step costs as a rank of `world` local CPU ranks pays them: its forward+backward,
-    own cost and optimizer slowed as the plain model's forward+backward was on that many ranks at
-    once (`shared_slowdown`, measured by compare), else, where their threads outnumber the cores,
-    by its share of them."""
-    slowdown = cost.shared_slowdown
-    if slowdown is None:
-        slowdown = 1 / core_share(world) if device_type == "cpu" else 1.0
-    return cost.slowed(slowdown)
+    """The one-rank step costs as a rank of `world` local CPU ranks pays them: where their threads
+    outnumber the cores, its forward+backward, own cost and optimizer slowed by its share of them."""
+    share = core_share(world) if device_type == "cpu" else 1.0
+    if share >= 1:
+        return cost
+    return dataclasses.replace(cost, overhead_s=cost.overhead_s / share, optimizer_s=cost.optimizer_s / share,
+                               optimizer_per_param_s=cost.optimizer_per_param_s / share,
+                               peak_flops=cost.peak_flops * share)
 
 
 def core_share(world: int) -> float:
@@ -410,8 +387,6 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
     ref_cfg = dataclasses.replace(cfg, strategy="simple_ddp_ga", micro_batch=cfg.micro_batch * world,
                                   return_params=True, trace=TraceConfig(), probe=probe)
     reference = _one(ref_cfg, dataclasses.replace(opts, nproc=1), reference_rank)
-    if not isinstance(reference, Report) and "shared_probe" in reference:
-        reference["shared_probe"]["fb_s"] = shared_fb_s(cfg, opts, reference["shared_probe"]["steps"])
     report = Report("compare", meta=meta.collect(None, cfg, world_size=world, backend=opts.backend,
                                                  strategies=strategy_names, parity_rtol=PARITY_RTOL))
     table = Table(
