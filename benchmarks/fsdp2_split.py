@@ -1,8 +1,8 @@
 """Where does fsdp2's step go on CPU ranks, against what the plan counts? (docs/plan.md "How close")
 
-The harness cannot split fsdp2's forward+backward from its collectives (they are torch's own), and
-a trace's split of a CPU rank is blurred by the profiler's own cost. Two measurements without the
-profiler:
+The harness splits fsdp2's step like any strategy's since its all-gathers and reduce-scatters go
+through the layer (FSDP2's custom collectives, session 20), but as one total of waits; a trace's
+split of a CPU rank is blurred by the profiler's own cost. Two measurements without the profiler:
 
 1. **Blocking collectives.** `distval train --strategy fsdp2` with torch.distributed's
    `all_gather_single` and `reduce_scatter_single` (the calls FSDP2 makes) wrapped in a timer by a
