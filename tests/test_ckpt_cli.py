@@ -73,7 +73,8 @@ def test_bad_checkpoint_input_is_one_line_exit_2(tmp_path, read_only_dir, cli):
 
 
 def _workers(parent: int) -> list[int]:
-    """The training workers the local agent spawned (children running multiprocessing's spawn)."""
+    """The training workers the local agent started: its children, forked (the agent's own command
+    line) or spawned (multiprocessing's spawn_main), not multiprocessing's resource tracker."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -81,7 +82,7 @@ def _workers(parent: int) -> list[int]:
             cmd = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == parent and b"spawn_main" in cmd:
+        if int(fields[1]) == parent and b"resource_tracker" not in cmd:
             pids.append(int(stat.parent.name))
     return sorted(pids)
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from distval.launch import check_world, detect_mode, first_slurm_host, worker_env
+from distval.launch import LaunchOptions, check_world, detect_mode, first_slurm_host, run, worker_env
+from distval.launch.local import _start_method
 from distval.results import CannotRun
 
 from conftest import free_port, run_cli
@@ -43,6 +45,50 @@ def test_world_check():
         check_world(1, 8, {})
     with pytest.raises(CannotRun, match="expected a world of 2 ranks but this process sees WORLD_SIZE=3"):
         check_world(3, 2, {})
+
+
+PARENT = os.getpid()  # in a forked worker the launching process's pid; a spawned worker imports this module again
+
+
+def _sockets(pid: int | str) -> set[str]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return {target for target in found if target.startswith("socket:")}
+
+
+def _how_started(ctx, _) -> dict:
+    import torch
+
+    return {"forked": PARENT == os.getppid(), "threads": torch.get_num_threads(),
+            "sighup_default": signal.getsignal(signal.SIGHUP) == signal.SIG_DFL,
+            "agents_sockets": sorted(_sockets("self") & _sockets(os.getppid()))}
+
+
+def test_distvals_own_workers_are_forked_with_one_thread_and_a_workers_signal_handlers():
+    """On a CPU host with one intra-op thread per worker the agent forks distval's workers (torch
+    already imported); each starts as a worker, not as a copy of the agent: one thread, default
+    signal handlers, none of the agent's sockets (its stores' listeners and connections)."""
+    job = run(_how_started, None, LaunchOptions(nproc=2, timeout_s=60))
+    assert job.results == [{"forked": True, "threads": 1, "sighup_default": True, "agents_sockets": []}] * 2, \
+        job.results
+
+
+def test_fork_only_where_it_is_safe(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert _start_method() == "fork"
+    for threads in ("2", None):  # a thread team does not survive a fork
+        if threads is None:
+            monkeypatch.delenv("OMP_NUM_THREADS")
+        else:
+            monkeypatch.setenv("OMP_NUM_THREADS", threads)
+        assert _start_method() == "spawn"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)  # a CUDA context does not survive one either
+    assert _start_method() == "spawn"
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "distval"]

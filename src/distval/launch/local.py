@@ -51,10 +51,50 @@ class _Stopped(Exception):
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions) -> JobResult | None:
+def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, forked: bool = False) -> JobResult | None:
+    if forked:  # a copy of the agent's process: its signal handlers, thread count and sockets are not a worker's
+        import torch
+
+        for sig in _AGENT_SIGNALS:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        torch.set_num_threads(1)
+        _drop_inherited_sockets()
     from distval.launch.worker import run_worker
 
     return run_worker(rank_fn, cfg, opts, "local")
+
+
+def _drop_inherited_sockets() -> None:
+    """The agent's sockets (its stores' listeners, its connections) copied into a forked worker:
+    each replaced by /dev/null, so the rank holds only its own (doctor reads them from the kernel)
+    and a store's port closes with the agent. Replaced, not closed: the number stays taken, so an
+    object of the agent's that closes it later cannot close a socket the worker has opened since."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    os.dup2(null, int(fd))
+            except OSError:
+                continue  # the listing's own descriptor, closed meanwhile
+    finally:
+        os.close(null)
+
+
+def _start_method() -> str:
+    """How the agent starts distval's own workers (a function, not a program): `fork` where it is
+    safe, so that a worker starts with torch and distval already imported (2-3 s of a core each,
+    most of a short job's start-up), else `spawn` as torchrun. Safe: Linux, no GPU (a CUDA context
+    does not survive a fork), no process group in this process, and every worker at one intra-op
+    thread (OMP_NUM_THREADS=1, as the launcher sets it for more than one worker): GNU OpenMP's
+    thread team does not survive a fork either, and a child that asks for more than one thread
+    after the parent ran a parallel region hangs."""
+    import torch
+    import torch.distributed as dist
+
+    safe = (sys.platform.startswith("linux") and os.environ.get("OMP_NUM_THREADS") == "1"
+            and torch.cuda.device_count() == 0 and not (dist.is_available() and dist.is_initialized()))
+    return "fork" if safe else "spawn"
 
 
 def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] | tuple = (),
@@ -125,13 +165,16 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
 
         signal.signal(signal.SIGTERM, _raise_stopped)
     # As torchrun does: one intra-op thread per worker unless the user chose, so N workers do
-    # not fight over the cores (spawned workers inherit the environment at start).
+    # not fight over the cores (workers inherit the environment at start).
     saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", channels.ENV, FR_ENV)}
     if saved_env["OMP_NUM_THREADS"] is None and nproc > 1:
         os.environ["OMP_NUM_THREADS"] = "1"
     os.environ[channels.ENV] = address
     if watchdog:
         enable_flight_recorder()  # the workers' heartbeats read it
+    if entrypoint is _local_entry:  # distval's own workers (a program is started by its path whatever the method)
+        config.start_method = _start_method()
+        args = (*args, config.start_method == "fork")
     monitor.start()
     try:
         try:
