@@ -3,15 +3,17 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from distval.launch import LaunchOptions, check_world, detect_mode, first_slurm_host, run, worker_env
-from distval.launch.local import _start_method
+from distval.launch.local import _ExitWatch, _start_method
 from distval.results import CannotRun
 
 from conftest import free_port, run_cli
@@ -89,6 +91,24 @@ def test_fork_only_where_it_is_safe(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)  # a CUDA context does not survive one either
     assert _start_method() == "spawn"
+
+
+def test_the_first_rank_killed_by_a_signal_is_seen_before_its_death_is_reaped():
+    """torch's agent names one failure, the first it finds: a peer's error after a rank was
+    SIGKILLed may come first. The launcher sees each death as it happens, without reaping it."""
+    watch = _ExitWatch()
+    try:
+        killed = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+        time.sleep(1.0)  # dead and not reaped (its Popen has not been asked)
+        failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+        time.sleep(1.0)
+        here = socket.gethostname()
+        beats = {0: {"pid": failed.pid, "host": here}, 1: {"pid": killed.pid, "host": here}, 2: None}
+        assert watch.first_killed(beats) == {1: -signal.SIGKILL}, watch.deaths
+        assert watch.first_killed({0: {"pid": failed.pid, "host": here}}) == {}  # an exit code is not a signal
+        assert (killed.wait(), failed.wait()) == (-signal.SIGKILL, 1)  # still its owner's to reap
+    finally:
+        watch.close()
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "distval"]

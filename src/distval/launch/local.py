@@ -14,8 +14,10 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,6 +64,64 @@ def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, forked: bool = 
     from distval.launch.worker import run_worker
 
     return run_worker(rank_fn, cfg, opts, "local")
+
+
+class _ExitWatch:
+    """This process's children's deaths as they happen, read without reaping them (waitid with
+    WNOWAIT) every `every_s`; its children are listed every `list_every` turns. torch's agent
+    reports only the first failure it finds among function workers: a rank killed by a signal,
+    whose peers then fail on its closed connections, is otherwise named without its signal (or
+    taken for one that ended well) whenever the agent finds a peer first."""
+
+    def __init__(self, every_s: float = 0.01, list_every: int = 20):
+        self.deaths: list[tuple[int, int]] = []  # (pid, exit code; negative: the signal), in the order seen
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s, list_every), name="distval-exits",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, every_s: float, list_every: int) -> None:
+        alive: set[int] = set()
+        turn = 0
+        while not self._stop.wait(every_s):
+            if turn % list_every == 0:
+                alive |= _children() - {pid for pid, _ in self.deaths}
+            turn += 1
+            for pid in sorted(alive):
+                try:
+                    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                except ChildProcessError:  # reaped by its owner already (seen too late)
+                    alive.discard(pid)
+                    continue
+                if info is not None:
+                    killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+                    self.deaths.append((pid, -info.si_status if killed else info.si_status))
+                    alive.discard(pid)
+
+    def first_killed(self, beats: dict[int, dict[str, Any] | None]) -> dict[int, int]:
+        """{rank: -signal} when the first of this node's ranks to die was killed by a signal other
+        than the teardown's SIGTERM (a rank's pid is the one its heartbeat gave), else {}."""
+        here = socket.gethostname()
+        ranks = {b["pid"]: r for r, b in beats.items() if b and b.get("pid") and b.get("host") == here}
+        first = next(((pid, code) for pid, code in self.deaths if pid in ranks), None)
+        if first is None or first[1] >= 0 or first[1] == -signal.SIGTERM:
+            return {}
+        return {ranks[first[0]]: first[1]}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _children() -> set[int]:
+    """The pids of this process's children (each thread's: /proc/self/task/*/children)."""
+    pids: set[int] = set()
+    for path in Path("/proc/self/task").glob("*/children"):
+        try:
+            pids.update(int(pid) for pid in path.read_text().split())
+        except OSError:
+            continue  # a thread that ended meanwhile
+    return pids
 
 
 def _drop_inherited_sockets() -> None:
@@ -176,10 +236,12 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         config.start_method = _start_method()
         args = (*args, config.start_method == "fork")
     monitor.start()
+    exits = _ExitWatch()
     try:
         try:
             results = elastic_launch(config, entrypoint)(*args)
         finally:
+            exits.close()
             monitor.close()
             if watchdog and pauses is not None:
                 pauses.extend(watchdog.pauses)
@@ -190,7 +252,10 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     except ChildFailedError as e:
         _raise_hang(watchdog)
         _raise_no_restart(monitor, reader, run_dir, world)
-        raise _diagnose(reader, run_dir, world, {r: f.exitcode for r, f in e.failures.items()}) from None
+        exitcodes = {r: f.exitcode for r, f in e.failures.items()}  # the agent's: one failure, the first it found
+        exitcodes.update({r: c for r, c in exits.first_killed(reader.all(world, HEARTBEAT)).items()
+                          if r not in exitcodes})
+        raise _diagnose(reader, run_dir, world, exitcodes) from None
     except (SignalException, _Stopped):
         _raise_hang(watchdog)
         _raise_no_restart(monitor, reader, run_dir, world)
