@@ -91,7 +91,9 @@ class RankContext:
         `fields`: step=N (a training step), busy=True (a long phase that is not a hang, such as a
         checkpoint save: the hang watchdog allows it more time)."""
         self.last_status, self.status_fields = text, fields
-        self.channel.publish("status", {"status": text, **fields}, flush=True)
+        # pid and host: the launcher's record of its workers' deaths names the rank by them
+        self.channel.publish("status", {"status": text, "pid": os.getpid(), "host": self.hostname, **fields},
+                             flush=True)
 
     def exchange(self, value: int) -> list[int]:
         """Every rank's small integer (a tiny all-gather on the control group): how ranks agree

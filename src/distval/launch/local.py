@@ -98,11 +98,12 @@ class _ExitWatch:
                     self.deaths.append((pid, -info.si_status if killed else info.si_status))
                     alive.discard(pid)
 
-    def first_killed(self, beats: dict[int, dict[str, Any] | None]) -> dict[int, int]:
+    def first_killed(self, said: dict[int, dict[str, Any] | None]) -> dict[int, int]:
         """{rank: -signal} when the first of this node's ranks to die was killed by a signal other
-        than the teardown's SIGTERM (a rank's pid is the one its heartbeat gave), else {}."""
+        than the teardown's SIGTERM, else {}. `said`: what each rank last published with its pid
+        and host (its status or heartbeat)."""
         here = socket.gethostname()
-        ranks = {b["pid"]: r for r, b in beats.items() if b and b.get("pid") and b.get("host") == here}
+        ranks = {b["pid"]: r for r, b in said.items() if b and b.get("pid") and b.get("host") == here}
         first = next(((pid, code) for pid, code in self.deaths if pid in ranks), None)
         if first is None or first[1] >= 0 or first[1] == -signal.SIGTERM:
             return {}
@@ -253,8 +254,8 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         _raise_hang(watchdog)
         _raise_no_restart(monitor, reader, run_dir, world)
         exitcodes = {r: f.exitcode for r, f in e.failures.items()}  # the agent's: one failure, the first it found
-        exitcodes.update({r: c for r, c in exits.first_killed(reader.all(world, HEARTBEAT)).items()
-                          if r not in exitcodes})
+        ranks = {**reader.all(world, "status"), **{r: b for r, b in reader.all(world, HEARTBEAT).items() if b}}
+        exitcodes.update({r: c for r, c in exits.first_killed(ranks).items() if r not in exitcodes})
         raise _diagnose(reader, run_dir, world, exitcodes) from None
     except (SignalException, _Stopped):
         _raise_hang(watchdog)
