@@ -72,18 +72,30 @@ def test_bad_checkpoint_input_is_one_line_exit_2(tmp_path, read_only_dir, cli):
     assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["latest", "step-00000005"]  # untouched
 
 
-def _workers(parent: int) -> list[int]:
-    """The training workers the local agent started: its children, forked (the agent's own command
-    line) or spawned (multiprocessing's spawn_main), not multiprocessing's resource tracker."""
+def _children(parent: int) -> list[int]:
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmd = (stat.parent / "cmdline").read_bytes()
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                pids.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
+
+
+def _workers(parent: int) -> list[int]:
+    """The training workers the local agent started: its fork server's children, or its own
+    (spawned: multiprocessing's spawn_main), not multiprocessing's resource tracker."""
+    pids = []
+    for pid in _children(parent):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == parent and b"resource_tracker" not in cmd:
-            pids.append(int(stat.parent.name))
+        if b"multiprocessing.forkserver" in cmd:
+            pids += _children(pid)
+        elif b"resource_tracker" not in cmd:
+            pids.append(pid)
     return sorted(pids)
 
 

@@ -1,6 +1,7 @@
 """Launching under torchrun and Slurm, and reading their variables."""
 
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from distval.launch import LaunchOptions, check_world, detect_mode, first_slurm_host, run, worker_env
+from distval.launch import LaunchOptions, check_world, detect_mode, first_slurm_host, forkserver, run, worker_env
 from distval.launch.local import _ExitWatch, _start_method
 from distval.results import CannotRun
 
@@ -49,9 +50,6 @@ def test_world_check():
         check_world(3, 2, {})
 
 
-PARENT = os.getpid()  # in a forked worker the launching process's pid; a spawned worker imports this module again
-
-
 def _sockets(pid: int | str) -> set[str]:
     found = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -62,51 +60,73 @@ def _sockets(pid: int | str) -> set[str]:
     return {target for target in found if target.startswith("socket:")}
 
 
-def _how_started(ctx, _) -> dict:
+def _how_started(ctx, launcher: int) -> dict:
     import torch
 
-    return {"forked": PARENT == os.getppid(), "threads": torch.get_num_threads(),
-            "sighup_default": signal.getsignal(signal.SIGHUP) == signal.SIG_DFL,
-            "agents_sockets": sorted(_sockets("self") & _sockets(os.getppid()))}
+    server = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    return {"from_server": b"multiprocessing.forkserver" in server and os.getppid() != launcher,
+            "threads": torch.get_num_threads(), "sighup_default": signal.getsignal(signal.SIGHUP) == signal.SIG_DFL,
+            "agents_sockets": sorted(_sockets("self") & _sockets(launcher)),
+            "env": {k: os.environ.get(k) for k in ("DISTVAL_TEST_MARK", "RANK")}}
 
 
-def test_distvals_own_workers_are_forked_with_one_thread_and_a_workers_signal_handlers():
-    """On a CPU host with one intra-op thread per worker the agent forks distval's workers (torch
-    already imported); each starts as a worker, not as a copy of the agent: one thread, default
-    signal handlers, none of the agent's sockets (its stores' listeners and connections)."""
-    job = run(_how_started, None, LaunchOptions(nproc=2, timeout_s=60))
-    assert job.results == [{"forked": True, "threads": 1, "sighup_default": True, "agents_sockets": []}] * 2, \
+def test_distvals_own_workers_start_from_a_fork_server_with_the_launchers_environment(monkeypatch):
+    """On a CPU host with one intra-op thread per worker distval's workers start from a fork
+    server (torch already imported), not as copies of the launching process: one thread, default
+    signal handlers, none of the launcher's sockets, and the launcher's environment as it is now
+    (the server started with an older one) with the rank's own variables on top."""
+    run(_how_started, os.getpid(), LaunchOptions(nproc=2, timeout_s=60))  # the server runs from here on
+    monkeypatch.setenv("DISTVAL_TEST_MARK", "set after the server started")
+    monkeypatch.setenv("RANK", "7")  # the rank's own wins
+    job = run(_how_started, os.getpid(), LaunchOptions(nproc=2, timeout_s=60))
+    assert [r.pop("env") for r in job.results] == [{"DISTVAL_TEST_MARK": "set after the server started", "RANK": str(r)}
+                                                  for r in range(2)]
+    assert job.results == [{"from_server": True, "threads": 1, "sighup_default": True, "agents_sockets": []}] * 2, \
         job.results
 
 
-def test_fork_only_where_it_is_safe(monkeypatch):
+def test_the_fork_server_only_where_it_is_safe(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert _start_method() == "fork"
-    for threads in ("2", None):  # a thread team does not survive a fork
+    assert _start_method() == "forkserver"
+    for threads in ("2", None):  # the server's OpenMP read its thread count before the job chose one
         if threads is None:
             monkeypatch.delenv("OMP_NUM_THREADS")
         else:
             monkeypatch.setenv("OMP_NUM_THREADS", threads)
         assert _start_method() == "spawn"
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)  # a CUDA context does not survive one either
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)  # GPUs: as torchrun starts them
     assert _start_method() == "spawn"
 
 
-def test_the_first_rank_killed_by_a_signal_is_seen_before_its_death_is_reaped():
+def _die(code: int) -> None:
+    if code < 0:
+        os.kill(os.getpid(), -code)
+    raise SystemExit(code)
+
+
+def test_the_first_rank_killed_by_a_signal_is_seen_in_the_order_of_deaths():
     """torch's agent names one failure, the first it finds: a peer's error after a rank was
-    SIGKILLed may come first. The launcher sees each death as it happens, without reaping it."""
+    SIGKILLed may come first. The launcher sees the order of deaths as they happen, and leaves
+    each exit code to the agent (a fork server's worker's code can be read once)."""
+    forkserver.start()
+    context = multiprocessing.get_context("forkserver")
     watch = _ExitWatch()
     try:
-        killed = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
-        time.sleep(1.0)  # dead and not reaped (its Popen has not been asked)
-        failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+        killed = context.Process(target=_die, args=(-signal.SIGKILL,))
+        killed.start()
         time.sleep(1.0)
+        failed = context.Process(target=_die, args=(1,))
+        failed.start()
+        time.sleep(1.0)
+        assert [p.pid for p in watch.deaths] == [killed.pid, failed.pid]
+        killed.join(), failed.join()  # the agent reads the codes
+        assert (killed.exitcode, failed.exitcode) == (-signal.SIGKILL, 1)
         here = socket.gethostname()
         beats = {0: {"pid": failed.pid, "host": here}, 1: {"pid": killed.pid, "host": here}, 2: None}
-        assert watch.first_killed(beats) == {1: -signal.SIGKILL}, watch.deaths
+        assert watch.first_killed(beats) == {1: -signal.SIGKILL}
         assert watch.first_killed({0: {"pid": failed.pid, "host": here}}) == {}  # an exit code is not a signal
-        assert (killed.wait(), failed.wait()) == (-signal.SIGKILL, 1)  # still its owner's to reap
+        assert watch.first_killed({0: {"pid": killed.pid, "host": "elsewhere"}}) == {}  # another node's pid
     finally:
         watch.close()
 

@@ -19,8 +19,13 @@ from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun
 __all__ = ["app", "main"]
 
 
+# the commands that start distval's own workers on this host
+_LAUNCHING = {"comm", "compare", "doctor", "run", "train"}
+
+
 def main(argv: list[str] | None = None) -> None:
     exit_without_collecting()
+    _start_fork_server(sys.argv[1:] if argv is None else argv)
     try:
         code = app(args=argv, prog_name="distval", standalone_mode=False)
     except ValueError as e:
@@ -41,6 +46,21 @@ def main(argv: list[str] | None = None) -> None:
             _fail("interrupted", 130)
         raise
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _start_fork_server(args: list[str]) -> None:
+    """A command that will start workers here starts their fork server (launch/forkserver.py)
+    first, so that the server imports torch while this process does. Not for one worker, nor
+    for a process that is itself a worker of an outer launcher (on a GPU host the server is
+    started and not used: a second of a core in the background)."""
+    from distval.launch.modes import detect_mode
+
+    nproc = next((b for a, b in zip(args, args[1:]) if a == "--nproc"),
+                 next((a.split("=", 1)[1] for a in args if a.startswith("--nproc=")), None))
+    if args and args[0] in _LAUNCHING and nproc != "1" and "--help" not in args and detect_mode() == "local":
+        from distval.launch import forkserver
+
+        forkserver.start()
 
 
 def _fail(message: str, code: int) -> None:

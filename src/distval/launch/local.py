@@ -11,6 +11,7 @@ lines.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ import socket
 import sys
 import tempfile
 import threading
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,6 +31,7 @@ from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.health.metrics import exporter_for
 from distval.health.pauses import Pause
 from distval.launch import channel as channels
+from distval.launch import forkserver
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.modes import planned_world_size
 from distval.launch.monitor import Monitor, Watcher
@@ -53,109 +56,72 @@ class _Stopped(Exception):
 _AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, forked: bool = False) -> JobResult | None:
-    if forked:  # a copy of the agent's process: its signal handlers, thread count and sockets are not a worker's
+def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, from_server: bool = False,
+                 environ: None = None) -> JobResult | None:
+    """A worker of distval's own. `environ` was forkserver.Environ: unpickling it put the launching
+    process's environment in place already."""
+    if from_server:  # the server imported torch before the launcher chose the thread count
         import torch
 
-        for sig in _AGENT_SIGNALS:
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         torch.set_num_threads(1)
-        _drop_inherited_sockets()
     from distval.launch.worker import run_worker
 
     return run_worker(rank_fn, cfg, opts, "local")
 
 
 class _ExitWatch:
-    """This process's children's deaths as they happen, read without reaping them (waitid with
-    WNOWAIT) every `every_s`; its children are listed every `list_every` turns. torch's agent
-    reports only the first failure it finds among function workers: a rank killed by a signal,
-    whose peers then fail on its closed connections, is otherwise named without its signal (or
-    taken for one that ended well) whenever the agent finds a peer first."""
+    """The order in which this process's multiprocessing workers die, as it happens (each one's
+    sentinel, watched every `every_s`, without reading its exit code: torch's agent reads it).
+    torch's agent reports only the first failure it finds among function workers: a rank killed by
+    a signal, whose peers then fail on its closed connections, is otherwise named without its
+    signal (or taken for one that ended well) whenever the agent finds a peer first. Program
+    workers need no watch: torch's agent reports every one that has failed when it looks."""
 
-    def __init__(self, every_s: float = 0.01, list_every: int = 20):
-        self.deaths: list[tuple[int, int]] = []  # (pid, exit code; negative: the signal), in the order seen
+    def __init__(self, every_s: float = 0.01):
+        self.deaths: list[multiprocessing.Process] = []  # in the order seen
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(every_s, list_every), name="distval-exits",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(every_s,), name="distval-exits", daemon=True)
         self._thread.start()
 
-    def _run(self, every_s: float, list_every: int) -> None:
-        alive: set[int] = set()
-        turn = 0
-        while not self._stop.wait(every_s):
-            if turn % list_every == 0:
-                alive |= _children() - {pid for pid, _ in self.deaths}
-            turn += 1
-            for pid in sorted(alive):
-                try:
-                    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-                except ChildProcessError:  # reaped by its owner already (seen too late)
-                    alive.discard(pid)
-                    continue
-                if info is not None:
-                    killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
-                    self.deaths.append((pid, -info.si_status if killed else info.si_status))
-                    alive.discard(pid)
+    def _run(self, every_s: float) -> None:
+        while not self._stop.is_set():
+            # multiprocessing's own set of this process's children: public listings poll them,
+            # which would race the agent for a fork server's exit codes
+            alive = [p for p in list(multiprocessing.process._children) if p not in self.deaths]  # type: ignore[attr-defined]
+            ready = set(wait([p.sentinel for p in alive], every_s)) if alive else set()
+            self.deaths += [p for p in alive if p.sentinel in ready]
+            if not alive:
+                self._stop.wait(every_s)
 
     def first_killed(self, said: dict[int, dict[str, Any] | None]) -> dict[int, int]:
         """{rank: -signal} when the first of this node's ranks to die was killed by a signal other
         than the teardown's SIGTERM, else {}. `said`: what each rank last published with its pid
-        and host (its status or heartbeat)."""
+        and host (its status or heartbeat). Asked once torch's agent has read every exit code."""
         here = socket.gethostname()
         ranks = {b["pid"]: r for r, b in said.items() if b and b.get("pid") and b.get("host") == here}
-        first = next(((pid, code) for pid, code in self.deaths if pid in ranks), None)
-        if first is None or first[1] >= 0 or first[1] == -signal.SIGTERM:
+        first = next((p for p in self.deaths if p.pid in ranks), None)
+        code = first.exitcode if first is not None else None
+        if code is None or code >= 0 or code == -signal.SIGTERM:
             return {}
-        return {ranks[first[0]]: first[1]}
+        return {ranks[first.pid]: code}
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
 
 
-def _children() -> set[int]:
-    """The pids of this process's children (each thread's: /proc/self/task/*/children)."""
-    pids: set[int] = set()
-    for path in Path("/proc/self/task").glob("*/children"):
-        try:
-            pids.update(int(pid) for pid in path.read_text().split())
-        except OSError:
-            continue  # a thread that ended meanwhile
-    return pids
-
-
-def _drop_inherited_sockets() -> None:
-    """The agent's sockets (its stores' listeners, its connections) copied into a forked worker:
-    each replaced by /dev/null, so the rank holds only its own (doctor reads them from the kernel)
-    and a store's port closes with the agent. Replaced, not closed: the number stays taken, so an
-    object of the agent's that closes it later cannot close a socket the worker has opened since."""
-    null = os.open(os.devnull, os.O_RDWR)
-    try:
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                    os.dup2(null, int(fd))
-            except OSError:
-                continue  # the listing's own descriptor, closed meanwhile
-    finally:
-        os.close(null)
-
-
 def _start_method() -> str:
-    """How the agent starts distval's own workers (a function, not a program): `fork` where it is
-    safe, so that a worker starts with torch and distval already imported (2-3 s of a core each,
-    most of a short job's start-up), else `spawn` as torchrun. Safe: Linux, no GPU (a CUDA context
-    does not survive a fork), no process group in this process, and every worker at one intra-op
-    thread (OMP_NUM_THREADS=1, as the launcher sets it for more than one worker): GNU OpenMP's
-    thread team does not survive a fork either, and a child that asks for more than one thread
-    after the parent ran a parallel region hangs."""
+    """How the agent starts distval's own workers (a function, not a program): from the fork
+    server (launch/forkserver.py) where that is safe, so that a worker starts with torch and
+    distval already imported, else `spawn` as torchrun. Safe: Linux, no GPU (kept as torchrun
+    starts them there), and every worker at one intra-op thread (OMP_NUM_THREADS=1, as the
+    launcher sets it for more than one worker): the server's OpenMP read its thread count before
+    this job chose one."""
     import torch
-    import torch.distributed as dist
 
     safe = (sys.platform.startswith("linux") and os.environ.get("OMP_NUM_THREADS") == "1"
-            and torch.cuda.device_count() == 0 and not (dist.is_available() and dist.is_initialized()))
-    return "fork" if safe else "spawn"
+            and torch.cuda.device_count() == 0)
+    return "forkserver" if safe else "spawn"
 
 
 def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] | tuple = (),
@@ -235,7 +201,9 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         enable_flight_recorder()  # the workers' heartbeats read it
     if entrypoint is _local_entry:  # distval's own workers (a program is started by its path whatever the method)
         config.start_method = _start_method()
-        args = (*args, config.start_method == "fork")
+        if config.start_method == "forkserver":
+            forkserver.start()
+            args = (*args, True, forkserver.Environ())
     monitor.start()
     exits = _ExitWatch()
     try:

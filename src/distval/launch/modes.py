@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 
-from distval import device as devices
 from distval.launch.job import LaunchOptions
 from distval.results import CannotRun
 
@@ -32,6 +31,8 @@ def planned_world_size(opts: LaunchOptions, env: dict[str, str] | None = None) -
     env = dict(os.environ if env is None else env)
     mode = detect_mode(env)
     if mode == "local":
+        from distval import device as devices  # imports torch: not for the command line's first look
+
         return (opts.nproc or devices.default_nproc()) * opts.nnodes
     return int(worker_env(mode, env).get("WORLD_SIZE") or env["WORLD_SIZE"])
 

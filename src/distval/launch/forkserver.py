@@ -1,0 +1,44 @@
+"""The fork server distval's own workers start from where that is safe (launch/local.py
+`_start_method`): multiprocessing's, started once per launching process, with torch and distval's
+trainer imported before its first fork, so that a worker starts with them (2-3 s of a core each,
+most of a short job's start-up) without being a copy of the launching process. That process has
+threads (torch's agent, the stores' servers, the monitor) whose locks a plain fork would copy
+held: a forked rank was once seen stuck connecting to a store. The fork server has no thread.
+
+This module imports neither torch nor distval's heavy parts: the command line starts the server
+before it imports them itself, so the two imports share the cores instead of following each other.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import os
+
+PRELOAD = ["distval.launch.worker", "distval.train.loop"]  # torch, torch.distributed, the trainer and strategies
+
+
+def start() -> None:
+    """The fork server, running from now on (nothing if it already is); it imports PRELOAD by
+    itself while this process goes on."""
+    multiprocessing.forkserver.set_forkserver_preload(PRELOAD)
+    multiprocessing.forkserver.ensure_running()
+
+
+class Environ:
+    """This process's environment, put in place in a worker as the worker reads its arguments,
+    before torch's agent adds the rank's own variables. A worker from the fork server starts with
+    the server's environment, the one this process had when the server started; a spawned or
+    forked one has this process's, which may have changed since (the launcher sets the rank
+    channel's address and the thread count; a test sets its own)."""
+
+    def __init__(self) -> None:
+        self.env = dict(os.environ)
+
+    def __reduce__(self) -> tuple:
+        return _put_environ, (self.env,)
+
+
+def _put_environ(env: dict[str, str]) -> None:
+    os.environ.clear()
+    os.environ.update(env)
