@@ -2,6 +2,7 @@
 
 import json
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import socket
@@ -66,6 +67,7 @@ def _how_started(ctx, launcher: int) -> dict:
     server = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     return {"from_server": b"multiprocessing.forkserver" in server and os.getppid() != launcher,
             "threads": torch.get_num_threads(), "sighup_default": signal.getsignal(signal.SIGHUP) == signal.SIG_DFL,
+            "sigterm_blocked": signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []),
             "agents_sockets": sorted(_sockets("self") & _sockets(launcher)),
             "env": {k: os.environ.get(k) for k in ("DISTVAL_TEST_MARK", "RANK")}}
 
@@ -74,15 +76,21 @@ def test_distvals_own_workers_start_from_a_fork_server_with_the_launchers_enviro
     """On a CPU host with one intra-op thread per worker distval's workers start from a fork
     server (torch already imported), not as copies of the launching process: one thread, default
     signal handlers, none of the launcher's sockets, and the launcher's environment as it is now
-    (the server started with an older one) with the rank's own variables on top."""
+    (the server started with an older one) with the rank's own variables on top. The server
+    outlives a SIGTERM to the job's process group (the launcher and the workers save and stop);
+    a worker does not."""
     run(_how_started, os.getpid(), LaunchOptions(nproc=2, timeout_s=60))  # the server runs from here on
     monkeypatch.setenv("DISTVAL_TEST_MARK", "set after the server started")
     monkeypatch.setenv("RANK", "7")  # the rank's own wins
     job = run(_how_started, os.getpid(), LaunchOptions(nproc=2, timeout_s=60))
     assert [r.pop("env") for r in job.results] == [{"DISTVAL_TEST_MARK": "set after the server started", "RANK": str(r)}
                                                   for r in range(2)]
-    assert job.results == [{"from_server": True, "threads": 1, "sighup_default": True, "agents_sockets": []}] * 2, \
-        job.results
+    assert job.results == [{"from_server": True, "threads": 1, "sighup_default": True, "sigterm_blocked": False,
+                            "agents_sockets": []}] * 2, job.results
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    os.kill(server, signal.SIGTERM)
+    time.sleep(0.2)
+    assert os.waitpid(server, os.WNOHANG) == (0, 0)  # still running
 
 
 def test_the_fork_server_only_where_it_is_safe(monkeypatch):

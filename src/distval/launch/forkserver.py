@@ -13,16 +13,30 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
+import signal
 
 PRELOAD = ["distval.launch.worker", "distval.train.loop"]  # torch, torch.distributed, the trainer and strategies
+
+
+# Signals the server never receives (blocked from its start, as multiprocessing's resource
+# tracker does): a SIGTERM to the job's process group (a scheduler's, a user's `kill -- -PGID`)
+# must reach the launcher and the workers, which save and stop, not end the server, whose end
+# the launcher would read as the death of every worker at once. A worker unblocks it first.
+BLOCKED = {signal.SIGTERM}
 
 
 def start() -> None:
     """The fork server, running from now on (nothing if it already is); it imports PRELOAD by
     itself while this process goes on."""
     multiprocessing.forkserver.set_forkserver_preload(PRELOAD)
-    multiprocessing.forkserver.ensure_running()
+    multiprocessing.resource_tracker.ensure_running()  # first: it unblocks SIGTERM after starting its own process
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED)  # inherited by the server, kept across its exec
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 class Environ:
