@@ -273,3 +273,23 @@ def test_under_torchrun_across_two_nodes_the_node_watchdogs_end_a_stopped_rank(t
     assert all("rank 1 stopped (SIGSTOP" in line for line in lines), lines
     stalled = float(next(line for line in lines if "hang after" in line).split("hang after ")[1].split(" s")[0])
     assert stalled < 15, lines
+
+
+def test_the_command_line_starts_the_fork_server_for_the_commands_that_start_workers_here(monkeypatch):
+    """Started before the command imports torch, so that the two imports share the cores; not
+    where it would not be used."""
+    from distval.cli import _start_fork_server
+
+    started = []
+    monkeypatch.setattr("distval.launch.forkserver.start", lambda: started.append(True))
+    cases = {("train", "--nproc", "2"): True, ("compare", "--model", "tiny"): True, ("run",): True,
+             ("train", "--nproc", "1"): False, ("train", "--nproc=1"): False, ("train", "--help"): False,
+             ("plan",): False, ("launch", "train.py"): False, (): False}
+    for args, expected in cases.items():
+        started.clear()
+        _start_fork_server(list(args))
+        assert started == ([True] if expected else []), args
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a worker of torchrun's: it starts none
+    _start_fork_server(["train"])
+    assert started == []
