@@ -706,10 +706,11 @@ def eval_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, 
                       timeout=240)
         return res.returncode, json.loads(out.read_text()) if out.exists() else None, res.stdout + res.stderr
 
-    # the spinning rank takes a core for its 12 s while rank 0 of "healthy" evaluates on the other; side by
-    # side, "healthy" printed no pause line twice in four full suites (likely the others' heartbeats starved
-    # and the threshold learned from their gaps rose past the 10 s evaluation): it runs after the others
-    return {**_side_by_side(run, ["healthy", "stop", "skip"]), **_side_by_side(run, ["spin"])}
+    # "healthy" and "spin" must be named live before their pauses end (10 s, 12 s), which needs the
+    # threshold learned from their first steps' gaps to stay below that: next to other jobs' start-up
+    # (5-7 ranks importing torch on 2 cores) those gaps grew, and "healthy" printed no pause line in 3
+    # of about 8 full suites. Each runs alone; "stop" and "skip" (certain whatever the threshold) together
+    return {**_side_by_side(run, ["stop", "skip"]), **_side_by_side(run, ["healthy"]), **_side_by_side(run, ["spin"])}
 
 
 def test_launch_never_kills_a_healthy_script_whose_rank_0_evaluates_and_saves(eval_runs):
@@ -718,7 +719,6 @@ def test_launch_never_kills_a_healthy_script_whose_rank_0_evaluates_and_saves(ev
     assert code == 0 and "[rank1]: rank 1 done" in text, text[-3000:]
     lines = [line for line in text.splitlines() if line.startswith("distval: pause: rank 0 outside any collective")]
     save = next(n for n, line in enumerate(EVAL_SCRIPT.splitlines(), 1) if "torch.save" in line)
-    # (seen twice in four full suites: no line at all, exit 0; the report's checks and the output say why)
     assert len(lines) == 2 and "at estimate_loss (train.py:" in lines[0], (lines, doc["checks"], text[-3000:])
     assert f"at SlowDisk.write (train.py:{save - 12}), within <module> (train.py:{save})" in lines[1], lines
     (check,) = [c for c in doc["checks"] if c["name"] == "launch pauses"]
