@@ -12,6 +12,7 @@ before it imports them itself, so the two imports share the cores instead of fol
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
@@ -48,10 +49,8 @@ def _stop() -> None:
     and stderr all the while: whoever reads them to their end (a test, a pipe) waits for it."""
     pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
     if pid:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # ended already
             os.kill(pid, signal.SIGKILL)  # its workers have ended with the jobs
-        except OSError:
-            pass
 
 
 class Environ:
