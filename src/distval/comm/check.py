@@ -110,10 +110,15 @@ def _run_case(ctx: RankContext, case: Case, seed: int) -> list[tuple[dict[str, A
 
 def _check_barrier(ctx: RankContext, seed: int) -> Mismatch | None:
     """A barrier must not release any rank before every rank has arrived: each rank posts a key
-    to the store before entering; after leaving, every rank's key must be there."""
+    to the store before entering; after leaving, every rank's key must be there. TCPStore's set
+    does not wait for the store's answer, so each rank reads its own key back first (its
+    connection's next answer: the set has landed), else a peer could look before it lands (seen
+    across emulated nodes' slower links) and blame the barrier."""
     store = dist.distributed_c10d._get_default_store()
+    key = f"distval/barrier/{seed}/{ctx.rank}"
+    store.set(key, b"1")
+    store.get(key)
     prefix = f"distval/barrier/{seed}/"
-    store.set(prefix + str(ctx.rank), b"1")
     ctx.comm.barrier()
     missing = [r for r in range(ctx.world_size) if not store.check([prefix + str(r)])]
     if missing:
