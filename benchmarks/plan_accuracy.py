@@ -114,11 +114,8 @@ def predicted_rows(folder: Path, tag: str) -> list[dict]:
     rows = []
     for row in measured_rows(folder, tag):
         name = row["strategy"]
-        cfg = TrainConfig(model=model, strategy=name)
-        shared = predicted_step(cfg, name, nproc, costs[name], bench, tensors)  # the cores' share, as `plan`
-        rows.append({**row, **predicted_step(cfg, name, nproc, costs[name], bench, tensors,
-                                             slowdown=row.get("pace_slowdown")),
-                     "share_ratio": row["step_time_p50_s"] / shared["predicted_step_time_s"]})
+        rows.append({**row, **predicted_step(TrainConfig(model=model, strategy=name), name, nproc, costs[name], bench,
+                                             tensors)})
     return rows
 
 
@@ -149,11 +146,9 @@ def table_lines(setting: str, model: str, runs: list[list[dict]]) -> tuple[list[
         misses += not ok
         cats = " | ".join(f"{ms(med(m))} / {ms(med(pr))}" for _, m, pr in CATEGORIES)
         mark = "" if ok else "**"
-        pace = "-" if med("pace_slowdown") is None else f"{med('pace_slowdown'):.2f}"
         lines.append(f"| {setting} | {model} | {name} | {ms(med('step_time_p50_s'))} | "
                      f"{ms(med('predicted_step_time_s'))} | {mark}{ratio:.2f}{mark} | "
-                     f"{min(ratios):.2f}-{max(ratios):.2f} | {pace} | {med('share_ratio'):.2f} | {cats} | "
-                     f"{max(errors, key=errors.__getitem__)} |")
+                     f"{min(ratios):.2f}-{max(ratios):.2f} | {cats} | {max(errors, key=errors.__getitem__)} |")
     return lines, misses
 
 
@@ -188,9 +183,8 @@ def main() -> int:
         for tag in tags:
             where, model, _ = tag.split("-")
             groups.setdefault((where, model), []).append(predicted_rows(folder, tag))
-        lines = ["| ranks | model | strategy | measured ms | plan ms | ratio | repeats | pace | ratio at the cores' "
-                 "share | compute ms (meas / plan) | optimizer ms | exposed comm ms | largest error |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines = ["| ranks | model | strategy | measured ms | plan ms | ratio | repeats | compute ms (meas / plan) | "
+                 "optimizer ms | exposed comm ms | largest error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         misses = 0
         for (where, model), runs in groups.items():
             setting = f"2 nodes, {where[4:]}" if where.startswith("emu_") else where

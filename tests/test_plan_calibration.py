@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from distval.comm.fit import fit_alpha_beta
-from distval.plan import PlanConfig, evaluate, presets
+from distval.plan import PlanConfig, evaluate
 from distval.plan.calibration import StepCost
 from distval.plan.report import collectives_rows
 from test_plan_cli import plan, plan_json
@@ -497,17 +497,3 @@ def test_ranks_outnumbering_the_cores_pay_the_one_rank_costs_at_their_share(monk
     assert at_rank_speed(cost, 2) == cost and at_rank_speed(cost, 3, "cuda") == cost
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # 2 ranks of 2 threads on 2 cores: half a core each
     assert at_rank_speed(cost, 2).overhead_s == pytest.approx(0.006)
-    # the host's pace measured during the run (train/pace.py) takes the share's place, slower or faster
-    paced = at_rank_speed(cost, 3, slowdown=1.2)
-    assert paced.overhead_s == pytest.approx(0.0036) and paced.peak_flops == pytest.approx(cost.peak_flops / 1.2)
-    assert at_rank_speed(cost, 2, "cuda", slowdown=0.8).optimizer_s == pytest.approx(0.0048)
-
-
-def test_the_pace_is_the_plain_models_forward_and_backward_and_follows_the_work():
-    """pace_s times the plain model's forward+backward alone: a batch twice as large takes longer,
-    and a second copy of the same work measures about the same (the ratio of two is the slowdown)."""
-    from distval.train.pace import pace_s
-
-    spec = presets.model("tiny")
-    one, again, four = (pace_s(spec, mb, torch.device("cpu"), seconds=0.2) for mb in (1, 1, 4))
-    assert 0 < one < 1 and four > 1.5 * min(one, again), (one, again, four)

@@ -13,8 +13,7 @@ the model state each rank holds
 and the planner's prediction, and with `--calibration bench.json` the step time `distval plan`
 predicts, category by category (forward+backward, optimizer, exposed communication), from the
 bench's α–β fit and per-call cost and the step costs the reference's process measures on one rank
-(docs/plan.md "Step costs"; saved into the calibration file), scaled by the host's pace during each
-run against the pace beside those probes (train/pace.py).
+(docs/plan.md "Step costs"; saved into the calibration file).
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ from distval.trace.config import TraceConfig
 from distval.train.config import StepProbe, TrainConfig
 from distval.train.fakeworld import world_cost_s
 from distval.train.loop import train_rank
-from distval.train.pace import pace_s
 from distval.train.run import add_trace
 
 COMPARE_COLUMNS = [
@@ -74,7 +72,6 @@ COMPARE_COLUMNS = [
     "measured_optimizer_s",
     "predicted_optimizer_s",
     "predicted_overhead_s",
-    "pace_slowdown",
     "prediction_ratio",
     "prediction_miss",
 ]
@@ -112,17 +109,12 @@ def reference_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     result["probe_peak_flops"] = pilot["peak_flops"]  # what the plain MFU is a share of: a rank's threads
     rounds, steps = probe_rounds(phase_medians(pilot["steps"][PROBE_WARMUP:])["step_s"])
     measured: dict[str, list[dict[str, Any]]] = {PLAIN: pilot["steps"][PROBE_WARMUP:]}
-    spec = presets.model(cfg.model)
-    paces = [pace_s(spec, cfg.probe.micro_batch, ctx.device)]  # after each plain run: in its window
     for _ in range(rounds):
         for name in (PLAIN, *cfg.probe.strategies):
             if name == PLAIN and rounds == 1 and steps == PROBE_STEPS - PROBE_WARMUP:
                 continue  # the pilot was this round's plain run
             measured.setdefault(name, []).extend(probe(name, steps)["steps"][PROBE_WARMUP:])
-            if name == PLAIN:
-                paces.append(pace_s(spec, cfg.probe.micro_batch, ctx.device))
     result["probes"] = {name: phase_medians(steps) for name, steps in measured.items()}
-    result["pace_s"] = statistics.median(paces)  # what each strategy's run measures again in its own window
     result["world_cost_s"] = {}  # forward+backward work a strategy leaves out at world 1 (CPU ranks: fakeworld.py)
     for name in cfg.probe.strategies:
         if strategies.REGISTRY[name].skips_work_at_world_1 and cfg.probe.world > 1 and ctx.device.type == "cpu":
@@ -207,21 +199,20 @@ def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
             for name, probe in probes.items()]
 
 
-def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, calibration: str, num_tensors: int,
-                   device_type: str = "cpu", slowdown: float | None = None) -> dict[str, float | None]:
+def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, calibration: str,
+                   num_tensors: int, device_type: str = "cpu") -> dict[str, float | None]:
     """The planner's step for this run, in the categories the harness measures: forward+backward
     (FLOPs at the MFU the plain model reached on one rank with a rank's micro-batch and threads, of
     the peak measured there, plus the strategy's own cost measured alike), the optimizer phase, and
     the communication not hidden behind them (the α–β fit of a `comm bench` on this fabric and its
-    per-call cost, scheduled by the planner). Every rank's compute is slowed by `slowdown`, the
-    host's pace during the run against the probe's (None: by the share of the cores a rank's
-    threads get, where they outnumber them: 3 ranks on 2). A strategy whose collectives
+    per-call cost, scheduled by the planner). Where the ranks' threads outnumber the cores (3
+    ranks on 2), every rank's compute is slowed by its share of them. A strategy whose collectives
     are torch's own (fsdp2) waits for the gradient norm's all_reduce inside the optimizer phase the
     harness times: its predicted optimizer holds that all_reduce too, so the categories compare."""
     from distval.plan import PlanConfig, evaluate, resolve
     from distval.plan.steps import MIB, NORM_LABEL
 
-    cost = at_rank_speed(cost, world, device_type, slowdown)
+    cost = at_rank_speed(cost, world, device_type)
     strategy = strategies.REGISTRY[name]
     bucket_mb = cfg.strategy_cfg.bucket_mb
     if strategy.call_per_tensor:  # the planner sees buckets of the mean tensor's size: each call pays its α
@@ -255,8 +246,7 @@ CATEGORIES = {  # a category of the step: (measured column, predicted column)
 HINTS = {  # where a miss is, and what to do
     "compute": ("the error is in forward and backward",
                 "the plan's forward+backward is the model's FLOPs at the MFU the plain model reached on one rank, plus "
-                "the strategy's own cost measured there, slowed by the host's pace during the run; what only happens "
-                "with peers (hooks waiting on them, the "
+                "the strategy's own cost measured there; what only happens with peers (hooks waiting on them, the "
                 "backend's threads taking the compute's cores) is not in it: trace the run (--trace) to see where "
                 "the time goes"),
     "optimizer": ("the error is in the optimizer step",
@@ -286,10 +276,8 @@ def prediction_check(name: str, row: dict[str, Any]) -> Check | None:
              if row.get(m) is not None and row.get(p) is not None}
     split = "; ".join(f"{k} {m * 1e3:.1f} vs {p * 1e3:.1f} ms" for k, (m, p) in known.items()) + (
         " (split by the trace)" if known and row.get("measured_split") == "trace" else "")
-    pace = f" (the plain forward+backward took {row['pace_slowdown']:.2f}x its time beside the probes during the " \
-        f"run)" if row.get("pace_slowdown") else ""
     text = f"{name}: measured {measured * 1e3:.1f} ms against the plan's {predicted * 1e3:.1f} ms ({ratio:.2f}x)" + (
-        f": {split}" if split else "") + pace
+        f": {split}" if split else "")
     details = {"ratio": ratio, "band": list(PREDICTION_BAND), "categories": {k: {"measured_s": m, "predicted_s": p}
                                                                              for k, (m, p) in known.items()}}
     if lo <= ratio <= hi:
@@ -347,19 +335,15 @@ def save_step_costs(calibration: str, table: Table, world: int, at_world: dict[s
     return Check("compare step costs", Status.OK, summary, details={"path": calibration})
 
 
-def at_rank_speed(cost: StepCost, world: int, device_type: str = "cpu", slowdown: float | None = None) -> StepCost:
-    """The one-rank step costs as a rank of the run pays them: its forward+backward, own cost and
-    optimizer slowed by `slowdown`, the run's pace against the probe's (train/pace.py), or where it
-    was not measured, where `world` local CPU ranks' threads outnumber the cores, by their share of
-    them."""
-    if slowdown is None:
-        share = core_share(world) if device_type == "cpu" else 1.0
-        if share >= 1:
-            return cost
-        slowdown = 1 / share
-    return dataclasses.replace(cost, overhead_s=cost.overhead_s * slowdown, optimizer_s=cost.optimizer_s * slowdown,
-                               optimizer_per_param_s=cost.optimizer_per_param_s * slowdown,
-                               peak_flops=cost.peak_flops / slowdown)
+def at_rank_speed(cost: StepCost, world: int, device_type: str = "cpu") -> StepCost:
+    """The one-rank step costs as a rank of `world` local CPU ranks pays them: where their threads
+    outnumber the cores, its forward+backward, own cost and optimizer slowed by its share of them."""
+    share = core_share(world) if device_type == "cpu" else 1.0
+    if share >= 1:
+        return cost
+    return dataclasses.replace(cost, overhead_s=cost.overhead_s / share, optimizer_s=cost.optimizer_s / share,
+                               optimizer_per_param_s=cost.optimizer_per_param_s / share,
+                               peak_flops=cost.peak_flops * share)
 
 
 def core_share(world: int) -> float:
@@ -432,7 +416,7 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
     for label, name, size in runs:
         strategy_cfg = cfg.strategy_cfg if size is None else dataclasses.replace(cfg.strategy_cfg, bucket_mb=size)
         run_cfg = dataclasses.replace(cfg, strategy=name, return_params=True, strategy_cfg=strategy_cfg,
-                                      trace=traces.get(label, TraceConfig()), pace=probe is not None)
+                                      trace=traces.get(label, TraceConfig()))
         run_opts = opts
         if strategies.REGISTRY[name].single_process:  # dp: one process, the whole batch, as the reference
             from distval.strategies.dataparallel import unavailable
@@ -449,9 +433,8 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
         row = compare_row(label, result, reference)
         if not strategies.REGISTRY[name].single_process:  # the planner models one process per device, not dp
             if name in costs:
-                row["pace_slowdown"] = run_slowdown(result, reference)
                 row.update(predicted_step(run_cfg, name, world, costs[name], calibration, len(reference["param_sizes"]),
-                                          result["device"], row["pace_slowdown"]))
+                                          result["device"]))
             row.update(predicted_memory(run_cfg, name, world))
         exposed = None
         traced = add_trace(report, run_cfg, result["steps"], label=f" {label}") if run_cfg.trace.enabled else None
@@ -509,13 +492,6 @@ def _one(cfg: TrainConfig, opts: LaunchOptions, rank_fn: Any = train_rank) -> di
     return holder.get("result", report)
 
 
-def run_slowdown(result: dict[str, Any], reference: dict[str, Any]) -> float | None:
-    """The host's pace on the run's rank 0 right after its steps against the pace beside the probes
-    on the reference's rank (train/pace.py): how much slower a rank computed in the run's window."""
-    run, probed = result.get("pace_s"), reference.get("pace_s")
-    return run / probed if run and probed else None
-
-
 def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
     steps = result["steps"][1:] or result["steps"]  # the first step pays for warm-up
     times = [s["step_time_s"] for s in steps]
@@ -554,7 +530,6 @@ def compare_row(name: str, result: dict[str, Any], reference: dict[str, Any]) ->
         "measured_optimizer_s": statistics.median(s["optimizer_s"] for s in steps),
         "predicted_optimizer_s": None,
         "predicted_overhead_s": None,
-        "pace_slowdown": None,
         "prediction_ratio": None,
         "prediction_miss": None,
     }

@@ -90,7 +90,6 @@ class TrainConfig:
     trace: TraceConfig = field(default_factory=TraceConfig)  # --trace SKIP:N: record N steps after SKIP
     return_params: bool = False  # gather the final parameters (parity checks)
     probe: StepProbe | None = None  # compare's reference run: after training, time strategies on its rank
-    pace: bool = False  # compare with a calibration: every rank times the host's pace after its steps (pace.py)
     peak_flops: float | None = None  # per device; None: the GPU's datasheet peak, or a measured matmul rate
     compile: bool = knob(False, "--compile", help="torch.compile the model's forward (every strategy but zero3 "
                          "and dp; docs/training.md).")

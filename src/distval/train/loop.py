@@ -40,7 +40,6 @@ from distval.train import data as data_mod
 from distval.train.config import TrainConfig
 from distval.train.metrics import MetricsLogger
 from distval.train.model import build_model
-from distval.train.pace import pace_s
 
 
 def loss_of(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -94,9 +93,6 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
                                          "findings": {"/".join(k): n for k, n in live.get("findings", {}).items()}})
 
     readback: Readback[PendingStep] = Readback(lag, finished_step)
-    if cfg.pace:
-        ctx.control_comm.barrier()
-        pace_before = pace_s(spec, cfg.micro_batch, ctx.device, seconds=0.5)
     finished = False
     try:
         for step in range(start, cfg.steps):
@@ -126,10 +122,6 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
         logger.close()
         if ckpt:
             ckpt.close(ok=finished)
-    pace = None
-    if cfg.pace:  # every rank at once, right after the steps: their window (train/pace.py)
-        ctx.control_comm.barrier()
-        pace = (pace_before + pace_s(spec, cfg.micro_batch, ctx.device, seconds=0.5)) / 2
     full = strategy.full_parameters()  # collective for sharded strategies
     expected_state = torch.tensor([strategy.expected_model_state_bytes(optimizer) or -1], dtype=torch.float64)
     ctx.control_comm.all_reduce(expected_state, "max")  # the largest rank, as measured
@@ -140,7 +132,6 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
         "checksum": _checksum(full),
         "num_params": full.numel(),
         "peak_flops": peak,
-        "pace_s": pace,
         "device": ctx.device.type,
         "counts_all_comm": strategy.counts_all_comm,
         "param_sizes": [p.numel() for p in model.parameters() if p.requires_grad],  # unsharded, as built
