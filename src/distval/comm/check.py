@@ -115,10 +115,9 @@ def _check_barrier(ctx: RankContext, seed: int) -> Mismatch | None:
     connection's next answer: the set has landed), else a peer could look before it lands (seen
     across emulated nodes' slower links) and blame the barrier."""
     store = dist.distributed_c10d._get_default_store()
-    key = f"distval/barrier/{seed}/{ctx.rank}"
-    store.set(key, b"1")
-    store.get(key)
     prefix = f"distval/barrier/{seed}/"
+    store.set(prefix + str(ctx.rank), b"1")
+    store.get(prefix + str(ctx.rank))
     ctx.comm.barrier()
     missing = [r for r in range(ctx.world_size) if not store.check([prefix + str(r)])]
     if missing:
