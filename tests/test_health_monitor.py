@@ -47,8 +47,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, dict 
         stop = ("--on-nan", "stop", "--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", "5") \
             if name == "nan_stop" else ("--metrics-readback", "late") if name == "grad_desync" else ()
         try:
-            res = run_cli("train", "--nproc", nproc, "--model", "tiny", "--strategy", "bucket_ddp_async", "--steps", steps,
-                          "--check-replicas-every", "10", "--log-jsonl", str(log), "--json", str(out), *stop,
+            res = run_cli("train", "--nproc", nproc, "--model", "tiny", "--strategy", "bucket_ddp_async", "--steps",
+                          steps, "--check-replicas-every", "10", "--log-jsonl", str(log), "--json", str(out), *stop,
                           env={"DISTVAL_FAULT": fault} if fault else {}, timeout=300)
         except subprocess.TimeoutExpired as e:  # fails this case only
             return -1, None, f"timed out after {e.timeout} s", tmp_path
