@@ -112,7 +112,7 @@ def test_check_json_reports_each_case_and_details_when_wrong(tmp_path):
 
 def test_crashing_rank_is_named_with_its_last_status(tmp_path):
     out = tmp_path / "e.json"
-    res = run_cli("comm", "check", "--nproc", "3", "--ops", "all_reduce,broadcast", "-d", "float32", "--timeout", "8s",
+    res = run_cli("comm", "check", "--nproc", "3", "--ops", "all_reduce,broadcast", "-d", "float32", "--timeout", "4s",
                   "--json", str(out), env={"DISTVAL_FAULT": "op=broadcast,rank=2,action=raise,nth=4"}, timeout=120)
     assert res.returncode == 3, res.stdout + res.stderr
     assert "Traceback" not in res.stdout + res.stderr
@@ -159,11 +159,11 @@ def test_dead_or_hung_rank_becomes_an_error_not_a_wait(tmp_path, nproc, rank, ac
 
 def test_deadline_stops_a_slow_job_and_names_where_each_rank_was(tmp_path):
     out = tmp_path / "e.json"
-    res = run_cli("comm", "check", "--nproc", "2", "--ops", "all_reduce", "--timeout", "60s", "--deadline", "8s",
+    res = run_cli("comm", "check", "--nproc", "2", "--ops", "all_reduce", "--timeout", "60s", "--deadline", "5s",
                   "--json", str(out), env={"DISTVAL_FAULT": "op=all_reduce,rank=0,action=hang,nth=3"}, timeout=90)
     assert res.returncode == 3
     (check,) = json.loads(out.read_text())["checks"]
-    assert "deadline of 8s" in check["summary"] and check["where"]["rank"] == 0
+    assert "deadline of 5s" in check["summary"] and check["where"]["rank"] == 0
     assert "all_reduce" in check["where"]["status"]
 
 
