@@ -336,42 +336,46 @@ def test_each_strategy_divides_the_per_parameter_rate_of_what_its_optimizer_upda
 
 
 def test_fsdp2s_step_cost_holds_the_work_it_leaves_out_on_one_rank(tmp_path):
-    """FSDP2 skips its all-gather path (copy-in, the call, copy-out) when its group has one rank, so
-    the reference rank's one-rank step never runs it. fakeworld runs fsdp2 on torch's fake process
-    group of 1 and of N ranks in a fresh process (sharded there: the rank holds 1/N of the
-    parameters), and compare adds the difference in forward+backward to fsdp2's overhead and to no
-    other strategy's (on tiny at 2 ranks: 1.0-2.0 ms, a third of fsdp2's miss)."""
+    """FSDP2 skips its all-gather path (copy-in, the call, copy-out) and DTensor's redistributions
+    when its group has one rank, so the reference rank's one-rank step never runs them. worldcost
+    starts N local processes that time fsdp2 on a fake group of one and on a real Gloo group of N
+    (sharded there: a rank holds 1/N of the parameters), and compare adds the differences to fsdp2's
+    forward+backward overhead and optimizer phase and to no other strategy's."""
     from distval.plan.calibration import STEP_COST_COLUMNS
     from distval.results import Table
     from distval.train.compare import PLAIN, save_step_costs, step_costs
     from distval.train.config import TrainConfig
 
-    done = subprocess.run([sys.executable, "-m", "distval.train.fakeworld", "--strategy", "fsdp2", "--model", "tiny",
+    done = subprocess.run([sys.executable, "-m", "distval.train.worldcost", "--strategy", "fsdp2", "--model", "tiny",
                            "--micro-batch", "2", "--world", "2", "--threads", "1"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout.splitlines()[-1])
-    assert doc["held"] == {"1": 1.0, "2": pytest.approx(0.5, abs=0.01)}  # it did shard, over 2 ranks
-    assert all(0 < seconds < 1 for seconds in doc["fb_s"].values())
+    assert doc["held"] == {"1": 1.0, "2": pytest.approx(0.5, abs=0.01)}  # it did shard, over 2 real ranks
+    assert all(0 < seconds < 1 for phase in ("fb_s", "optimizer_s") for seconds in doc[phase].values())
+    assert 0 < doc["norm_s"] < 0.1  # the real group's 4-byte all_reduce: a real collective, not the fake one's 0
     phase = {"step_s": 0.010, "optimizer_s": 0.002, "fb_s": 0.006, "mfu_fb": 0.2}
     reference = {"probes": {PLAIN: phase, "fsdp2": phase, "zero3": phase}, "num_params": 115_008,
                  "optimizer_per_param_s": 2e-9, "optimizer_per_param_tensors_s": 2e-9, "probe_peak_flops": 1e11,
-                 "world_cost_s": {"fsdp2": 0.0015}}
+                 "world_cost": {"fsdp2": {"fb_s": 0.0015, "optimizer_s": 0.0007}}}
     costs = {c.strategy: c for c in step_costs(TrainConfig(model="tiny"), reference)}
     assert costs["zero3"].overhead_s == pytest.approx(0.002)  # its one-rank step: 10 - 2 - 6 ms
+    assert costs["zero3"].optimizer_s == pytest.approx(0.002)
     assert costs["fsdp2"].overhead_s == pytest.approx(0.0035)
-    # said in the step costs' check; a fake group that did not run is a WARN, the figure left out
+    assert costs["fsdp2"].optimizer_s == pytest.approx(0.0027)
+    # said in the step costs' check; a local group that did not run is a WARN, the figures left out
     path = tmp_path / "bench.json"
     write_bench(path, {"all_reduce": (150e-6, 1.2e9)})
     table = Table("step_costs", STEP_COST_COLUMNS, rows=[dataclasses.asdict(c) for c in costs.values()])
-    said = save_step_costs(str(path), table, 2, {"fsdp2": 0.0015})
-    assert said.status.value == "OK" and "fsdp2 +3.5 ms/micro-batch (+1.5 of it at world 2" in said.summary
-    reference["world_cost_s"] = {"fsdp2": None}
+    said = save_step_costs(str(path), table, 2, reference["world_cost"])
+    assert said.status.value == "OK"
+    assert "fsdp2 +3.5 ms/micro-batch (+1.5 of it at world 2), optimizer 2.7 ms (+0.7 at world 2)" in said.summary
+    reference["world_cost"] = {"fsdp2": None}
     table = Table("step_costs", STEP_COST_COLUMNS, rows=[dataclasses.asdict(c) for c in step_costs(
         TrainConfig(model="tiny"), reference)])
-    said = save_step_costs(str(path), table, 2, reference["world_cost_s"], micro_batch=4)
+    said = save_step_costs(str(path), table, 2, reference["world_cost"], micro_batch=4)
     assert said.status.value == "WARN" and "not measured: the work fsdp2 skips on one rank" in said.summary
-    assert "python -m distval.train.fakeworld --strategy fsdp2 --model tiny --micro-batch 4 --world 2" in said.hint
+    assert "python -m distval.train.worldcost --strategy fsdp2 --model tiny --micro-batch 4 --world 2" in said.hint
 
 
 def test_fsdp2s_predicted_optimizer_holds_the_norm_all_reduce_it_waits_for(tmp_path, monkeypatch):

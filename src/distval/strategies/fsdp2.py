@@ -39,7 +39,7 @@ class FSDP2(Strategy):
     # (Gloo) each is a blocking call in the training thread (_fsdp_collectives.foreach_reduce, unshard)
     overlaps_only_with_streams = True
     # with one rank in its group FSDP2 leaves out its all-gather path (copy-in, the call, copy-out):
-    # compare's one-rank step costs add that work measured on a fake group (train/fakeworld.py)
+    # compare's one-rank step costs add that work timed on a local group of N (train/worldcost.py)
     skips_work_at_world_1 = True
 
     @classmethod

@@ -38,9 +38,9 @@ from distval.results import Check, Report, Status, Table
 from distval.stats import percentile
 from distval.trace.config import TraceConfig
 from distval.train.config import StepProbe, TrainConfig
-from distval.train.fakeworld import world_cost_s
 from distval.train.loop import train_rank
 from distval.train.run import add_trace
+from distval.train.worldcost import world_cost
 
 COMPARE_COLUMNS = [
     "strategy",
@@ -115,12 +115,16 @@ def reference_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                 continue  # the pilot was this round's plain run
             measured.setdefault(name, []).extend(probe(name, steps)["steps"][PROBE_WARMUP:])
     result["probes"] = {name: phase_medians(steps) for name, steps in measured.items()}
-    result["world_cost_s"] = {}  # forward+backward work a strategy leaves out at world 1 (CPU ranks: fakeworld.py)
+    result["world_cost"] = {}  # the work a strategy leaves out at world 1 (CPU ranks: worldcost.py)
     for name in cfg.probe.strategies:
         if strategies.REGISTRY[name].skips_work_at_world_1 and cfg.probe.world > 1 and ctx.device.type == "cpu":
-            ctx.status(f"timing {name} on a fake group of {cfg.probe.world}", busy=True)  # seconds in a subprocess
-            result["world_cost_s"][name] = world_cost_s(name, cfg.model, cfg.probe.micro_batch, cfg.probe.world,
-                                                        cfg.probe.threads, cfg.strategy_cfg.mixed_precision)
+            ctx.status(f"timing {name} on a local group of {cfg.probe.world}", busy=True)  # seconds, N processes
+            cost = world_cost(name, cfg.model, cfg.probe.micro_batch, cfg.probe.world, cfg.probe.threads,
+                              cfg.strategy_cfg.mixed_precision)
+            # timed with N ranks on the cores: as one rank alone, since the plan slows it by their share again
+            share = core_share(cfg.probe.world)
+            result["world_cost"][name] = None if cost is None else {
+                key: seconds * share for key, seconds in dataclasses.asdict(cost).items()}
     sizes = result["param_sizes"]
     result["optimizer_per_param_s"] = adamw_per_param([sum(sizes)], ctx.device)  # ZeRO's flat shards
     result["optimizer_per_param_tensors_s"] = adamw_per_param(sizes, ctx.device)  # the model's tensors or their shards
@@ -177,9 +181,9 @@ def phase_medians(steps: list[dict[str, Any]]) -> dict[str, float]:
 
 def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
     """Each probed strategy's own costs against the plain model on the same rank: its
-    forward+backward per micro-batch less the plain one's (its world-1 collectives included, and
-    what it leaves out at world 1 added), its optimizer phase, and the plain model's MFU on
-    forward+backward."""
+    forward+backward per micro-batch less the plain one's (its world-1 collectives included) and its
+    optimizer phase, each with what it leaves out at world 1 added (`world_cost`), and the plain
+    model's MFU on forward+backward."""
     probes = dict(reference["probes"])
     plain, units = probes.pop(PLAIN, None), presets.model(cfg.model).num_layers + 1
     if plain is None:
@@ -189,14 +193,14 @@ def step_costs(cfg: TrainConfig, reference: dict[str, Any]) -> list[StepCost]:
         flat = strategies.REGISTRY[name].optimizer_over_flat_shards
         return reference["optimizer_per_param_s" if flat else "optimizer_per_param_tensors_s"]
 
-    def overhead(name: str, probe: dict[str, float]) -> float:  # per micro-batch
-        own = (probe["step_s"] - probe["optimizer_s"] - plain["fb_s"]) / cfg.grad_accum
-        return own + (reference.get("world_cost_s", {}).get(name) or 0.0)
+    def cost(name: str, probe: dict[str, float]) -> StepCost:
+        at_world = reference.get("world_cost", {}).get(name) or {"fb_s": 0.0, "optimizer_s": 0.0}
+        own = (probe["step_s"] - probe["optimizer_s"] - plain["fb_s"]) / cfg.grad_accum  # per micro-batch
+        return StepCost(name, strategies.REGISTRY[name].plan_model, cfg.model, units, reference["num_params"],
+                        own + at_world["fb_s"], probe["optimizer_s"] + at_world["optimizer_s"], per_param(name),
+                        min(plain["mfu_fb"], 1.0), reference["probe_peak_flops"])
 
-    return [StepCost(name, strategies.REGISTRY[name].plan_model, cfg.model, units, reference["num_params"],
-                     overhead(name, probe), probe["optimizer_s"], per_param(name), min(plain["mfu_fb"], 1.0),
-                     reference["probe_peak_flops"])
-            for name, probe in probes.items()]
+    return [cost(name, probe) for name, probe in probes.items()]
 
 
 def predicted_step(cfg: TrainConfig, name: str, world: int, cost: StepCost, calibration: str,
@@ -306,18 +310,19 @@ def predicted_memory(cfg: TrainConfig, name: str, world: int) -> dict[str, float
     return {"predicted_model_state_bytes": row["model_state_bytes"], "predicted_peak_mem_bytes": row["total_bytes"]}
 
 
-def save_step_costs(calibration: str, table: Table, world: int, at_world: dict[str, float | None] | None = None,
-                    micro_batch: int = 0) -> Check:
+def save_step_costs(calibration: str, table: Table, world: int,
+                    at_world: dict[str, dict[str, float] | None] | None = None, micro_batch: int = 0) -> Check:
     """The step costs into the calibration file, said in one line (WARN when it cannot be written, or
-    when the work a strategy skips on one rank could not be timed on a fake group of `world` with a
-    rank's `micro_batch`: `at_world`)."""
+    when the work a strategy skips on one rank could not be timed on a local group of `world` with a
+    rank's `micro_batch`: `at_world`, the reference's `world_cost`)."""
     at_world = at_world or {}
 
     def row(r: dict[str, Any]) -> str:
         extra = at_world.get(r["strategy"])
-        of_it = f" ({extra * 1e3:+.1f} of it at world {world}, on a fake process group)" if extra is not None else ""
-        return f"{r['strategy']} {r['overhead_s'] * 1e3:+.1f} ms/micro-batch{of_it}, optimizer " \
-               f"{r['optimizer_s'] * 1e3:.1f} ms"
+        of_it = ("", "") if extra is None else (f" ({extra['fb_s'] * 1e3:+.1f} of it at world {world})",
+                                                f" ({extra['optimizer_s'] * 1e3:+.1f} at world {world})")
+        return f"{r['strategy']} {r['overhead_s'] * 1e3:+.1f} ms/micro-batch{of_it[0]}, optimizer " \
+               f"{r['optimizer_s'] * 1e3:.1f} ms{of_it[1]}"
 
     rows = ", ".join(row(r) for r in table.rows)
     try:
@@ -329,8 +334,8 @@ def save_step_costs(calibration: str, table: Table, world: int, at_world: dict[s
               f"{calibration} for `distval plan --calibration`"
     if missed := [name for name, extra in at_world.items() if extra is None]:
         return Check("compare step costs", Status.WARN, f"{summary}; not measured: the work {', '.join(missed)} "
-                     f"skips on one rank (torch's fake process group did not run it), left out of the prediction",
-                     hint=f"`python -m distval.train.fakeworld --strategy {missed[0]} --model {table.rows[0]['model']} "
+                     f"skips on one rank (its local group of {world} did not run), left out of the prediction",
+                     hint=f"`python -m distval.train.worldcost --strategy {missed[0]} --model {table.rows[0]['model']} "
                           f"--micro-batch {micro_batch} --world {world}` shows why", details={"path": calibration})
     return Check("compare step costs", Status.OK, summary, details={"path": calibration})
 
@@ -410,7 +415,7 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
         report.tables.append(Table("step_costs", STEP_COST_COLUMNS, rows=rows,
                                    title="each strategy's own costs, measured on one rank (the plan's step costs)",
                                    units={"overhead_s": "s", "optimizer_s": "s", "optimizer_per_param_s": "s"}))
-        report.add(save_step_costs(calibration, report.tables[-1], world, reference.get("world_cost_s"),
+        report.add(save_step_costs(calibration, report.tables[-1], world, reference.get("world_cost"),
                                    cfg.micro_batch))
     sweep: dict[str, list[dict[str, Any]]] = {}
     for label, name, size in runs:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class StepProbe:
     """What compare's reference rank times after training (train/compare.py `reference_rank`): each
     strategy for a few steps at world 1, with a rank's micro-batch and intra-op threads (0: as is),
-    and what a strategy that skips work at world 1 adds at the strategies' `world` (fakeworld.py)."""
+    and what a strategy that skips work at world 1 adds at the strategies' `world` (worldcost.py)."""
 
     strategies: tuple[str, ...]
     micro_batch: int
