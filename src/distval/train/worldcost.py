@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -34,7 +35,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-ROUNDS, STEPS, WARMUP = 3, 12, 3  # world 1 and N alternately, ROUNDS times; per round STEPS timed after WARMUP
+ROUNDS, WARMUP = 3, 3  # world 1 and N alternately, ROUNDS times; each turn's first WARMUP steps not timed
+# timed steps a turn: about TURN_S of them, within these bounds; a model whose FEWEST_STEPS take longer
+# (`small`: 0.9 s a step) takes one round (rank 0's first turn sets the count for all)
+TURN_S, FEWEST_STEPS, MOST_STEPS = 0.5, 5, 12
 STORE_TIMEOUT_S = 60
 
 
@@ -64,11 +68,11 @@ def world_cost(strategy: str, model: str, micro_batch: int, world: int, threads:
     return WorldCost(max(0.0, fb[n] - fb["1"]), max(0.0, opt[n] - opt["1"] - doc["norm_s"]))
 
 
-def measure(strategy_name: str, model: str, micro_batch: int, mixed_precision: str,
-            group: dict[str, Any]) -> dict[str, Any]:
+def measure(strategy_name: str, model: str, micro_batch: int, mixed_precision: str, group: dict[str, Any],
+            steps: int) -> dict[str, Any]:
     """This process under the strategy on the process group `group` names (init_process_group's
-    arguments): median forward+backward less its waits, optimizer phase and 4-byte all_reduce
-    (None on one rank), and the share of the parameters this rank holds."""
+    arguments), `steps` timed: median forward+backward less its waits, optimizer phase and 4-byte
+    all_reduce (None on one rank), and the share of the parameters this rank holds."""
     import torch
     import torch.distributed as dist
 
@@ -93,7 +97,7 @@ def measure(strategy_name: str, model: str, micro_batch: int, mixed_precision: s
         tokens = torch.randint(0, spec.vocab_size, (micro_batch, spec.seq_len))
         fb, opt, norm = [], [], []
         world = dist.get_world_size()
-        for i in range(WARMUP + STEPS):
+        for i in range(WARMUP + steps):
             if world > 1:
                 dist.barrier()  # the ranks start each step together, as the harness's do
             waited, start = sum(r.blocked_s for r in comm.records), time.perf_counter()
@@ -120,19 +124,30 @@ def measure(strategy_name: str, model: str, micro_batch: int, mixed_precision: s
 
 
 def run_rank(args: argparse.Namespace, rank: int, store: Any) -> dict[str, dict[str, list[float]]]:
-    """ROUNDS rounds of: the fake group of one, then the real group of `args.world` over `store`."""
+    """ROUNDS rounds of: the fake group of one, then the real group of `args.world` over `store`.
+    The first turn times FEWEST_STEPS; from it rank 0 sets every later turn's count and the number
+    of rounds (the ranks of the real group must take as many steps)."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
     got: dict[str, dict[str, list[float]]] = {}
-    for r in range(ROUNDS):
+    steps, rounds, r = FEWEST_STEPS, ROUNDS, 0
+    while r < rounds:
         turns = {"1": {"backend": "fake", "store": FakeStore(), "rank": 0, "world_size": 1},
                  str(args.world): {"backend": "gloo", "store": dist.PrefixStore(f"round{r}", store), "rank": rank,
                                    "world_size": args.world}}
         for world, group in turns.items():
-            for key, value in measure(args.strategy, args.model, args.micro_batch, args.mixed_precision,
-                                      group).items():
+            for key, value in measure(args.strategy, args.model, args.micro_batch, args.mixed_precision, group,
+                                      steps).items():
                 got.setdefault(world, {}).setdefault(key, []).append(value)
+            if r == 0 and world == "1":
+                if rank == 0:
+                    step_s = got["1"]["fb_s"][0] + got["1"]["optimizer_s"][0]
+                    plan = (max(FEWEST_STEPS, min(MOST_STEPS, math.ceil(TURN_S / step_s))),
+                            ROUNDS if step_s * FEWEST_STEPS <= TURN_S else 1)
+                    store.set("plan", json.dumps(plan))
+                steps, rounds = json.loads(store.get("plan"))
+        r += 1
     return got
 
 
