@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.rank:  # its figures are in the store: leave without torch's teardown of the process
             os._exit(0)  # groups and store, which can abort ("terminate called without an active exception", 1 in 8)
         ranks = [json.loads(store.get(f"rank{r}")) for r in range(args.world)]
+        for proc in others:
+            proc.wait(timeout=STORE_TIMEOUT_S)  # each leaves once its figures are in
     finally:
         for proc in others:
             if proc.poll() is None:
