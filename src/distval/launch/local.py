@@ -159,6 +159,8 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     nproc = opts.nproc or devices.default_nproc()
     world = nproc * opts.nnodes
     _quiet_elastic_logs()
+    # listening before any rank starts, and before anything is made that a busy port would leave behind
+    exporter = exporter_for(opts.metrics_port, world, list(watchers))
     run_dir = tempfile.mkdtemp(prefix="distval-run-")
     if opts.nnodes > 1:  # the channel lives in the rendezvous endpoint's store, which every node reaches
         store, address = None, opts.rdzv_endpoint or ""
@@ -181,7 +183,6 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     saved_handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
     stop = lambda *_: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
     watchdog = Watchdog(world, opts.hang, lambda hang: _abort(hang, stop)) if opts.hang else None
-    exporter = exporter_for(opts.metrics_port, world, list(watchers))  # listening before any rank starts
     monitor = Monitor(reader, world, [*watchers, *([watchdog] if watchdog else []), *([exporter] if exporter else [])])
     if opts.deadline_s:
         monitor.stop_at(opts.deadline_s, stop)
