@@ -501,3 +501,28 @@ def test_ranks_outnumbering_the_cores_pay_the_one_rank_costs_at_their_share(monk
     assert at_rank_speed(cost, 2) == cost and at_rank_speed(cost, 3, "cuda") == cost
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # 2 ranks of 2 threads on 2 cores: half a core each
     assert at_rank_speed(cost, 2).overhead_s == pytest.approx(0.006)
+
+
+def test_fsdp2s_work_at_world_n_timed_on_more_ranks_than_cores_is_kept_as_one_rank_pays_it(monkeypatch):
+    """worldcost times its N ranks on the cores there are: 3 one-thread ranks on 2 cores took 1.5x
+    as long on both sides of the difference, so compare keeps the difference at 2/3, and the
+    prediction's share (at_rank_speed) brings it back: counted once, not twice."""
+    from distval.train.compare import as_one_rank, at_rank_speed, step_costs
+    from distval.train.config import TrainConfig
+    from distval.train.worldcost import WorldCost
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    timed = WorldCost(fb_s=0.0045, optimizer_s=0.0015)
+    assert as_one_rank(timed, 2) == {"fb_s": 0.0045, "optimizer_s": 0.0015}  # the ranks fit the cores
+    assert as_one_rank(None, 3) is None  # not timed: the step costs' check WARNs (above)
+    kept = as_one_rank(timed, 3)
+    assert kept == {"fb_s": pytest.approx(0.003), "optimizer_s": pytest.approx(0.001)}
+    phase = {"step_s": 0.010, "optimizer_s": 0.002, "fb_s": 0.008, "mfu_fb": 0.2}
+    reference = {"probes": {"simple_ddp_ga": phase, "fsdp2": phase}, "num_params": 115_008,
+                 "optimizer_per_param_s": 0.0, "optimizer_per_param_tensors_s": 0.0, "probe_peak_flops": 1e11,
+                 "world_cost": {"fsdp2": kept}}
+    cost = step_costs(TrainConfig(model="tiny"), reference)[0]
+    assert cost.overhead_s == pytest.approx(0.003) and cost.optimizer_s == pytest.approx(0.003)
+    at_three = at_rank_speed(cost, 3)  # what a rank of 3 on 2 cores pays: the timed figure again
+    assert at_three.overhead_s == pytest.approx(0.0045) and at_three.optimizer_s == pytest.approx(0.0045)

@@ -40,7 +40,7 @@ from distval.trace.config import TraceConfig
 from distval.train.config import StepProbe, TrainConfig
 from distval.train.loop import train_rank
 from distval.train.run import add_trace
-from distval.train.worldcost import world_cost
+from distval.train.worldcost import WorldCost, world_cost
 
 COMPARE_COLUMNS = [
     "strategy",
@@ -121,14 +121,21 @@ def reference_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
             ctx.status(f"timing {name} on a local group of {cfg.probe.world}", busy=True)  # seconds, N processes
             cost = world_cost(name, cfg.model, cfg.probe.micro_batch, cfg.probe.world, cfg.probe.threads,
                               cfg.strategy_cfg.mixed_precision)
-            # timed with N ranks on the cores: as one rank alone, since the plan slows it by their share again
-            share = core_share(cfg.probe.world)
-            result["world_cost"][name] = None if cost is None else {
-                key: seconds * share for key, seconds in dataclasses.asdict(cost).items()}
+            result["world_cost"][name] = as_one_rank(cost, cfg.probe.world)
     sizes = result["param_sizes"]
     result["optimizer_per_param_s"] = adamw_per_param([sum(sizes)], ctx.device)  # ZeRO's flat shards
     result["optimizer_per_param_tensors_s"] = adamw_per_param(sizes, ctx.device)  # the model's tensors or their shards
     return result
+
+
+def as_one_rank(cost: WorldCost | None, world: int) -> dict[str, float] | None:
+    """What a strategy adds at `world`, timed with `world` local ranks on the cores, as one rank
+    alone pays it: where their threads outnumber the cores, scaled by the share each got, which
+    the prediction applies again (`at_rank_speed`)."""
+    if cost is None:
+        return None
+    share = core_share(world)
+    return {key: seconds * share for key, seconds in dataclasses.asdict(cost).items()}
 
 
 def probe_rounds(step_s: float) -> tuple[int, int]:
