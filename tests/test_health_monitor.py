@@ -19,7 +19,9 @@ from conftest import run_cli
 
 CASES = {  # name: (fault, ranks, steps)
     "clean": ("", "2", "100"),
-    "slow": ("step=30,rank=1,action=slow,percent=100", "2", "100"),  # onset: within 15 steps (5 jobs share 2 cores)
+    # onset: within 15 steps (5 jobs share 2 cores); named once its window's median has held for 50 steps: at
+    # step 90 in one suite, after step 100 in another, so 140 steps
+    "slow": ("step=30,rank=1,action=slow,percent=100", "2", "140"),
     "throttled": ("step=30,rank=1,action=throttle,percent=100", "2", "100"),  # stopped 50 of every 100 ms
     "desync": ("step=20,rank=2,action=perturb", "3", "40"),
     "grad_desync": ("step=15,rank=0,action=grad_drift", "3", "30"),  # figures read one step late, as on a GPU
