@@ -48,14 +48,17 @@ def test_every_op_obeys_nccl_tests_formulas(nproc):
         assert f["n_half_bytes"] == pytest.approx(f["alpha_us"] * 1e-6 * f["beta_gbps"] * 1e9)
     assert all(c.status is Status.OK for c in report.checks)
     # a call as training issues it: after 0.25, 1 and 5 ms of compute, and back to back, per op the planner uses
-    # (against the op's fit: an op whose 3-iteration sweep fitted no line has no row)
+    # (against the op's fit: an op whose 3-iteration sweep fitted no line has no row); and the gradient norm's
+    # 4-byte all_reduce right after a reduce_scatter, against all_reduce's fit
     calls = report.table("call_costs").rows
     assert [(r["op"], r["compute_s"], r["back_to_back"]) for r in calls] == [
         (op, c, b) for op in ("all_reduce", "all_gather", "reduce_scatter") if op in fits
-        for c, b in ((0.00025, False), (0.001, False), (0.005, False), (0.005, True))] and calls
+        for c, b in ((0.00025, False), (0.001, False), (0.005, False), (0.005, True))
+    ] + [("norm", 0.0, True)] * ("all_reduce" in fits) and calls
     for r in calls:
-        fit = fits[r["op"]]
-        assert r["bytes"] in (65536, 65520) and r["call_us"] > 0  # 64 KiB, rounded to the ranks as the sweep is
+        fit = fits["all_reduce" if r["op"] == "norm" else r["op"]]
+        assert r["bytes"] == 4 if r["op"] == "norm" else r["bytes"] in (65536, 65520)  # 64 KiB rounded as the sweep
+        assert r["call_us"] > 0
         assert r["fit_us"] == pytest.approx(fit["alpha_us"] + r["bytes"] / (fit["beta_gbps"] * 1e3))
         assert r["overhead_us"] == pytest.approx(r["call_us"] - r["fit_us"])
     # an all_reduce overlapped with ~20 ms of compute, sized to take about as long alone (at least 16 KiB)

@@ -148,10 +148,12 @@ def test_two_nodes_shaped_bench(tmp_path, no_leftovers):
     dead = subprocess.Popen(["true"])  # a leftover of a crashed run: removed first, and said so
     dead.wait()
     subprocess.run(["ip", "netns", "add", f"dv-{dead.pid}-sw"], check=True)
+    (tmp_path / "tmp").mkdir()
     res = run_cli("emulate", "--nodes", "2", "--nproc-per-node", "1", "--rate", "200mbit", "--",
                   "comm", "bench", "--ops", "all_reduce", "-b", "1M", "-e", "4M", "-n", "3", "-w", "1", "-c", "1",
-                  "--json", str(out), timeout=120)
+                  "--json", str(out), timeout=120, env={"TMPDIR": str(tmp_path / "tmp")})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert not list((tmp_path / "tmp").iterdir())  # nothing left in the temporary folder: torchrun's logs included
     assert f"distval: removed leftovers of a crashed emulate run: dv-{dead.pid}-sw" in res.stderr.splitlines()
     assert f"dv-{dead.pid}-sw" not in netns.list_namespaces()
     doc = json.loads(out.read_text())

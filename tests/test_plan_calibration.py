@@ -17,7 +17,7 @@ import torch
 
 from distval.comm.fit import fit_alpha_beta
 from distval.plan import PlanConfig, evaluate
-from distval.plan.calibration import StepCost
+from distval.plan.calibration import StepCost, load
 from distval.plan.report import collectives_rows
 from test_plan_cli import plan, plan_json
 
@@ -309,6 +309,34 @@ def test_step_costs_and_call_costs_enter_the_plan(tmp_path):
                                 optimizer_s=0.035, optimizer_per_param_s=5.6e-9))
     assert slow_flat.optimizer_time(12_587_904) == pytest.approx(0.035)
     assert slow_flat.optimizer_time(12_587_904 / 2) == pytest.approx(0.0175)  # sharded: all of it shrinks
+
+
+def test_the_gradient_norms_all_reduce_is_costed_by_its_own_probe_where_the_bench_timed_it(tmp_path):
+    """The sharded strategies' 4-byte norm all_reduce follows the backward's last collective: a bench
+    that timed it so (call_costs row "norm") gives its cost beyond all_reduce's fit; an older bench
+    leaves it at all_reduce's back-to-back figure, measured on 64 KiB calls. The row stands for
+    itself: the mean that stands for untimed ops does not take it in."""
+    from distval.plan.calibration import NORM
+    from distval.plan.steps import NORM_LABEL
+
+    path = tmp_path / "bench.json"
+    write_bench(path, {"all_reduce": (150e-6, 1.2e9), "reduce_scatter": (100e-6, 1.0e9)})
+
+    def norm_s() -> float:
+        result = evaluate(PlanConfig(model="small", world_size=2, strategy="zero3", calibration=str(path)))
+        (norm,) = [t for p in result.phases for t in p.tasks if t.label == NORM_LABEL]
+        assert norm.op == "all_reduce" and norm.size_bytes == 4
+        return norm.duration_s
+
+    _with_costs(path, [], CALLS)
+    assert norm_s() == pytest.approx(150e-6 + 4 / 1.2e9 + 300e-6)  # back to back, as 64 KiB calls
+    _with_costs(path, [], CALLS + [{"op": NORM, "compute_s": 0.0, "back_to_back": True, "overhead_us": -100.0}])
+    assert norm_s() == pytest.approx(150e-6 + 4 / 1.2e9 - 100e-6)  # below the fit's α: as the probe found it
+    cal = load(str(path))
+    assert cal.call_cost(0.003, "all_gather") == 0.0 and cal.call_cost(None) == 0.0  # the mean of +x, -x alone
+    assert cal.call_cost(0.003, "all_reduce", NORM) == pytest.approx(-100e-6)
+    assert cal.call_cost(0.003, "all_reduce") == pytest.approx(600e-6)  # other all_reduces: the per-op figures
+    assert "the gradient norm's all_reduce -100 µs beyond the fit" in cal.describe()
 
 
 def test_each_strategy_divides_the_per_parameter_rate_of_what_its_optimizer_updates():

@@ -1,6 +1,7 @@
 """`distval train` and `distval compare` from the command line."""
 
 import json
+import statistics
 
 import pytest
 
@@ -62,6 +63,14 @@ def test_train_reports_every_step(tmp_path):
         } <= set(r)
         assert r["comm_bytes"] > 0 and r["peak_mem_bytes"] > 0 and r["step_time_s"] > 0
     assert rows[-1]["loss"] < rows[0]["loss"]
+    # what a step spends in each op (rank 0, medians over the steps after the first): simple_ddp_async all-reduces
+    # each tensor and waits for them all; the exposed part is the waiting, never more than issue to end
+    (op,) = doc["tables"]["comm_ops"]["rows"]
+    after_first = rows[1:]
+    assert op["op"] == "all_reduce" and op["calls"] == statistics.median(r["comm_calls"] for r in after_first)
+    assert op["bytes"] == statistics.median(r["comm_bytes"] for r in after_first)
+    assert 0 < op["blocked_s"] <= op["time_s"]
+    assert op["blocked_per_call_s"] == pytest.approx(op["blocked_s"] / op["calls"])
     assert len(doc["meta"]["param_checksum"]) == 16 and doc["meta"]["world_size"] == 2
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(6)) and lines[-1]["loss"] == rows[-1]["loss"]

@@ -38,6 +38,7 @@ from distval.comm.fit import fit_alpha_beta
 from distval.comm.inputs import DTYPES
 from distval.comm.names import OP_SPECS
 from distval.comm.ops import Collective, count_for_bytes, inplace_variants
+from distval.plan.calibration import NORM
 from distval.results import Check, Report, Status, Table
 from distval.stats import percentile
 from distval.units import format_size
@@ -55,6 +56,10 @@ CALL_BYTES = 64 * 2**10
 CALL_COMPUTE_S = (0.00025, 0.001, 0.005)  # compute before each timed call, on every rank: the cost grows with it
 CALL_ITERS = 20  # per op and compute time (the calibration corrects each op's fit with its own figures)
 CALL_BURST = 4  # back to back: after the compute, one op untimed, then this many timed, per op
+# The gradient norm of sharded gradients (zero1-3, FSDP): one 4-byte all_reduce issued right after the
+# backward's last reduce_scatter, timed as such (a row "norm" of call_costs): 64 KB calls back to back
+# are no measure of it (on a shaped link they queue behind each other's bytes; it has none)
+NORM_BYTES, NORM_AFTER = 4, "reduce_scatter"
 COPY_BYTES = 64 * 2**20
 OVERLAP_COLUMNS = ["op", "bytes", "compute_us", "comm_us", "both_us", "interference"]
 OVERLAP_COMPUTE_S = 0.02  # the probe's compute: long enough that the scheduler's noise averages out
@@ -92,9 +97,13 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> dict[str, Any]:
                     break
                 rows.append(row)
     copy_gbps = measure_copy_gbps(ctx) if cfg.copy_ceiling and ctx.device.type == "cpu" else None
-    calls = [call_times(ctx, cfg, op, dtype, compute_s, burst) for op in CALL_OPS
-             for compute_s, burst in [(c, 0) for c in CALL_COMPUTE_S] + [(CALL_COMPUTE_S[-1], CALL_BURST)]
+    timed = [op for op in CALL_OPS
              if cfg.call_cost and op in cfg.ops and op not in skipped and ctx.world_size >= OP_SPECS[op].min_ranks]
+    calls = [call_times(ctx, cfg, op, dtype, compute_s, burst) for op in timed
+             for compute_s, burst in [(c, 0) for c in CALL_COMPUTE_S] + [(CALL_COMPUTE_S[-1], CALL_BURST)]]
+    if "all_reduce" in timed:  # after the reduce_scatter where there is one, else after a 64 KB all_reduce
+        lead = NORM_AFTER if NORM_AFTER in timed else "all_reduce"
+        calls.append(call_times(ctx, cfg, "all_reduce", dtype, CALL_COMPUTE_S[1], lead=lead, size=NORM_BYTES))
     overlap = overlap_times(ctx, dtype) if cfg.call_cost and "all_reduce" in cfg.ops and "all_reduce" not in skipped \
         else None
     return {"rows": rows, "skipped": skipped, "copy_gbps": copy_gbps, "timing": cfg.describe(ctx.device),
@@ -102,19 +111,26 @@ def bench_rank(ctx: RankContext, cfg: BenchConfig) -> dict[str, Any]:
 
 
 def call_times(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, compute_s: float,
-               burst: int = 0) -> dict[str, Any]:
-    """One op of CALL_BYTES issued as training issues it: after `compute_s` of matmuls on every
+               burst: int = 0, lead: str | None = None, size: int = CALL_BYTES) -> dict[str, Any]:
+    """One op of `size` bytes issued as training issues it: after `compute_s` of matmuls on every
     rank (a barrier lines them up first), not after a barrier alone as the sweep times it. On a
     shared CPU host the backend's threads must win a core back from the compute first, and where
     ranks outnumber cores the last rank's compute ends later the longer it is: what the α of the
     sweep does not hold. With `burst`, the op right after the compute is untimed and the `burst`
     ops issued back to back after it are timed (per op): a per-tensor strategy's calls after
-    backward. Seconds per call, the mean over ranks: a rank's call holds its wait for the slowest
-    rank's compute, and the mean of those waits is what a step pays beyond the mean rank's compute
-    (the max would count the slowest rank's lead again on top of the compute the plan predicts)."""
-    coll = Collective(ctx.comm, op, dtype, count_for_bytes(op, CALL_BYTES, dtype.itemsize, ctx.world_size),
-                      ctx.device, redop=cfg.redop, root=cfg.root, inplace=inplace_variants(op)[0])
-    coll.fill(seed=1)
+    backward. With `lead`, a CALL_BYTES call of that op comes untimed between the compute and the
+    timed one (the gradient norm's all_reduce after the last reduce_scatter). Seconds per call, the
+    mean over ranks: a rank's call holds its wait for the slowest rank's compute, and the mean of
+    those waits is what a step pays beyond the mean rank's compute (the max would count the slowest
+    rank's lead again on top of the compute the plan predicts)."""
+    def collective(name: str, nbytes: int) -> Collective:
+        c = Collective(ctx.comm, name, dtype, count_for_bytes(name, nbytes, dtype.itemsize, ctx.world_size),
+                       ctx.device, redop=cfg.redop, root=cfg.root, inplace=inplace_variants(name)[0])
+        c.fill(seed=1)
+        return c
+
+    coll = collective(op, size)
+    first = coll if burst else collective(lead, CALL_BYTES) if lead else None
     a = torch.randn(256, 256, device=ctx.device)
     times = torch.empty(CALL_ITERS, dtype=torch.float64)
     for i in range(CALL_ITERS + 1):  # the first warms up
@@ -123,8 +139,9 @@ def call_times(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, 
         while time.perf_counter() - began < compute_s:
             a = torch.tanh(a @ a)
             devices.synchronize(ctx.device)
-        if burst:
-            coll()
+        if first is not None:
+            first()
+            devices.synchronize(ctx.device)
         start = time.perf_counter()
         for _ in range(max(1, burst)):
             coll()
@@ -133,8 +150,8 @@ def call_times(ctx: RankContext, cfg: BenchConfig, op: str, dtype: torch.dtype, 
             times[i - 1] = (time.perf_counter() - start) / max(1, burst)
     ctx.control_comm.all_reduce(times, "sum")
     times /= ctx.world_size
-    return {"op": op, "bytes": coll.size_bytes, "compute_s": compute_s, "back_to_back": bool(burst),
-            "times_s": times.tolist()}
+    return {"op": NORM if lead else op, "bytes": coll.size_bytes, "compute_s": 0.0 if lead else compute_s,
+            "back_to_back": bool(burst or lead), "times_s": times.tolist()}
 
 
 def overlap_times(ctx: RankContext, dtype: torch.dtype) -> dict[str, Any]:
@@ -342,18 +359,21 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
 
 
 def call_table(per_rank: list[dict[str, Any]], fits: Table) -> Table | None:
-    """Per op and compute time: the mean of a call issued after compute, the sweep's fit at that
+    """Per op and compute time: the median of a call issued after compute (the steps the plan is
+    held to are medians; a mean of 20 is one stalled call away from double), the sweep's fit at that
     size, and the difference (the per-call cost training pays beyond the fit, per op: negative
-    where the sweep's α, timed after a barrier, is above the op in training's rhythm)."""
-    table = Table("call_costs", CALL_COLUMNS, title=f"one op after compute (mean of {CALL_ITERS}, mean over ranks: "
-                  "a step pays the sum) against the alpha-beta fit at its size", units={"bytes": "B", "compute_s": "s",
-                                                                    "call_us": "us", "fit_us": "us",
-                                                                    "overhead_us": "us"})
+    where the sweep's α, timed after a barrier, is above the op in training's rhythm); the row
+    "norm": the gradient norm's 4-byte all_reduce right after a reduce_scatter, against
+    all_reduce's fit."""
+    table = Table("call_costs", CALL_COLUMNS, title=f"one op after compute (median of {CALL_ITERS}, each the mean "
+                  "over ranks: a step pays the sum) against the alpha-beta fit at its size",
+                  units={"bytes": "B", "compute_s": "s", "call_us": "us", "fit_us": "us", "overhead_us": "us"})
     for call in per_rank[0].get("calls") or []:
-        fit = next((f for f in fits.rows if f["op"] == call["op"]), None)
+        fit_op = "all_reduce" if call["op"] == NORM else call["op"]
+        fit = next((f for f in fits.rows if f["op"] == fit_op), None)
         if fit is None:
             continue
-        after = statistics.fmean(call["times_s"]) * 1e6
+        after = statistics.median(call["times_s"]) * 1e6  # as the step the plan is held to is the median
         fitted = fit["alpha_us"] + call["bytes"] / (fit["beta_gbps"] * 1e3)
         table.add(op=call["op"], bytes=call["bytes"], compute_s=call["compute_s"], back_to_back=call["back_to_back"],
                   call_us=after, fit_us=fitted, overhead_us=after - fitted)

@@ -45,12 +45,15 @@ class NodeRun:
     threads: list[threading.Thread] = field(default_factory=list)
 
 
-def torchrun_argv(cluster: Cluster, i: int, inner: list[str]) -> list[str]:
+def torchrun_argv(cluster: Cluster, i: int, inner: list[str], run_dir: str) -> list[str]:
+    """The node's torchrun; its workers' log folders in `run_dir` (removed at the end: without
+    --log-dir torchrun leaves a /tmp/torchelastic_* folder behind per node and run)."""
     topo = cluster.topo
     argv = [sys.executable, "-m", "distval.emulate.agent", "--nnodes", str(topo.num_nodes),  # torchrun, quieter
             "--nproc-per-node", str(topo.nproc_per_node), "--node-rank", str(i),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.address(0)}:{RDZV_PORT}",
-            "--rdzv-id", cluster.tag, "--local-addr", cluster.address(i), "--max-restarts", "0"]
+            "--rdzv-id", cluster.tag, "--local-addr", cluster.address(i), "--max-restarts", "0",
+            "--log-dir", os.path.join(run_dir, f"torchrun-n{i}")]
     if i == 0:
         argv += ["--rdzv-conf", "is_host=true"]
     return argv + ["-m", "distval.cli.node", *inner]
@@ -105,7 +108,7 @@ def run(topo: Topology, inner: list[str], keep_going: bool = False, out: TextIO 
         env = node_env(cluster, run_dir, latency_emulated)
         lock = threading.Lock()
         for i in range(topo.num_nodes):
-            proc = subprocess.Popen(cluster.node_argv(i, torchrun_argv(cluster, i, inner)), env=env,
+            proc = subprocess.Popen(cluster.node_argv(i, torchrun_argv(cluster, i, inner, run_dir)), env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                     text=True, errors="replace", bufsize=1, start_new_session=True)
             node = NodeRun(i, proc)

@@ -92,6 +92,7 @@ class StepCost:
 # which measured strategy stands for a plan model when several were measured: torch's own first
 _PREFERRED = ("pytorch_ddp", "fsdp2", "pytorch_zero1")
 ALL_OPS = "*"  # the call cost of an op the probe did not time: the mean over those it did
+NORM = "norm"  # call_costs' row of the gradient norm's 4-byte all_reduce, timed right after a reduce_scatter
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,11 @@ class Calibration:
     # how much a collective and compute that overlap slow each other (table overlap_costs): 0 none, 1 serial
     interference: float = 0.0
 
-    def call_cost(self, compute_s: float | None, op: str = ALL_OPS) -> float:
-        """What `op` issued after `compute_s` of compute (None: back to back) costs beyond its fit."""
+    def call_cost(self, compute_s: float | None, op: str = ALL_OPS, probe: str | None = None) -> float:
+        """What `op` issued after `compute_s` of compute (None: back to back) costs beyond its fit;
+        `probe`: a call the bench timed as such (NORM: the gradient norm's all_reduce), where it did."""
+        if probe in self.call_costs:
+            return self.call_costs[probe].back_to_back_s
         cost = self.call_costs.get(op) or self.call_costs.get(ALL_OPS)
         return cost.at(compute_s) if cost is not None else 0.0
 
@@ -161,11 +165,13 @@ class Calibration:
         parts = [
             f"{op} α {f.alpha_s * 1e6:.1f} µs β {f.beta_bytes_per_s / 1e9:.3g} GB/s" for op, f in self.fits.items()
         ]
-        timed = {op: c for op, c in self.call_costs.items() if op != ALL_OPS}
+        timed = {op: c for op, c in self.call_costs.items() if op not in (ALL_OPS, NORM)}
         if timed:
             after = ", ".join(f"{c * 1e3:g}" for c, _ in next(iter(timed.values())).after)
             parts.append(f"per call beyond the fit after {after} ms of compute and back to back: "
                          + ", ".join(f"{op} {c.describe()} µs" for op, c in timed.items()))
+        if NORM in self.call_costs:
+            parts.append(f"the gradient norm's all_reduce {self.call_costs[NORM].describe()} µs beyond the fit")
         if self.interference:
             parts.append(f"overlap interference {self.interference:.2f}")
         if self.costs:
@@ -282,7 +288,8 @@ def _call_costs(doc: dict, flag: str) -> dict[str, CallCost]:
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (value, compute)) or compute < 0:
             raise ValueError(f"{flag}: a call_costs row needs a number overhead_us and compute_s >= 0 "
                              f"(got {value!r}, {compute!r})")
-        for op in (str(row.get("op")), ALL_OPS):
+        op = str(row.get("op"))
+        for op in (op,) if op == NORM else (op, ALL_OPS):  # the norm's probe stands for itself alone
             points.setdefault(op, {}).setdefault(None if row.get("back_to_back") else compute, []).append(value * 1e-6)
 
     def mean(op: str, values: list[float]) -> float:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from distval.plan.calibration import NORM
 from distval.plan.network import bus_factor
 from distval.plan.schedule import COMM, COMPUTE, Phase, Task
 
@@ -59,11 +60,12 @@ def buckets(total_bytes: float, bucket_bytes: float, first_bytes: float | None =
 
 
 def comm_task(inp: "Inputs", label: str, op: str, size_bytes: float, deps: tuple[int, ...] = (),
-              after: float | None = 0.0) -> Task:
+              after: float | None = 0.0, probe: str | None = None) -> Task:
     """One collective with the calibration's measured per-call cost on top of α–β; `after`: the
-    seconds of compute it is issued right after (None: back to back after another collective)."""
+    seconds of compute it is issued right after (None: back to back after another collective);
+    `probe`: the bench's row that timed this very call, where it has one."""
     seconds, algorithm, source = inp.network.time(op, size_bytes)
-    extra = inp.calibration.call_cost(after, op) if seconds and inp.calibration is not None else 0.0
+    extra = inp.calibration.call_cost(after, op, probe) if seconds and inp.calibration is not None else 0.0
     if extra:  # negative where the probe found the op faster than its fit (never below nothing)
         seconds, source = max(0.0, seconds + extra), f"{source} + per-call cost"
     sent = bus_factor(op, inp.world_size) * size_bytes if inp.world_size > 1 else 0.0
@@ -124,9 +126,10 @@ def _optimizer(inp: "Inputs", tasks: list[Task], seconds: float) -> None:
     """The optimizer step; where gradients are sharded (every strategy but ddp) the global gradient
     norm (clipping, the health checks) first needs one 4-byte all_reduce of the shards' sums."""
     if inp.cfg.strategy != "ddp":
-        # (after the norm's own little compute: the per-call cost at its shortest)
+        # right after the backward's last collective: the bench's norm row where it has one, else the
+        # per-call cost back to back
         deps = (len(tasks) - 1,) if tasks else ()
-        tasks.append(comm_task(inp, NORM_LABEL, "all_reduce", NORM_BYTES, deps))
+        tasks.append(comm_task(inp, NORM_LABEL, "all_reduce", NORM_BYTES, deps, probe=NORM))
     tasks.append(Task("optimizer step", COMPUTE, seconds, (len(tasks) - 1,) if tasks else ()))
 
 

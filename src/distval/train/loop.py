@@ -263,6 +263,8 @@ def finish_step(ctx: RankContext, cfg: TrainConfig, pending: PendingStep, tokens
         "comm_wire_bytes": round(sum(t.bytes * busbw_factor(op, ctx.world_size) for op, t in comm.items())),
         "comm_time_s": sum(t.time_s for t in comm.values()),
         "comm_blocked_s": sum(t.blocked_s for t in comm.values()),
+        # per op (this rank's, as comm_blocked_s): [calls, bytes, seconds issue to end, seconds waited]
+        "comm_ops": {op: [t.calls, t.bytes, t.time_s, t.blocked_s] for op, t in sorted(comm.items()) if t.calls},
         # this rank's optimizer phase (gradient norm, clipping, update; not zero1/2's gather after it, nor the
         # norm's collective, which is in comm_blocked_s), as comm_blocked_s is its own
         "optimizer_s": clock.seconds("synced", "updated") - pending.checked_s - pending.optimizer_waited_s,

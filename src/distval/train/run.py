@@ -31,6 +31,26 @@ def steps_table(result: dict[str, Any]) -> Table:
     return table
 
 
+def comm_ops_table(steps: list[dict[str, Any]]) -> Table | None:
+    """What a step spends in each collective op on rank 0 (medians over the steps after the first):
+    calls, bytes, issue to end, and the part the training thread waited (exposed communication,
+    the step table's comm_blocked_s split by op). None when no step issued a collective."""
+    steps = steps[1:] or steps  # the first step pays for warm-up
+    ops = sorted({op for s in steps for op in s.get("comm_ops", {})})
+    if not ops:
+        return None
+    table = Table("comm_ops", ["op", "calls", "bytes", "time_s", "blocked_s", "blocked_per_call_s"],
+                  title="collectives per step on rank 0 (medians over the steps after the first; blocked: the "
+                        "training thread waiting, the exposed communication)",
+                  units={"bytes": "B", "time_s": "s", "blocked_s": "s", "blocked_per_call_s": "s"})
+    for op in ops:
+        calls, size, took, blocked = (statistics.median(s.get("comm_ops", {}).get(op, [0, 0, 0.0, 0.0])[i]
+                                                        for s in steps) for i in range(4))
+        table.add(op=op, calls=calls, bytes=size, time_s=took, blocked_s=blocked,
+                  blocked_per_call_s=blocked / calls if calls else None)
+    return table
+
+
 def run_train(cfg: TrainConfig, opts: LaunchOptions, watchers: list[Watcher] | tuple = ()) -> Report | None:
     lost = LostTime(known_world_size(opts) or 1, cfg.health, step=_latest_step, on_finding=say_finding)
 
@@ -42,6 +62,7 @@ def run_train(cfg: TrainConfig, opts: LaunchOptions, watchers: list[Watcher] | t
             "train", meta=meta.collect(job, cfg, param_checksum=r0["checksum"], num_params=r0["num_params"])
         )
         report.tables.append(steps_table(r0))
+        report.tables.extend(t for t in [comm_ops_table(r0["steps"])] if t is not None)
         first, last = r0["steps"][0]["loss"], r0["steps"][-1]["loss"]
         report.add(Check(f"train {cfg.strategy}", Status.OK, f"{cfg.steps} steps, loss {first:.3f} -> {last:.3f}",
                          details={"final_loss": last}))
