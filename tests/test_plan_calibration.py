@@ -316,7 +316,7 @@ def test_the_gradient_norms_all_reduce_is_costed_by_its_own_probe_where_the_benc
     that timed it so (call_costs row "norm") gives its cost beyond all_reduce's fit; an older bench
     leaves it at all_reduce's back-to-back figure, measured on 64 KiB calls. The row stands for
     itself: the mean that stands for untimed ops does not take it in."""
-    from distval.plan.calibration import NORM
+    from distval.comm.config import NORM
     from distval.plan.steps import NORM_LABEL
 
     path = tmp_path / "bench.json"

@@ -33,12 +33,11 @@ import torch
 from distval import device as devices
 from distval import meta
 from distval.comm.agree import run_agreed
-from distval.comm.config import GRAPH_NEEDS_CUDA, TIMINGS, BenchConfig  # noqa: F401 (re-exported)
+from distval.comm.config import GRAPH_NEEDS_CUDA, NORM, TIMINGS, BenchConfig  # noqa: F401 (re-exported)
 from distval.comm.fit import fit_alpha_beta
 from distval.comm.inputs import DTYPES
 from distval.comm.names import OP_SPECS
 from distval.comm.ops import Collective, count_for_bytes, inplace_variants
-from distval.plan.calibration import NORM
 from distval.results import Check, Report, Status, Table
 from distval.stats import percentile
 from distval.units import format_size

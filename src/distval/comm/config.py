@@ -54,6 +54,10 @@ def parse_ops(names: tuple[str, ...] | list[str], known: tuple[str, ...] = CHECK
     return tuple(out)
 
 
+# the row of the bench's call_costs table that times the sharded strategies' gradient-norm all_reduce (4 bytes,
+# right after a reduce_scatter); the planner reads it by this name (plan/calibration.py)
+NORM = "norm"
+
 def _counts(text: str, flag: str) -> dict[str, int]:
     out = {}
     for item in comma_list(text, flag):

@@ -30,6 +30,7 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
+from distval.comm.config import NORM
 from distval.plan.network import PLAN_OPS, Link, from_fit
 from distval.results import SCHEMA
 
@@ -92,7 +93,6 @@ class StepCost:
 # which measured strategy stands for a plan model when several were measured: torch's own first
 _PREFERRED = ("pytorch_ddp", "fsdp2", "pytorch_zero1")
 ALL_OPS = "*"  # the call cost of an op the probe did not time: the mean over those it did
-NORM = "norm"  # call_costs' row of the gradient norm's 4-byte all_reduce, timed right after a reduce_scatter
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distval.plan.calibration import NORM
+from distval.comm.config import NORM
 from distval.plan.network import bus_factor
 from distval.plan.schedule import COMM, COMPUTE, Phase, Task
 
