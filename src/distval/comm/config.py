@@ -58,6 +58,7 @@ def parse_ops(names: tuple[str, ...] | list[str], known: tuple[str, ...] = CHECK
 # right after a reduce_scatter); the planner reads it by this name (plan/calibration.py)
 NORM = "norm"
 
+
 def _counts(text: str, flag: str) -> dict[str, int]:
     out = {}
     for item in comma_list(text, flag):

@@ -288,8 +288,8 @@ def _call_costs(doc: dict, flag: str) -> dict[str, CallCost]:
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (value, compute)) or compute < 0:
             raise ValueError(f"{flag}: a call_costs row needs a number overhead_us and compute_s >= 0 "
                              f"(got {value!r}, {compute!r})")
-        op = str(row.get("op"))
-        for op in (op,) if op == NORM else (op, ALL_OPS):  # the norm's probe stands for itself alone
+        name = str(row.get("op"))
+        for op in (name,) if name == NORM else (name, ALL_OPS):  # the norm's probe stands for itself alone
             points.setdefault(op, {}).setdefault(None if row.get("back_to_back") else compute, []).append(value * 1e-6)
 
     def mean(op: str, values: list[float]) -> float:
