@@ -358,21 +358,21 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
 
 
 def call_table(per_rank: list[dict[str, Any]], fits: Table) -> Table | None:
-    """Per op and compute time: the median of a call issued after compute (the steps the plan is
-    held to are medians; a mean of 20 is one stalled call away from double), the sweep's fit at that
-    size, and the difference (the per-call cost training pays beyond the fit, per op: negative
-    where the sweep's α, timed after a barrier, is above the op in training's rhythm); the row
-    "norm": the gradient norm's 4-byte all_reduce right after a reduce_scatter, against
-    all_reduce's fit."""
-    table = Table("call_costs", CALL_COLUMNS, title=f"one op after compute (median of {CALL_ITERS}, each the mean "
-                  "over ranks: a step pays the sum) against the alpha-beta fit at its size",
+    """Per op and compute time: the mean of a call issued after compute (a step of ten or twenty
+    calls pays about their mean each, stalls included: with the median the plan fell short of the
+    measured waits in a sitting of session 25), the sweep's fit at that size, and the difference
+    (the per-call cost training pays beyond the fit, per op: negative where the sweep's α, timed
+    after a barrier, is above the op in training's rhythm); the row "norm": the gradient norm's
+    4-byte all_reduce right after a reduce_scatter, against all_reduce's fit."""
+    table = Table("call_costs", CALL_COLUMNS, title=f"one op after compute (mean of {CALL_ITERS}, mean over ranks: a "
+                  "step pays the sum) against the alpha-beta fit at its size",
                   units={"bytes": "B", "compute_s": "s", "call_us": "us", "fit_us": "us", "overhead_us": "us"})
     for call in per_rank[0].get("calls") or []:
         fit_op = "all_reduce" if call["op"] == NORM else call["op"]
         fit = next((f for f in fits.rows if f["op"] == fit_op), None)
         if fit is None:
             continue
-        after = statistics.median(call["times_s"]) * 1e6  # as the step the plan is held to is the median
+        after = statistics.fmean(call["times_s"]) * 1e6
         fitted = fit["alpha_us"] + call["bytes"] / (fit["beta_gbps"] * 1e3)
         table.add(op=call["op"], bytes=call["bytes"], compute_s=call["compute_s"], back_to_back=call["back_to_back"],
                   call_us=after, fit_us=fitted, overhead_us=after - fitted)
