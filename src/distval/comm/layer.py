@@ -199,6 +199,11 @@ class Comm:
     def reset_totals(self) -> None:
         self.totals.clear()
 
+    def blocked_so_far(self) -> float:
+        """Seconds the issuing thread has waited on this Comm's collectives since the totals were
+        last reset (the running totals: the records are a bounded ring)."""
+        return sum(t.blocked_s for t in self.totals.values())
+
     def add_blocked(self, op: str, seconds: float) -> None:
         """Waiting on `op` that happened out of the layer's sight (inside autograd, where DDP's
         reducer waits for its bucket futures), as measured by the caller."""

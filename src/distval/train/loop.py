@@ -191,7 +191,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
             if faults:
                 faults.after_sync(step, strategy.module)
         clock.mark("synced")
-        waited = blocked_so_far(ctx)
+        waited = ctx.comm.blocked_so_far()
         grad_sums, checked_s = None, 0.0
         if checksum_grads:  # (a host read: every K steps)
             began = time.perf_counter()
@@ -214,18 +214,13 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
             held = held_bytes(strategy.model_state_tensors(optimizer))  # everything of the model state exists now
             optimizer.zero_grad(set_to_none=True)
         clock.mark("updated")
-        waited = blocked_so_far(ctx) - waited  # the optimizer phase's own collectives (the gradient norm)
+        waited = ctx.comm.blocked_so_far() - waited  # the optimizer phase's own collectives (the gradient norm)
         strategy.after_step()  # zero1/2: the updated parameters' all_gather
         clock.mark("end")
     comm = dict(ctx.comm.totals)
     ctx.comm.reset_totals()
     memory = (devices.current_memory_bytes(ctx.device), devices.peak_memory_bytes(ctx.device))
     return PendingStep(step, clock, values, comm, memory, held, bad_param, grad_sums, checked_s, waited)
-
-
-def blocked_so_far(ctx: RankContext) -> float:
-    """The time this rank's training thread has waited on collectives since the step began."""
-    return sum(t.blocked_s for t in ctx.comm.totals.values())
 
 
 def finish_step(ctx: RankContext, cfg: TrainConfig, pending: PendingStep, tokens: float, flops_per_token: float,

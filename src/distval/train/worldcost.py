@@ -100,11 +100,11 @@ def measure(strategy_name: str, model: str, micro_batch: int, mixed_precision: s
         for i in range(WARMUP + steps):
             if world > 1:
                 dist.barrier()  # the ranks start each step together, as the harness's do
-            waited, start = blocked(comm), time.perf_counter()
+            waited, start = comm.blocked_so_far(), time.perf_counter()
             with strategy.micro_batch(is_last=True):
                 strategy.model(tokens).float().square().mean().backward()
             done = time.perf_counter()
-            waited = blocked(comm) - waited
+            waited = comm.blocked_so_far() - waited
             float(strategy.clip_grad_norm(optim.clip))  # read on the host, as the harness reads the norm
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -121,12 +121,6 @@ def measure(strategy_name: str, model: str, micro_batch: int, mixed_precision: s
                 "norm_s": statistics.median(norm[WARMUP:]) if norm else None, "held": held / whole}
     finally:
         dist.destroy_process_group()
-
-
-def blocked(comm: Any) -> float:
-    """The seconds this process has waited in the layer's collectives so far (its running totals:
-    the records are a bounded ring, and summing it grows with the run)."""
-    return sum(t.blocked_s for t in comm.totals.values())
 
 
 def run_rank(args: argparse.Namespace, rank: int, store: Any) -> dict[str, dict[str, list[float]]]:
