@@ -4,13 +4,15 @@ Per setting (ranks × model): a `comm bench` of all_reduce, all_gather and reduc
 x4, with its per-call cost) saved as JSON, then `distval compare --calibration` of the strategies
 below, whose reference rank also measures each strategy's own costs on one rank (the plan's step
 costs, saved into the bench file). Repeated `--repeats` times, each repeat a fresh bench and
-compare. The prediction is compare's own (`train/compare.py` `predicted_step`), recomputed here
-from the kept files, so `--replay DIR` reprints the table of a run with the planner as it is now.
-Per strategy the median over repeats of measured p50 step time, the prediction, their ratio (and
-the repeats' lowest and highest ratio: a miss whose repeats straddle the band is the host's draw), and
-per category (forward+backward, optimizer, exposed communication) measured vs predicted. Goal
-(issue 28): measured/predicted in 0.8-1.25 for every strategy and setting. Prints a markdown table
-(docs/plan.md "How close").
+compare. The prediction is compare's own (`train/compare.py` `predicted_step`), recomputed here from
+the kept files, so `--replay DIR` reprints the table of a run with the planner as it is now, and
+`--replay DIR1,DIR2,...` pools the repeats of several sittings (the host's speed moves from one hour
+to the next: three repeats of one sitting leave one pair or so of 21 outside the band, a different
+one each sitting). Per strategy the median over repeats of measured p50 step time, the prediction,
+their ratio (and the repeats' lowest and highest ratio: a miss whose repeats straddle the band is
+the host's draw), and per category (forward+backward, optimizer, exposed communication) measured vs
+predicted. Goal (issue 28): measured/predicted in 0.8-1.25 for every strategy and setting. Prints a
+markdown table (docs/plan.md "How close").
 
 Setting `2:tiny:emulated` (root): two emulated nodes joined by a `--rate` link (`distval emulate`,
 one rank each). `compare` does not run under an outer launcher, so there each strategy trains on
@@ -22,6 +24,7 @@ measured on one rank).
     python benchmarks/plan_accuracy.py --settings 2:tiny --repeats 1 --steps 20
     python benchmarks/plan_accuracy.py --settings 2:tiny:emulated --rate 1gbit
     python benchmarks/plan_accuracy.py --replay runs/            # the table again, nothing run
+    python benchmarks/plan_accuracy.py --replay runs1/,runs2/,runs3/   # three sittings' repeats pooled
 
 Long (1-5 minutes per setting and repeat on the 2-core host); nothing else should run.
 """
@@ -160,27 +163,29 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--keep", help="keep the bench, compare and train JSON files in this folder")
     p.add_argument("--rate", default="1gbit", help="the emulated link (tc rate)")
-    p.add_argument("--replay", help="a --keep folder: predict its runs again and print the table; nothing runs")
+    p.add_argument("--replay", help="--keep folders, comma-separated: predict their runs again and print the table, "
+                   "each setting's repeats of all the folders pooled; nothing runs")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(args.replay or args.keep or tmp)
-        folder.mkdir(parents=True, exist_ok=True)
+        runs: list[tuple[Path, str]] = []  # (folder, tag) of every repeat
         if args.replay:
-            tags = sorted(m.group(1) for f in folder.glob("bench-*.json")
-                          if (m := re.fullmatch(r"bench-([^-_]+(?:_[^-]+)?-[^-]+-\d+)\.json", f.name)))
+            for folder in map(Path, args.replay.split(",")):
+                runs += sorted((folder, m.group(1)) for f in folder.glob("bench-*.json")
+                               if (m := re.fullmatch(r"bench-([^-_]+(?:_[^-]+)?-[^-]+-\d+)\.json", f.name)))
         else:
-            tags = []
+            folder = Path(args.keep or tmp)
+            folder.mkdir(parents=True, exist_ok=True)
             for setting in args.settings.split(","):
                 nproc, model, *how = setting.split(":")
                 for i in range(args.repeats):
                     if how == ["emulated"]:
-                        tags.append(f"emu_{args.rate}-{model}-{i}")
-                        measure_emulated(model, args.steps, args.rate, folder, tags[-1])
+                        runs.append((folder, f"emu_{args.rate}-{model}-{i}"))
+                        measure_emulated(model, args.steps, args.rate, folder, runs[-1][1])
                     else:
-                        tags.append(f"{nproc}-{model}-{i}")
-                        measure_local(int(nproc), model, args.steps, folder, tags[-1])
+                        runs.append((folder, f"{nproc}-{model}-{i}"))
+                        measure_local(int(nproc), model, args.steps, folder, runs[-1][1])
         groups: dict[tuple[str, str], list[list[dict]]] = {}
-        for tag in tags:
+        for folder, tag in runs:
             where, model, _ = tag.split("-")
             groups.setdefault((where, model), []).append(predicted_rows(folder, tag))
         lines = ["| ranks | model | strategy | measured ms | plan ms | ratio | repeats | compute ms (meas / plan) | "
