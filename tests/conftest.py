@@ -47,6 +47,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def suite_tmpdir(tmp_path_factory: pytest.TempPathFactory):
+    """The suite's processes keep their temporary files in a folder of the suite's own, which
+    pytest prunes with its other temporary folders: torch's elastic agent leaves a torchelastic_*
+    folder in the temporary folder for every torchrun the tests start as a user would, and a
+    pytorch-errorfile-*.pickle for every worker it kills; in /tmp they piled up, suite after suite."""
+    folder = tmp_path_factory.mktemp("tmpdir")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    yield folder
+    if before is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = before
+
+
 @pytest.fixture
 def cli(capsys):
     """`distval ARGS` in this process (no interpreter and torch start-up per call): for bad-input

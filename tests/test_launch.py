@@ -61,12 +61,17 @@ def _sockets(pid: int | str) -> set[str]:
     return {target for target in found if target.startswith("socket:")}
 
 
+def _disposition(sig: int) -> str:
+    handler = signal.getsignal(sig)
+    return {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored"}.get(handler, "a Python handler")
+
+
 def _how_started(ctx, launcher: int) -> dict:
     import torch
 
     server = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     return {"from_server": b"multiprocessing.forkserver" in server and os.getppid() != launcher,
-            "threads": torch.get_num_threads(), "sighup_default": signal.getsignal(signal.SIGHUP) == signal.SIG_DFL,
+            "threads": torch.get_num_threads(), "sighup": _disposition(signal.SIGHUP),
             "sigterm_blocked": signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []),
             "agents_sockets": sorted(_sockets("self") & _sockets(launcher)),
             "env": {k: os.environ.get(k) for k in ("DISTVAL_TEST_MARK", "RANK")}}
@@ -85,7 +90,10 @@ def test_distvals_own_workers_start_from_a_fork_server_with_the_launchers_enviro
     job = run(_how_started, os.getpid(), LaunchOptions(nproc=2, timeout_s=60))
     assert [r.pop("env") for r in job.results] == [{"DISTVAL_TEST_MARK": "set after the server started", "RANK": str(r)}
                                                   for r in range(2)]
-    assert job.results == [{"from_server": True, "threads": 1, "sighup_default": True, "sigterm_blocked": False,
+    # SIGHUP as an exec'd worker would have it: default, or ignored where this process ignores it
+    # (started under nohup); never a handler of the launcher's
+    sighup = "ignored" if _disposition(signal.SIGHUP) == "ignored" else "default"
+    assert job.results == [{"from_server": True, "threads": 1, "sighup": sighup, "sigterm_blocked": False,
                             "agents_sockets": []}] * 2, job.results
     server = multiprocessing.forkserver._forkserver._forkserver_pid
     os.kill(server, signal.SIGTERM)
