@@ -49,8 +49,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session", autouse=True)
 def suite_tmpdir(tmp_path_factory: pytest.TempPathFactory):
-    """The suite's processes keep their temporary files in a folder of the suite's own, which
-    pytest prunes with its other temporary folders: torch's elastic agent leaves a torchelastic_*
+    """Every process the suite starts keeps its temporary files in a folder of the suite's own,
+    which pytest prunes with its other temporary folders: torch's elastic agent leaves a torchelastic_*
     folder in the temporary folder for every torchrun the tests start as a user would, and a
     pytorch-errorfile-*.pickle for every worker it kills; in /tmp they piled up, suite after suite."""
     folder = tmp_path_factory.mktemp("tmpdir")
