@@ -2,7 +2,7 @@
 
 The planner slows every local rank's compute by the cores' share when the ranks' threads outnumber
 the cores (3 ranks on 2: ×1.5; docs/plan.md "Step costs", `at_rank_speed`). zero3 on `tiny` at 3
-ranks is measured below that in every sitting (docs/plan.md, session 24): its compute comes in
+ranks is measured below that in every sitting (docs/plan-accuracy-history.md, session 24): its compute comes in
 bursts of a millisecond or two between blocking collectives. This times the same burst, a fixed
 count of 64×64 matmuls, on N ranks that meet in a 4-byte all_reduce after each burst (as a
 strategy's ranks meet in its collectives), against the same burst on one rank alone, for bursts of
