@@ -17,8 +17,8 @@ predicts apart), and the share of the parameters a rank held. The differences ar
 strategy adds at N beyond its one-rank step (`world_cost`), which compare adds to its step costs.
 A fake group of N in one process misses part of it: FSDP2's forward+backward less its waits on two
 real ranks was 1.4-3.7 ms above the fake group of 2 on `tiny`, its optimizer phase 0.8-3.5 ms
-(docs/plan-accuracy-history.md, session 24). All N ranks take both turns at once, so where their threads outnumber
-the cores both sides share them alike.
+(docs/plan-accuracy-history.md, session 24). All N ranks take both turns at once, so where their
+threads outnumber the cores both sides share them alike.
 """
 
 from __future__ import annotations
