@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from distval import exit_without_collecting
-from distval.cli import comm, doctor, drill, emulate, launch, plan, run, slurm, trace, train  # noqa: F401 (each adds its commands)
+from distval.cli import comm, doctor, drill, emulate, launch, plan, run, scale, slurm, trace, train  # noqa: F401 (each adds its commands)
 from distval.cli.app import app
 from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun
 
@@ -20,7 +20,7 @@ __all__ = ["app", "main"]
 
 
 # the commands that start distval's own workers on this host
-_LAUNCHING = {"comm", "compare", "doctor", "run", "train"}
+_LAUNCHING = {"comm", "compare", "doctor", "run", "scale", "train"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,7 @@ from distval.report import terminal
 from distval.results import Report, check_writable, output_dir
 
 # `distval --help` lists the commands in the order a user needs them.
-ORDER = ("run", "doctor", "comm", "plan", "train", "compare", "trace", "drill", "launch", "emulate", "slurm")
+ORDER = ("run", "doctor", "comm", "plan", "train", "compare", "scale", "trace", "drill", "launch", "emulate", "slurm")
 
 
 class _InOrder(typer.core.TyperGroup):
@@ -58,6 +58,29 @@ def option(*names: str, help: str) -> typer.models.OptionInfo:  # noqa: A002 (ty
 
 
 JsonOut = Annotated[Optional[Path], option("--json", help="Write the report as JSON (schema distval.report/1).")]
+
+
+ExpectFile = Annotated[Optional[str], option(
+    "--expect", help="Expectations (TOML file, or preset:NAME, e.g. preset:8xH100-NVLink): each threshold a PASS/FAIL "
+    "line (docs/expectations.md).")]
+
+
+def load_expectations(spec: str | None) -> Any:
+    """The --expect file read and checked before anything runs (one line, exit 2, if it is bad)."""
+    if spec is None:
+        return None
+    from distval import expect
+
+    return expect.load(spec)
+
+
+def judged(report: Report | None, expectations: Any) -> Report | None:
+    """The report with one PASS/FAIL check per threshold of --expect (on the reporting rank)."""
+    if report is not None and expectations is not None:
+        from distval import expect
+
+        report.checks += expect.judge(expectations, report)
+    return report
 
 
 def check_outputs(outputs: dict[str, Optional[Path]]) -> None:

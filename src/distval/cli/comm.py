@@ -7,11 +7,22 @@ import functools
 from pathlib import Path
 from typing import Annotated, Optional
 
-from distval.cli.app import JsonOut, check_outputs, comm_app, finish, make_console, option
+from distval.cli.app import (
+    ExpectFile,
+    JsonOut,
+    check_outputs,
+    comm_app,
+    finish,
+    judged,
+    load_expectations,
+    make_console,
+    option,
+)
 from distval.cli.flags import config_flags
 from distval.comm.config import BenchConfig, CheckConfig
 from distval.launch.job import LAUNCH, LaunchOptions
 from distval.results import atomic_write_text
+from distval.scale.config import PairsConfig
 
 
 @comm_app.command("check")
@@ -49,3 +60,18 @@ def comm_bench(
         atomic_write_text(csv, bench.csv_text(report.table("bench")))
         console.print(f"wrote {csv}")
     return code
+
+
+@comm_app.command("pairs")
+@config_flags("cfg", PairsConfig)
+@config_flags("opts", LaunchOptions, only=LAUNCH)
+def comm_pairs(cfg: PairsConfig, opts: LaunchOptions, expect: ExpectFile = None, json: JsonOut = None) -> int:
+    """Bandwidth between every pair of nodes and of ranks in a node (round-robin), each node's all_reduce and a
+    compute probe: the slow node, link or rank named."""
+    from distval.launch.execute import execute
+    from distval.scale import pairs
+
+    expectations = load_expectations(expect)
+    check_outputs({"--json": json})
+    report = execute("comm pairs", pairs.pairs_rank, cfg, opts, functools.partial(pairs.build_report, cfg=cfg))
+    return finish(judged(report, expectations), json, make_console())
