@@ -58,6 +58,11 @@ def test_quick_ladder_climbs_every_stage_and_the_plan_meets_the_measurement(tmp_
         ladder["plan"]["headline"], ladder["plan"]
     planned = doc["tables"]["plan_step"]["rows"][0]["step_time_s"]
     assert planned == pytest.approx(rows["pytorch_ddp"]["predicted_step_time_s"], rel=1e-6)
+    # the scale stage: one rank and both, planned with the bench's fits and compare's step costs (no probe of its own)
+    scaling = doc["tables"]["scaling"]["rows"]
+    assert [r["world_size"] for r in scaling] == [1, 2] and scaling[0]["efficiency"] == pytest.approx(1.0)
+    assert all(r["planned_efficiency"] is not None and r["tokens_per_s"] > 0 for r in scaling)
+    assert scaling[1]["busbw_gbps"] > 0 and "efficiency" in ladder["scale"]["headline"]
     predictions = {c["where"].get("strategy", c["name"].split()[1]): c for c in doc["checks"]
                    if c["name"].endswith(" prediction")}
     for name, row in rows.items():  # compute at the reference's measured rate plus the fitted comm
@@ -92,7 +97,7 @@ def test_a_bad_gloo_socket_ifname_stops_the_ladder_at_the_doctor(tmp_path):
     assert all(ladder[s]["status"] == "SKIP" and ladder[s]["headline"] == "not run: doctor failed first"
                for s in STAGES[1:])
     assert doc["meta"]["stopped_at"] == "doctor"
-    assert "[1/8] doctor   FAIL" in res.stdout
+    assert "[1/9] doctor   FAIL" in res.stdout
     # --json's missing folder is made and said, like --out
     assert f"distval: created {tmp_path / 'new'} (--json)" in res.stderr.splitlines()
     assert json.loads((tmp_path / "new" / "r.json").read_text())["tables"]["ladder"] == doc["tables"]["ladder"]

@@ -10,12 +10,13 @@ from distval.doctor.report import DoctorConfig
 from distval.knobs import knob
 from distval.plan import presets
 
-STAGES = ("doctor", "check", "bench", "compare", "plan", "drills", "trace", "health")
+STAGES = ("doctor", "check", "bench", "compare", "plan", "scale", "drills", "trace", "health")
 IN_JOB_A = ("doctor", "check", "bench")  # one set of workers for the three
-LOCAL_ONLY = ("compare", "drills")  # start local jobs of their own: not under an outer launcher
+LOCAL_ONLY = ("compare", "scale", "drills")  # start local jobs of their own: not under an outer launcher
 COMPARE_STRATEGIES = ("pytorch_ddp", "bucket_ddp_async", "zero2", "fsdp2")
 DRILLS = ("kill9_rank", "hang_rank", "corrupt_file", "slow_rank")
 TRACED_STRATEGY = "pytorch_ddp"
+SCALED_STRATEGY = "pytorch_ddp"  # a strategy compare measured: its step costs are in bench.json
 # the ops the ladder's bench step sweeps: a subset of comm.names.BENCH_OPS
 LADDER_BENCH_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 
@@ -48,6 +49,7 @@ class RunConfig:
     bench: BenchConfig = field(default_factory=lambda: BenchConfig(
         ops=LADDER_BENCH_OPS, min_bytes=1024, max_bytes=16 * 2**20, factor=4, iters=20, warmup=5))
     compare_steps: int = 20
+    scale_steps: int = 40
     drill_steps: int = 12
     trace_steps: int = 30
     trace_skip: int = 10
@@ -58,7 +60,7 @@ class RunConfig:
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown:
             raise ValueError(f"{','.join(unknown)}: not a stage; the stages are {', '.join(STAGES)}")
-        for name in ("compare_steps", "drill_steps", "trace_steps", "trace_active"):
+        for name in ("compare_steps", "scale_steps", "drill_steps", "trace_steps", "trace_active"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
         if not 0 <= self.trace_skip <= self.trace_steps - self.trace_active:
@@ -72,4 +74,4 @@ class RunConfig:
                    check=CheckConfig(sizes={"one": 1, "odd": 7, "non_pow2": 1000}),
                    bench=BenchConfig(ops=LADDER_BENCH_OPS, min_bytes=1024, max_bytes=4 * 2**20, factor=8, iters=5,
                                      warmup=1),
-                   compare_steps=8, trace_steps=12, trace_skip=4, trace_active=4, **kwargs)
+                   compare_steps=8, scale_steps=20, trace_steps=12, trace_skip=4, trace_active=4, **kwargs)

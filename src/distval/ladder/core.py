@@ -13,7 +13,16 @@ from typing import Any
 from distval import launch, meta
 from distval.comm import bench, check
 from distval.health.diagnose import WorkerFailure
-from distval.ladder.config import COMPARE_STRATEGIES, DRILLS, IN_JOB_A, LOCAL_ONLY, STAGES, TRACED_STRATEGY, RunConfig
+from distval.ladder.config import (
+    COMPARE_STRATEGIES,
+    DRILLS,
+    IN_JOB_A,
+    LOCAL_ONLY,
+    SCALED_STRATEGY,
+    STAGES,
+    TRACED_STRATEGY,
+    RunConfig,
+)
 from distval.launch import JobResult, LaunchOptions
 from distval.launch.execute import failure_check
 from distval.rank import RankContext
@@ -265,6 +274,26 @@ class Ladder:
         report = run_compare(TrainConfig(model=self.cfg.model, steps=self.cfg.compare_steps),
                              list(COMPARE_STRATEGIES), self.opts, calibration=self.calibration)
         return StageResult.of("compare", report.checks, report.tables, _compare_line(report))
+
+    def _scale(self) -> StageResult:
+        """The quick form of `distval scale`: one rank and all of them, planned with the bench's
+        α–β and the step costs compare saved in bench.json (no bench, no probe of its own)."""
+        from distval.scale.config import ScaleConfig
+        from distval.scale.run import run_scale
+        from distval.train.config import TrainConfig
+
+        if self.world < 2:
+            return StageResult.skipped("scale", "one rank: nothing to scale to")
+        report = run_scale(TrainConfig(model=self.cfg.model, strategy=SCALED_STRATEGY, steps=self.cfg.scale_steps),
+                           ScaleConfig(worlds=(1, self.world), bench=False), self.opts, calibration=self.calibration)
+        table = report.table("scaling")
+        if table is None:
+            return StageResult.of("scale", report.checks, report.tables, "")
+        last = table.rows[-1]
+        planned = f" (planned {last['planned_efficiency']:.2f})" if last["planned_efficiency"] is not None else ""
+        line = (f"{SCALED_STRATEGY} 1 -> {last['world_size']} ranks: {last['tokens_per_s']:,.0f} tokens/s, "
+                f"efficiency {last['efficiency']:.2f}{planned}")
+        return StageResult.of("scale", report.checks, report.tables, line)
 
     def _drills(self) -> StageResult:
         from distval.drill import DrillConfig, run_drills

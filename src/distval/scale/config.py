@@ -29,8 +29,10 @@ def _bytes_or_auto(text: str, flag: str) -> int | None:
     return None if str(text).strip().lower() == "auto" else parse_size(text, flag)
 
 
-def parse_worlds(text: str, flag: str = "--worlds") -> tuple[int, ...]:
-    """'1,2,4' -> (1, 2, 4): the world sizes of a ladder, ascending, each once."""
+def parse_worlds(text: str, flag: str = "--worlds") -> tuple[int, ...] | None:
+    """'1,2,4' -> (1, 2, 4): the world sizes of a ladder, ascending, each once; 'auto': None."""
+    if str(text).strip().lower() == "auto":
+        return None
     values = []
     for item in comma_list(text, flag):
         if not item.isdigit() or int(item) < 1:
@@ -74,8 +76,8 @@ class PairsConfig:
 
 @dataclass(frozen=True)
 class ScaleConfig:
-    worlds: tuple[int, ...] | None = knob(None, "--worlds", parse=parse_worlds, text="1..nproc",
-                                          help="World sizes to measure, e.g. 1,2,4 (default 1, then doubling, and "
+    worlds: tuple[int, ...] | None = knob(None, "--worlds", parse=parse_worlds, text="auto",
+                                          help="World sizes to measure, e.g. 1,2,4 (auto: 1, then doubling, and "
                                           "--nproc).")
     strong: bool = knob(False, "--strong", help="Strong scaling: the global batch stays that of the largest world "
                         "(micro-batch x largest world); default weak: the per-rank batch stays.")
