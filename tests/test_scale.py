@@ -123,10 +123,17 @@ def test_the_gap_is_named_where_the_plan_missed_most(monkeypatch):
 def test_pairs_on_three_local_ranks(tmp_path):
     """One host: the rank pairs in 3 rounds, both directions, the node's all_reduce and every
     rank's compute probe; the statistic is stated."""
-    out = tmp_path / "pairs.json"
-    res = run_cli("comm", "pairs", "--nproc", "3", "-b", "1M", "-n", "3", "--json", str(out), timeout=120)
-    assert res.returncode in (0, 1), res.stdout[-2000:] + res.stderr[-2000:]
+    out, expect = tmp_path / "pairs.json", tmp_path / "expect.toml"
+    expect.write_text("[pairs]\nmin_rank_gbps = 0.01\nmin_allreduce_busbw_gbps = 5000\n")
+    res = run_cli("comm", "pairs", "--nproc", "3", "-b", "1M", "-n", "3", "--expect", str(expect), "--json", str(out),
+                  timeout=120)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]  # the FAIL of --expect
     doc = json.loads(out.read_text())
+    verdicts = {c["name"]: c for c in doc["checks"] if c["name"].startswith("expect")}
+    rank = verdicts["expect pairs rank"]
+    assert rank["status"] == "OK" and rank["summary"].startswith("PASS")
+    assert verdicts["expect pairs allreduce"]["status"] == "FAIL"
+    assert "< 5000 GB/s" in verdicts["expect pairs allreduce"]["summary"]
     rows = doc["tables"]["pairs"]["rows"]
     assert sorted((r["rank_a"], r["rank_b"]) for r in rows) == [(0, 1), (0, 2), (1, 2)]
     assert sorted(r["round"] for r in rows) == [0, 1, 2] and {r["level"] for r in rows} == {"rank"}
@@ -139,9 +146,11 @@ def test_pairs_on_three_local_ranks(tmp_path):
 def test_scale_on_one_and_two_ranks_with_its_own_calibration(tmp_path):
     """Each point a launch; the bench at 2 ranks and the one-rank probe give the plan; busbw at the
     gradient's size; the page carries the table."""
-    out, html = tmp_path / "scale.json", tmp_path / "scale.html"
-    res = run_cli("scale", "--nproc", "2", "--steps", "12", "--json", str(out), "--html", str(html), timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out, html, expect = tmp_path / "scale.json", tmp_path / "scale.html", tmp_path / "expect.toml"
+    expect.write_text('[scale]\nmin_efficiency = { 2 = 0.05 }\nmax_step_time_s = 0.000001\n')
+    res = run_cli("scale", "--nproc", "2", "--steps", "12", "--expect", str(expect), "--json", str(out), "--html",
+                  str(html), timeout=300)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]  # the FAIL of --expect
     assert "distval scale: 1 rank(s)" in res.stdout and "distval scale: 2 rank(s)" in res.stdout
     doc = json.loads(out.read_text())
     rows = doc["tables"]["scaling"]["rows"]
@@ -151,6 +160,19 @@ def test_scale_on_one_and_two_ranks_with_its_own_calibration(tmp_path):
     assert "alpha_beta" in doc["tables"] and doc["tables"]["step_costs"]["rows"][0]["strategy"] == "pytorch_ddp"
     assert "weak scaling 1 -> 2 ranks" in next(c for c in doc["checks"] if c["name"] == "scale")["summary"]
     assert "scaling" in html.read_text()
+    verdicts = {c["name"]: c for c in doc["checks"] if c["name"].startswith("expect")}
+    assert verdicts["expect scale efficiency 2"]["status"] == "OK"
+    assert verdicts["expect scale step_time"]["status"] == "FAIL"
+
+
+def test_bench_expectations_pass_and_fail(tmp_path):
+    expect = tmp_path / "expect.toml"
+    expect.write_text('[[bench]]\nop = "all_reduce"\nbytes = "1M"\nmin_busbw_gbps = 0.001\n\n'
+                      '[[bench]]\nop = "all_reduce"\nbytes = "2M"\nmin_busbw_gbps = 5000\n')
+    res = run_cli("comm", "bench", "--nproc", "2", "-b", "1M", "-e", "2M", "-n", "3", "-w", "1", "--no-call-cost",
+                  "--expect", str(expect), timeout=120)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "PASS all_reduce busbw at 1 MiB" in res.stdout and "FAIL all_reduce busbw at 2 MiB" in res.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -167,9 +189,13 @@ def test_scale_bad_input_is_one_line(cli, args, message):
     assert message in res.stderr and "Traceback" not in res.stderr
 
 
-def test_pairs_bad_input_is_one_line(cli):
+def test_pairs_bad_input_is_one_line(cli, tmp_path):
     res = cli("comm", "pairs", "--outlier-share", "1.5")
     assert res.returncode == 2 and "--outlier-share must be a share between 0 and 1" in res.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[pairs]\nmin_node_gbs = 3\n")
+    res = cli("comm", "pairs", "--expect", str(bad), "--json", str(tmp_path / "p.json"))
+    assert res.returncode == 2 and "min_node_gbs" in res.stderr and not (tmp_path / "p.json").exists()
 
 
 def test_points_of_separate_jobs_join_into_one_table(tmp_path):

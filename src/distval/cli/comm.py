@@ -44,6 +44,7 @@ def comm_check(cfg: CheckConfig, opts: LaunchOptions, json: JsonOut = None) -> i
 def comm_bench(
     cfg: BenchConfig, opts: LaunchOptions,
     csv: Annotated[Optional[Path], option("--csv", help="Write the sweep as CSV.")] = None,
+    expect: ExpectFile = None,
     json: JsonOut = None,
 ) -> int:
     """nccl-tests-compatible sweep: algbw, busbw, in/out-of-place, p50/p95, #wrong, α–β fit per op."""
@@ -52,10 +53,11 @@ def comm_bench(
     from distval.launch.execute import execute
 
     cfg.check_job(opts.backend, planned_world_size(opts))
+    expectations = load_expectations(expect)
     check_outputs({"--json": json, "--csv": csv})
     report = execute("comm bench", bench.bench_rank, cfg, opts, functools.partial(bench.build_report, cfg=cfg))
     console = make_console()
-    code = finish(report, json, console)
+    code = finish(judged(report, expectations), json, console)
     if csv and report is not None and report.table("bench") is not None:
         atomic_write_text(csv, bench.csv_text(report.table("bench")))
         console.print(f"wrote {csv}")

@@ -11,7 +11,18 @@ from typing import Annotated, Optional
 from rich.console import Console
 from rich.markup import escape
 
-from distval.cli.app import JsonOut, app, check_outputs, finish, make_console, option, split_list
+from distval.cli.app import (
+    ExpectFile,
+    JsonOut,
+    app,
+    check_outputs,
+    finish,
+    judged,
+    load_expectations,
+    make_console,
+    option,
+    split_list,
+)
 from distval.cli.flags import config_flags
 from distval.ladder.config import RunConfig
 from distval.launch.job import LAUNCH, LaunchOptions
@@ -28,20 +39,24 @@ def run_cmd(
     quick: Annotated[bool, option("--quick", help="A smoke run (about 2 minutes here): fewer sizes, iterations and "
                                   "steps; every stage still there.")] = False,
     only: Annotated[Optional[str], option("--only", help="Comma list of stages to run: doctor, check, bench, compare, "
-                                          "plan, drills, trace, health.")] = None,
+                                          "plan, scale, drills, trace, health.")] = None,
     skip: Annotated[Optional[str], option("--skip", help="Comma list of stages to leave out.")] = None,
+    expect: ExpectFile = None,
     json: JsonOut = None,
 ) -> int:
-    """The acceptance ladder: doctor, comm check, comm bench, compare, plan, drills, a traced run, its health."""
+    """The acceptance ladder: doctor, comm check, comm bench, compare, plan, scale, drills, a traced run, its
+    health."""
     from distval import ladder
 
     stages = ladder.select(split_list(only) if only else None, split_list(skip) if skip else None)
     make = RunConfig.quick_preset if quick else RunConfig
     cfg = make(stages=stages, **{path[-1]: value for path, value in values.items()})
+    expectations = load_expectations(expect)
     check_outputs({"--json": json})
     out_dir = output_dir(Path(cfg.out_dir), "--out")
     console = make_console()
-    report = ladder.run_ladder(dataclasses.replace(cfg, out_dir=str(out_dir)), opts, _Progress(console))
+    report = judged(ladder.run_ladder(dataclasses.replace(cfg, out_dir=str(out_dir)), opts, _Progress(console)),
+                    expectations)
     code = finish(report, json, console)
     if report is not None:
         paths = ladder.write_outputs(report, out_dir)
