@@ -1,9 +1,10 @@
 """report.html in a real browser (Debian's Chromium driven by Playwright, never a downloaded one):
 every section shows, the verdict is what a person sees first, the stage badges read in ladder order,
-nothing is fetched, nothing errs, and a string from the report stays text.
+nothing is fetched, nothing errs, and a string from the report stays text; a `scale` and `comm pairs`
+report shows its scaling chart and pair heat map.
 
-One browser launch for the module. With DISTVAL_SCREENSHOT=PATH the full-page screenshot is also
-copied to PATH (how docs/ gets its picture of the page)."""
+One browser launch for the module, each report in a page of its own. With DISTVAL_SCREENSHOT=PATH
+the run report's full-page screenshot is also copied to PATH (how docs/ gets its picture of the page)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from distval.report.html import render_html
-from test_report_html import SECTIONS, STAGE_STATUS, STAGES, XSS, run_report
+from test_report_html import HOSTS, SECTIONS, SLOW_NODE, STAGE_STATUS, STAGES, XSS, cluster_report, run_report
 
 CHROMIUM = shutil.which("chromium")
 if CHROMIUM is None:
@@ -28,23 +29,46 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The run report opened in one page, with everything the page said or asked for while loading."""
-    path = tmp_path_factory.mktemp("report") / "report.html"
-    path.write_text(render_html(run_report().to_dict()), encoding="utf-8")
-    events: dict[str, list[str]] = {"console_errors": [], "page_errors": [], "requests": [], "dialogs": []}
+def browser() -> Any:
+    """The module's one Chromium (its start-up is the slow part)."""
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport=VIEWPORT)
-            page.on("console", lambda m: m.type == "error" and events["console_errors"].append(m.text))
-            page.on("pageerror", lambda e: events["page_errors"].append(str(e)))
-            page.on("request", lambda r: events["requests"].append(r.url))
-            page.on("dialog", lambda d: (events["dialogs"].append(d.message), d.dismiss()))
-            page.goto(path.as_uri(), wait_until="load")
-            yield page, events, path
+            yield chromium
         finally:
-            browser.close()
+            chromium.close()
+
+
+def open_report(browser: Any, path: Path, report: dict[str, Any]) -> tuple[Any, dict[str, list[str]]]:
+    """`report` rendered to `path` and opened in a new page, with everything the page said or asked
+    for while loading."""
+    path.write_text(render_html(report), encoding="utf-8")
+    events: dict[str, list[str]] = {"console_errors": [], "page_errors": [], "requests": [], "dialogs": []}
+    page = browser.new_page(viewport=VIEWPORT)
+    page.on("console", lambda m: m.type == "error" and events["console_errors"].append(m.text))
+    page.on("pageerror", lambda e: events["page_errors"].append(str(e)))
+    page.on("request", lambda r: events["requests"].append(r.url))
+    page.on("dialog", lambda d: (events["dialogs"].append(d.message), d.dismiss()))
+    page.goto(path.as_uri(), wait_until="load")
+    return page, events
+
+
+@pytest.fixture(scope="module")
+def loaded(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The run report opened in one page."""
+    path = tmp_path_factory.mktemp("report") / "report.html"
+    page, events = open_report(browser, path, run_report().to_dict())
+    yield page, events, path
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def cluster_loaded(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A report with a `scaling` table and the pairs of 4 nodes (node 2 slow), in a second page."""
+    path = tmp_path_factory.mktemp("cluster") / "report.html"
+    page, events = open_report(browser, path, cluster_report().to_dict())
+    yield page, events, path
+    page.close()
 
 
 def test_every_section_is_present_and_visible(loaded):
@@ -107,3 +131,54 @@ def test_full_page_screenshot(loaded, tmp_path):
         target = Path(os.environ["DISTVAL_SCREENSHOT"])
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shot, target)
+
+
+def test_cluster_figures_are_drawn_without_errors(cluster_loaded):
+    page, events, path = cluster_loaded
+    assert events["console_errors"] == [] and events["page_errors"] == [] and events["requests"] == [path.as_uri()]
+    for fig_id in ("fig-scaling", "fig-pairs"):
+        fig = page.locator(f"figure#{fig_id}")
+        assert fig.is_visible() and fig.locator("figcaption").is_visible(), fig_id
+        box = fig.locator("svg").first.bounding_box()
+        assert box["width"] > 300 and box["height"] > 150, fig_id
+
+
+def test_scaling_chart_series_and_hollow_points(cluster_loaded):
+    page, _, _ = cluster_loaded
+    fig = page.locator("figure#fig-scaling")
+    names = fig.locator("polyline.series").evaluate_all("els => els.map(e => e.dataset.series)")
+    assert sorted(set(names)) == ["ideal", "measured", "planned"]
+    for line in fig.locator("polyline.series").all():
+        assert line.bounding_box()["width"] > 100, line.get_attribute("data-series")  # spans the world sizes
+    # the 8-rank point (oversubscribed) is white inside, the others filled; both panels
+    fills = fig.locator('circle.point[data-series="measured"]').evaluate_all(
+        "els => els.map(e => [e.querySelector('title').textContent, getComputedStyle(e).fill])")
+    assert len(fills) == 8
+    for title, fill in fills:
+        assert (fill == "rgb(255, 255, 255)") == title.startswith("world 8 "), title
+
+
+def test_heat_map_cells_tooltips_and_outline(cluster_loaded):
+    page, _, _ = cluster_loaded
+    grid = page.locator("figure#fig-pairs svg").first
+    cells = grid.locator("rect.cell")
+    assert cells.count() == len(HOSTS) * (len(HOSTS) - 1)
+    box = cells.first.bounding_box()
+    assert box["width"] > 20 and box["height"] > 20
+    titles = grid.locator("rect.cell title").all_text_contents()
+    assert "node 2 (node-c) -> node 0 (node-a): 0.03 GB/s, round 1" in titles
+    outlines = grid.locator("rect.outline")
+    assert outlines.count() == 2 and outlines.first.get_attribute("data-node") == str(SLOW_NODE)
+    assert grid.locator("text.weak", has_text="0.004x link · 1.00x compute").is_visible()
+    # a value on a dark cell is written in white, on a light cell in dark grey
+    inks = set(grid.locator("text.cell-value").evaluate_all("els => els.map(e => getComputedStyle(e).fill)"))
+    assert inks == {"rgb(255, 255, 255)", "rgb(51, 51, 51)"}
+
+
+def test_rank_grids_sit_side_by_side(cluster_loaded):
+    page, _, _ = cluster_loaded
+    tiles = page.locator("figure#fig-pairs svg.tile")
+    assert tiles.count() == len(HOSTS)
+    first, second = tiles.nth(0).bounding_box(), tiles.nth(1).bounding_box()
+    assert second["x"] > first["x"] + first["width"] and second["y"] == first["y"]
+    assert tiles.nth(0).locator("rect.cell").count() == 2

@@ -71,11 +71,13 @@ def realistic_report(num_ok: int = 40) -> Report:
     return report
 
 
-STAGES = ["doctor", "check", "bench", "compare", "plan", "drills", "trace", "health"]
+STAGES = ["doctor", "check", "bench", "compare", "plan", "scale", "drills", "trace", "health"]
 STAGE_STATUS = {"bench": "WARN", "compare": "FAIL"}
 HEADLINES = {"doctor": "2 ranks on 1 host, rendezvous 0.3 s", "check": "212 checks exact",
              "bench": "all_reduce plateau 1.9 GB/s", "plan": "zero2 predicted 41.0 ms/step",
-             "compare": "zero2 differs from the reference", "drills": "4 drills recovered bitwise",
+             "compare": "zero2 differs from the reference",
+             "scale": "pytorch_ddp 1 -> 2 ranks: 1,840 tokens/s, efficiency 0.92 (planned 0.95)",
+             "drills": "4 drills recovered bitwise",
              "trace": "compute 61%, exposed comm 12%", "health": "no straggler, numerics finite"}
 STRATEGIES = {  # name -> (step_time_p50_s, predicted_step_time_s, peak_mem_bytes)
     "pytorch_ddp": (0.0412, 0.0380, 310 * 2**20),
@@ -556,3 +558,252 @@ def test_figure_tables_with_missing_values_render():
     assert '<span class="stage-name">?</span>' in doc
     assert "No rank reported its memory." in doc and "No step has a loss." in doc
     assert 'id="fig-late"' not in doc  # nothing to draw, no figure
+
+
+# --- the cluster's figures: scaling against world size, bandwidth between pairs of nodes -------
+
+# world_size -> (nodes, ranks_per_node, tokens_per_s, planned_efficiency, busbw_gbps, oversubscribed, gap)
+SCALING = {
+    1: (1, 1, 1000.0, 1.0, None, False, ""),
+    2: (1, 2, 1900.0, 0.97, 3.1, False, ""),
+    4: (2, 2, 3500.0, 0.92, 1.4, False, ""),
+    8: (4, 2, 5200.0, 0.9, 0.8, True, "comm_exposed"),
+}
+HOSTS = ["node-a", "node-b", "node-c", "node-d"]
+SLOW_NODE = 2
+ROUNDS = [[(0, 1), (2, 3)], [(0, 2), (1, 3)], [(0, 3), (1, 2)]]  # round-robin over 4 nodes
+
+
+def scaling_table(gap: str = "") -> Table:
+    table = Table("scaling", ["world_size", "nodes", "ranks_per_node", "tokens_per_s", "step_time_s", "efficiency",
+                              "planned_efficiency", "planned_step_time_s", "busbw_gbps", "grad_bytes",
+                              "oversubscribed", "gap"], title="scaling", units={"tokens_per_s": "tokens/s"})
+    tps1 = SCALING[1][2]
+    for world, (nodes, per_node, tps, planned, busbw, over, row_gap) in SCALING.items():
+        table.add(world_size=world, nodes=nodes, ranks_per_node=per_node, tokens_per_s=tps, step_time_s=0.1,
+                  efficiency=tps / (world * tps1), planned_efficiency=planned, planned_step_time_s=0.1,
+                  busbw_gbps=busbw, grad_bytes=2**24, oversubscribed=over, gap=gap or row_gap)
+    return table
+
+
+def pair_gbps(a: int, b: int) -> float:
+    """a -> b: 10-ish GB/s, the slow node's link 0.03-0.04 either way."""
+    if SLOW_NODE in (a, b):
+        return 0.03 if a == SLOW_NODE else 0.04
+    return 10.0 + a + 0.1 * b
+
+
+def pairs_tables(hosts: list[str] = HOSTS, shares: bool = True) -> list[Table]:
+    """`distval comm pairs` on 4 nodes of 2 ranks, node 2's NIC slow: its pairs, within-node pairs,
+    and (with `shares`) pair_nodes."""
+    pairs = Table("pairs", ["level", "node_a", "node_b", "host_a", "host_b", "rank_a", "rank_b", "round", "bytes",
+                            "a_to_b_gbps", "b_to_a_gbps"], title="pair bandwidth")
+    for rnd, round_pairs in enumerate(ROUNDS):
+        for a, b in round_pairs:
+            pairs.add(level="node", node_a=a, node_b=b, host_a=hosts[a], host_b=hosts[b], rank_a=2 * a,
+                      rank_b=2 * b, round=rnd, bytes=2**24, a_to_b_gbps=pair_gbps(a, b), b_to_a_gbps=pair_gbps(b, a))
+    for node, host in enumerate(hosts):
+        pairs.add(level="rank", node_a=node, node_b=node, host_a=host, host_b=host, rank_a=2 * node,
+                  rank_b=2 * node + 1, round=0, bytes=2**24, a_to_b_gbps=40.0 + node, b_to_a_gbps=41.0 + node)
+    if not shares:
+        return [pairs]
+    nodes = Table("pair_nodes", ["node", "host", "ranks", "pair_gbps", "pair_share", "allreduce_busbw_gbps",
+                                 "compute_gflops", "compute_share"], title="per node")
+    for node, host in enumerate(hosts):
+        share = 0.004 if node == SLOW_NODE else 1.0
+        nodes.add(node=node, host=host, ranks=2, pair_gbps=10.5 * share, pair_share=share, allreduce_busbw_gbps=20.0,
+                  compute_gflops=50.0, compute_share=1.0)
+    return [pairs, nodes]
+
+
+def cluster_report(xss: str = "") -> Report:
+    """A report with the scaling ladder and the pairs of 4 nodes (hosts carrying `xss` when given)."""
+    report = Report("scale", meta={"world_size": 8})
+    report.add(Check("scale efficiency", Status.WARN, "efficiency 0.65 at 8 ranks", hint="see the gap column"))
+    report.tables.append(scaling_table(xss))
+    report.tables += pairs_tables([h + xss for h in HOSTS])
+    return report
+
+
+@pytest.fixture(scope="module")
+def cluster_doc() -> str:
+    return render_html(cluster_report().to_dict())
+
+
+def test_scaling_chart_draws_measured_planned_and_ideal(cluster_doc):
+    parse(cluster_doc)
+    fig = figure(cluster_doc, "fig-scaling")
+    lines = re.findall(r'<polyline[^>]*class="series" data-series="(\w+)" points="([^"]+)"[^>]*stroke="([^"]+)"'
+                       r'(?: stroke-width="[0-9.]+")?(?: stroke-dasharray="([^"]+)")?', fig)
+    by_name = {}
+    for name, points, colour, dash in lines:
+        by_name.setdefault(name, []).append((points.split(), colour, dash))
+    # efficiency panel: ideal, planned, measured; tokens panel: ideal, measured
+    assert sorted(by_name) == ["ideal", "measured", "planned"]
+    assert len(by_name["measured"]) == 2 and len(by_name["ideal"]) == 2 and len(by_name["planned"]) == 1
+    points, colour, dash = by_name["planned"][0]
+    assert len(points) == len(SCALING) and colour == report_html.PREDICTION_COLOUR and dash
+    assert all(not dash for _, _, dash in by_name["measured"])
+    flat = by_name["ideal"][0][0]  # efficiency 1: one height across the panel
+    assert len({p.split(",")[1] for p in flat}) == 1
+    for world, (_, _, tps, planned, _, _, _) in SCALING.items():
+        efficiency = tps / (world * SCALING[1][2])
+        assert f"<title>world {world}" in fig
+        assert f"efficiency {efficiency:.2f}, planned {planned:.2f}" in fig
+    assert "world 8 (4 nodes × 2 ranks), 5,200 tokens/s" in fig and "busbw 0.80 GB/s, gap: comm_exposed" in fig
+    assert "hollow" in fig.lower() and "ranks outnumber cores" in fig
+
+
+def test_scaling_points_are_hollow_where_oversubscribed(cluster_doc):
+    fig = figure(cluster_doc, "fig-scaling")
+    points = re.findall(r'<circle class="point" data-series="measured"[^>]*fill="([^"]+)"[^>]*>'
+                        r"<title>world (\d+)", fig)
+    assert len(points) == 2 * len(SCALING)  # efficiency and tokens/s
+    for fill, world in points:
+        assert (fill == "#fff") == SCALING[int(world)][5], world
+
+
+def test_scaling_ideal_throughput_is_linear_from_the_smallest_world(cluster_doc):
+    fig = figure(cluster_doc, "fig-scaling")
+    assert "<title>ideal: 1 ranks 1,000 tokens/s, 2 ranks 2,000 tokens/s, 4 ranks 4,000 tokens/s, " \
+           "8 ranks 8,000 tokens/s</title>" in fig
+    ideal = re.findall(r'data-series="ideal" points="([^"]+)"', fig)[1].split()
+    measured = re.findall(r'data-series="measured" points="([^"]+)"', fig)[1].split()
+    y0, y1 = float(ideal[0].split(",")[1]), float(ideal[-1].split(",")[1])
+    assert ideal[0] == measured[0]  # both start at the smallest world's tokens/s
+    bottom = y0 + (y0 - y1) / (8 - 1)  # the pixel height of 0 tokens/s, on the ideal's line
+    heights = [bottom - float(p.split(",")[1]) for p in measured]
+    for height, (world, row) in zip(heights, SCALING.items()):
+        assert height / heights[0] == pytest.approx(row[2] / SCALING[1][2], rel=1e-2), world
+
+
+def test_no_scaling_table_no_scaling_figure(doc):
+    assert 'id="fig-scaling"' not in doc and 'id="fig-pairs"' not in doc
+    doc = render_html(Report("scale", tables=[Table("scaling", ["world_size", "efficiency"])]).to_dict())
+    parse(doc)
+    assert "No scaling row has a world size" in figure(doc, "fig-scaling")
+
+
+def test_scaling_tolerates_missing_values():
+    rows = [{"world_size": 1, "tokens_per_s": None, "efficiency": 1.0},
+            {"world_size": None, "efficiency": 0.5}, {"world_size": 2, "efficiency": None, "planned_efficiency": 0.9},
+            {"world_size": 4, "efficiency": float("nan"), "tokens_per_s": 300.0, "oversubscribed": None},
+            {"world_size": "8", "efficiency": 0.1}, {}]
+    doc = render_html({"command": "scale", "tables": {"scaling": {"rows": rows}}})
+    parse(doc)
+    fig = figure(doc, "fig-scaling")
+    assert fig.count('data-series="measured"') == 1 + 1 + 2  # eff: line + 1 point; tokens: line + 1 point
+    assert "<title>world 2, planned 0.90</title>" in fig
+    one = render_html({"tables": {"scaling": {"rows": [{"world_size": 4, "efficiency": 0.8}]}}})
+    assert figure(one, "fig-scaling").count("<circle") == 1
+
+
+def heat_cells(fig: str) -> list[tuple[str, str]]:
+    """(fill, tooltip) of each measured cell."""
+    return re.findall(r'<rect class="cell"[^>]*fill="(#[0-9a-f]{6})"[^>]*><title>([^<]+)</title>', fig)
+
+
+def test_pair_heat_map_one_cell_per_direction(cluster_doc):
+    fig = figure(cluster_doc, "fig-pairs")
+    node_grid = fig[:fig.index("</svg>")]
+    cells = heat_cells(node_grid)
+    assert len(cells) == 4 * 3 and node_grid.count('class="diag"') == 4
+    titles = {title for _, title in cells}
+    for rnd, round_pairs in enumerate(ROUNDS):
+        for a, b in round_pairs:
+            for src, dst in ((a, b), (b, a)):
+                gbps = report_html._fmt_float(pair_gbps(src, dst))
+                assert f"node {src} ({HOSTS[src]}) -&gt; node {dst} ({HOSTS[dst]}): {gbps} GB/s, round {rnd}" \
+                    in titles
+    assert "node 2 (node-c) -&gt; node 0 (node-a): 0.03 GB/s, round 1" in titles
+    # the colour scale runs from the lowest value (first stop) to the highest (last stop)
+    fills = {title.split(": ")[1].split(" GB/s")[0]: fill for fill, title in cells}
+    assert fills["0.03"] == report_html.HEAT_STOPS[0] and fills[_fmt_float(pair_gbps(3, 1))] == \
+        report_html.HEAT_STOPS[-1]
+    assert ">0.03 GB/s</text>" in node_grid and f">{pair_gbps(3, 1):.3g} GB/s</text>" in node_grid  # colour bar
+    assert '<text class="cell-value' in node_grid and ">0.04</text>" in node_grid  # values in small grids
+
+
+def test_pair_heat_map_outlines_the_slow_node_and_shows_shares(cluster_doc):
+    fig = figure(cluster_doc, "fig-pairs")
+    outlines = re.findall(r'<rect class="outline" data-node="(\d+)" x="([0-9.]+)" y="([0-9.]+)" '
+                          r'width="([0-9.]+)" height="([0-9.]+)"', fig)
+    assert {node for node, *_ in outlines} == {str(SLOW_NODE)} and len(outlines) == 2  # its row and column
+    row = next(o for o in outlines if float(o[3]) > float(o[4]))
+    cells = re.findall(r'<rect class="(?:cell|diag)" x="([0-9.]+)" y="([0-9.]+)"', fig[:fig.index("</svg>")])
+    ys = sorted({float(y) for _, y in cells})
+    assert float(row[2]) == ys[SLOW_NODE]  # the outline sits on the slow node's row
+    assert re.search(rf'<text class="weak" data-node="{SLOW_NODE}"[^>]*><title>node 2 \(node-c\), 2 ranks, '
+                     r"pairs 0.042 GB/s, 0.00x the median", fig)
+    assert "0.004x link · 1.00x compute</text>" in fig and "1.00x link · 1.00x compute</text>" in fig
+
+
+def test_pair_heat_map_compute_share_outlines_too():
+    pairs, nodes = pairs_tables()
+    nodes.rows[1]["compute_share"] = 0.5
+    doc = render_html(Report("comm pairs", tables=[pairs, nodes]).to_dict())
+    assert set(re.findall(r'class="outline" data-node="(\d+)"', figure(doc, "fig-pairs"))) == {"1", str(SLOW_NODE)}
+
+
+def test_pair_heat_map_one_rank_grid_per_node(cluster_doc):
+    fig = figure(cluster_doc, "fig-pairs")
+    charts = fig.split("</svg>")[1:-1]
+    assert len(charts) == len(HOSTS)
+    for node, (host, chart) in enumerate(zip(HOSTS, charts)):
+        assert f"node {node} ({host}): between its ranks" in chart
+        assert [t for _, t in heat_cells(chart)] == [f"rank {2 * node} -&gt; rank {2 * node + 1}: {40.0 + node:.2f} "
+                                                     f"GB/s, round 0", f"rank {2 * node + 1} -&gt; rank {2 * node}: "
+                                                     f"{41.0 + node:.2f} GB/s, round 0"]
+
+
+def test_pair_heat_map_without_pair_nodes_and_with_none_values():
+    (pairs,) = pairs_tables(shares=False)
+    pairs.rows[0]["b_to_a_gbps"] = None
+    pairs.rows[1].update(round=None, host_a=None)
+    pairs.rows.append({"level": "node", "node_a": None, "node_b": 1})
+    pairs.rows.append({"level": None})
+    doc = render_html(Report("comm pairs", tables=[pairs]).to_dict())
+    parse(doc)
+    fig = figure(doc, "fig-pairs")
+    node_grid = fig[:fig.index("</svg>")]
+    assert len(heat_cells(node_grid)) == 11 and node_grid.count('class="cell-missing"') == 1
+    assert "node 1 (node-b) -&gt; node 0 (node-a): not measured, round 0" in node_grid
+    # no round; the host from the other rows that name node 2
+    assert "<title>node 2 (node-c) -&gt; node 3 (node-d): 0.03 GB/s</title>" in node_grid
+    assert 'class="outline"' not in fig and "link · compute" not in fig
+    empty = render_html(Report("comm pairs", tables=[Table("pairs", ["level", "node_a"])]).to_dict())
+    assert "No pair has a measured bandwidth." in figure(empty, "fig-pairs")
+
+
+def test_pair_heat_map_large_clusters(monkeypatch):
+    def ring(num_nodes: int) -> dict:
+        rows = [{"level": "node", "node_a": i, "node_b": (i + 1) % num_nodes, "round": 0, "host_a": f"h{i}",
+                 "a_to_b_gbps": 0.5 if i == 7 else 10.0, "b_to_a_gbps": 10.0} for i in range(num_nodes)]
+        return {"command": "comm pairs", "tables": {"pairs": {"rows": rows}}}
+
+    fig = figure(render_html(ring(100)), "fig-pairs")
+    assert len(heat_cells(fig)) == 2 * 100 and fig.count('class="cell-missing"') == 100 * 99 - 200
+    assert "cell-value" not in fig  # no text in cells past 16 nodes
+    widths = set(re.findall(r'<rect class="cell" x="[0-9.]+" y="[0-9.]+" width="([0-9.]+)"', fig))
+    assert widths == {"6.4"}  # 640 px / 100
+    assert ">n0</text>" in fig and ">n1</text>" not in fig and ">n3</text>" in fig  # a label every 14 px or more
+    assert "<title>node 7 (h7) -&gt; node 8 (h8): 0.5 GB/s, round 0</title>" in fig
+    monkeypatch.setattr(report_html, "GRID_PX", 60)  # 1.5 px a cell: the floor, without 200+ nodes' render time
+    small = figure(render_html(ring(40)), "fig-pairs")
+    assert set(re.findall(r'<rect class="cell" x="[0-9.]+" y="[0-9.]+" width="([0-9.]+)"', small)) == {"3.0"}
+    monkeypatch.undo()
+
+    fig = figure(render_html(ring(300)), "fig-pairs")
+    assert "<rect class=\"cell" not in fig and "300 nodes, more than 256" in fig
+    bars = re.findall(r'<rect class="share"><title>([^<]+)</title>|<rect class="share"[^>]*fill="([^"]+)"', fig)
+    assert fig.count('class="share"') == 300 and len(bars) == 300
+    # node 7's median is (0.5, 10, 10, 10) -> 10; shares computed from the pairs, all 1.00 here
+    assert "node 7 (h7): pairs 10 GB/s (1.00x the median)" in fig
+
+
+def test_cluster_strings_are_escaped():
+    doc = render_html(cluster_report(xss=XSS).to_dict())
+    parse(doc)
+    assert "<script" not in doc and "alert(1)</" not in doc
+    for fig_id in ("fig-scaling", "fig-pairs"):
+        assert XSS_ESCAPED in figure(doc, fig_id), fig_id

@@ -3,6 +3,7 @@ imported here (the nodes' workers import it in their own processes)."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Optional
 
 import typer
@@ -24,8 +25,21 @@ def emulate(
     nodes: Annotated[int, O("--nodes", help="Emulated nodes (network namespaces).")] = 2,
     nproc_per_node: Annotated[int, O("--nproc-per-node", help="Workers torchrun starts on each node.")] = 1,
     rate: Annotated[
-        str, O("--rate", help="Link rate per node and direction, tc units: 1gbit, 100mbit, 10gbit (bps = bytes/s).")
+        str,
+        O(
+            "--rate",
+            help="Link rate per node and direction, tc units: 1gbit, 100mbit, 10gbit (bps = bytes/s); one for "
+            "every node or a comma list, one per node (1gbit,1gbit,250mbit,1gbit: one slow link).",
+        ),
     ] = "1gbit",
+    cpu: Annotated[
+        Optional[str],
+        O(
+            "--cpu",
+            help="CPU per node in cores (a cgroup CPU quota on the node's torchrun and workers); one for every "
+            "node or a comma list, one per node (1,1,0.25,1: one slow node). Default: no limit.",
+        ),
+    ] = None,
     latency: Annotated[
         str,
         O(
@@ -49,20 +63,21 @@ def emulate(
         ),
     ] = False,
     clean: Annotated[
-        bool, O("--clean", help="Only remove namespaces left by crashed emulate runs, then exit.")
+        bool, O("--clean", help="Only remove namespaces and CPU cgroups left by crashed emulate runs, then exit.")
     ] = False,
 ) -> int:
     """N nodes on this machine (network namespaces, veth, bridge, tc shaping) running a distval command
     over torchrun."""
     from distval.emulate import launcher, netns
-    from distval.emulate.rates import parse_latency, parse_rate
+    from distval.emulate.rates import parse_cpus, parse_latency, parse_rates
 
     if clean:
         netns.require_environment()
         removed = netns.clean_leftovers()
-        print(f"removed {', '.join(removed)}" if removed else "no leftover emulate namespaces")
+        print(f"removed {', '.join(removed)}" if removed else "no leftover emulate namespaces or cgroups")
         return 0
-    topo = netns.Topology(num_nodes=nodes, nproc_per_node=nproc_per_node, rate_bps=parse_rate(rate),
-                          latency_s=parse_latency(latency), decoy=decoy_nic)
+    topo = netns.Topology(num_nodes=nodes, nproc_per_node=nproc_per_node, rates_bps=parse_rates(rate),
+                          latency_s=parse_latency(latency), decoy=decoy_nic,
+                          cpu_cores=parse_cpus(cpu, host_cores=os.cpu_count() or 1) if cpu is not None else ())
     inner = check_inner(command or [], where="distval emulate")
     return launcher.run(topo, inner, keep_going=keep_going)

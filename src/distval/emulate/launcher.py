@@ -1,17 +1,21 @@
 """Run a distval command on an emulated cluster: one torchrun per node, each in its namespace.
 
     node i:  ip netns exec dv-<pid>-n<i> unshare --uts -- sh -c 'hostname dv-<pid>-n<i>; exec ...'
-             python -m torch.distributed.run --nnodes N --nproc-per-node P --node-rank i
+             python -m distval.emulate.agent [--cgroup-fd FD]   (torchrun's main)
+                 --nnodes N --nproc-per-node P --node-rank i
                  --rdzv-backend c10d --rdzv-endpoint 10.77.0.1:29400 --rdzv-id dv-<pid>
                  --local-addr 10.77.0.<i+1> [--rdzv-conf is_host=true on node 0] --max-restarts 0
                  -m distval.cli.node <the distval command>
 
 c10d rendezvous orders nodes by their address, so global rank 0 runs on node 0, whose
 `--local-addr` becomes every worker's MASTER_ADDR; GLOO_SOCKET_IFNAME=eth0 unless the run is the
-decoy-NIC drill. Each node's output is streamed with the node's name in front of every line.
+decoy-NIC drill. A node with a CPU limit joins its cgroup dv-<pid>-n<i> before torchrun starts,
+so its workers inherit the quota (agent.py, through FD: the cgroup's cgroup.procs, opened here
+because `ip netns exec` mounts a fresh /sys without the cgroup hierarchies). Each node's output
+is streamed with the node's name in front of every line.
 Like `srun --kill-on-bad-exit`, the first node that fails ends the job on every node (unless
 keep_going). Whatever happens (normal end, a failure, Ctrl-C, SIGTERM, SIGHUP) the namespaces and
-everything in them are removed before returning.
+everything in them (and the nodes' CPU cgroups) are removed before returning.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from distval.emulate import netns
+from distval.emulate import cgroup, netns
 from distval.emulate.netns import Cluster, Topology
 
 RDZV_PORT = 29400
@@ -45,11 +49,13 @@ class NodeRun:
     threads: list[threading.Thread] = field(default_factory=list)
 
 
-def torchrun_argv(cluster: Cluster, i: int, inner: list[str], run_dir: str) -> list[str]:
+def torchrun_argv(cluster: Cluster, i: int, inner: list[str], run_dir: str, cgroup_fd: int | None = None) -> list[str]:
     """The node's torchrun; its workers' log folders in `run_dir` (removed at the end: without
-    --log-dir torchrun leaves a /tmp/torchelastic_* folder behind per node and run)."""
+    --log-dir torchrun leaves a /tmp/torchelastic_* folder behind per node and run); `cgroup_fd`:
+    the node's cgroup.procs, which the agent joins first."""
     topo = cluster.topo
-    argv = [sys.executable, "-m", "distval.emulate.agent", "--nnodes", str(topo.num_nodes),  # torchrun, quieter
+    argv = [sys.executable, "-m", "distval.emulate.agent", *(["--cgroup-fd", str(cgroup_fd)] if cgroup_fd else []),
+            "--nnodes", str(topo.num_nodes),  # torchrun, quieter
             "--nproc-per-node", str(topo.nproc_per_node), "--node-rank", str(i),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.address(0)}:{RDZV_PORT}",
             "--rdzv-id", cluster.tag, "--local-addr", cluster.address(i), "--max-restarts", "0",
@@ -81,6 +87,7 @@ def run(topo: Topology, inner: list[str], keep_going: bool = False, out: TextIO 
     the exit code of the rank that decided the outcome (see `_exit_code`)."""
     out, err = out or sys.stdout, err or sys.stderr
     netns.require_environment()
+    cpu = cgroup.require_controller() if topo.cpu_cores else None
     cleaned = netns.clean_leftovers()
     if cleaned:
         print(f"distval: removed leftovers of a crashed emulate run: {', '.join(cleaned)}", file=err)
@@ -88,7 +95,7 @@ def run(topo: Topology, inner: list[str], keep_going: bool = False, out: TextIO 
     if topo.latency_s > 0 and not latency_emulated:
         print("distval: warning: --latency not emulated: this kernel has no netem qdisc (tbf has no delay); "
               "the links add only the few microseconds of a veth hop", file=err)
-    cluster = Cluster(topo, with_delay=latency_emulated)
+    cluster = Cluster(topo, with_delay=latency_emulated, cpu=cpu)
     run_dir = tempfile.mkdtemp(prefix="distval-emulate-")
     nodes: list[NodeRun] = []
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -100,17 +107,11 @@ def run(topo: Topology, inner: list[str], keep_going: bool = False, out: TextIO 
         signal.signal(sig, _raise_stop)
     try:
         cluster.create()
-        print(f"distval emulate: {topo.num_nodes} node(s) x {topo.nproc_per_node} proc(s), {cluster.tag}-n0.."
-              f"n{topo.num_nodes - 1} on {netns.SUBNET}.0/24, {topo.meta(latency_emulated)['rate']} per direction "
-              f"(tbf burst {topo.burst_bytes()} B), latency {topo.meta(latency_emulated)['latency']}"
-              f"{'' if latency_emulated or topo.latency_s == 0 else ' (not emulated)'}"
-              f"{', decoy NIC decoy0 on ' + netns.DECOY_SUBNET + '.0/24' if topo.decoy else ''}", file=out, flush=True)
+        print(_startup_line(cluster, latency_emulated), file=out, flush=True)
         env = node_env(cluster, run_dir, latency_emulated)
         lock = threading.Lock()
         for i in range(topo.num_nodes):
-            proc = subprocess.Popen(cluster.node_argv(i, torchrun_argv(cluster, i, inner, run_dir)), env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                    text=True, errors="replace", bufsize=1, start_new_session=True)
+            proc = _start_node(cluster, i, inner, run_dir, env)
             node = NodeRun(i, proc)
             node.threads = [_pump(node, proc.stdout, out, lock, False), _pump(node, proc.stderr, err, lock, True)]
             nodes.append(node)
@@ -131,6 +132,37 @@ def run(topo: Topology, inner: list[str], keep_going: bool = False, out: TextIO 
         shutil.rmtree(run_dir, ignore_errors=True)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def _start_node(cluster: Cluster, i: int, inner: list[str], run_dir: str, env: dict[str, str]) -> subprocess.Popen:
+    """Node i's torchrun, in its own session (so the whole node can be signalled). A node with a
+    CPU limit inherits an open cgroup.procs of its cgroup: the agent writes its pid there before
+    anything else, and the path would not resolve inside the node (`ip netns exec` remounts /sys)."""
+    limit = cluster.cgroup_of(i)
+    fd = cgroup.open_procs(limit) if limit else None
+    try:
+        return subprocess.Popen(cluster.node_argv(i, torchrun_argv(cluster, i, inner, run_dir, fd)), env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace", bufsize=1, start_new_session=True,
+                                pass_fds=() if fd is None else (fd,))
+    finally:
+        if fd is not None:
+            os.close(fd)  # the node holds its own copy
+
+
+def _startup_line(cluster: Cluster, latency_emulated: bool) -> str:
+    """What was built, in one line; per-node rates and CPU limits as comma lists when they differ."""
+    topo, meta = cluster.topo, cluster.topo.meta(latency_emulated)
+    bursts = meta["burst_bytes"]
+    line = (f"distval emulate: {topo.num_nodes} node(s) x {topo.nproc_per_node} proc(s), {cluster.tag}-n0.."
+            f"n{topo.num_nodes - 1} on {netns.SUBNET}.0/24, {meta['rate']} per direction "
+            f"(tbf burst {bursts if isinstance(bursts, int) else ','.join(map(str, bursts))} B), "
+            f"latency {meta['latency']}{'' if latency_emulated or topo.latency_s == 0 else ' (not emulated)'}")
+    if topo.cpu_cores:
+        line += f", cpu {topo.cpu_text()} core(s) per node ({cluster.cpu.describe()})"
+    if topo.decoy:
+        line += f", decoy NIC decoy0 on {netns.DECOY_SUBNET}.0/24"
+    return line
 
 
 def _pump(node: NodeRun, stream: TextIO, sink: TextIO, lock: threading.Lock, is_err: bool) -> threading.Thread:

@@ -15,10 +15,15 @@ the names resolve to the decoy addresses: Gloo, which without GLOO_SOCKET_IFNAME
 address its hostname resolves to, then advertises an address no peer can reach, the "wrong
 interface, hangs at init" failure of real clusters (docker0, a VPN tun, 127.0.1.1).
 
-Shaping (tc-tbf(8)): a NIC limits both directions, so the rate is applied to the node's egress
-(eth0) and to the switch port's egress towards the node (the node's ingress). Latency: tbf has no
-delay; when the kernel has sch_netem, a netem qdisc with the one-way delay is put on eth0 with the
-tbf as its child, otherwise latency is not emulated and the caller says so (`netem_available`).
+Shaping (tc-tbf(8)): a NIC limits both directions, so node i's rate is applied to its egress
+(eth0) and to the switch port's egress towards it (its ingress). Rates may differ per node (one
+slow link): traffic between two nodes then runs at the slower one's rate, as through a switch.
+Latency: tbf has no delay; when the kernel has sch_netem, a netem qdisc with the one-way delay is
+put on eth0 with the tbf as its child, otherwise latency is not emulated and the caller says so
+(`netem_available`).
+
+CPU (optional, per node): a cgroup dv-<pid>-n<i> with a CFS quota that node i's torchrun joins
+(cgroup.py); created and removed with the namespaces, and cleaned up with them after a crash.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distval.emulate import cgroup
 from distval.emulate.rates import format_latency, format_rate
 from distval.results import CannotRun
 
@@ -44,28 +50,76 @@ _NAME = re.compile(r"^dv-(\d+)-[a-z0-9]+$")  # dv-<owner pid>-sw, -n<i>, -probe,
 
 @dataclass(frozen=True)
 class Topology:
+    """The cluster the flags describe. `rates_bps` (bit/s) and `cpu_cores` hold one value per
+    node, node i's at index i; one value given for all nodes (a number or a 1-tuple) is spread to
+    every node here, so nothing downstream asks which form the user chose. `cpu_cores` empty:
+    no CPU limit."""
+
     num_nodes: int
     nproc_per_node: int
-    rate_bps: int
+    rates_bps: tuple[int, ...] | int
     latency_s: float = 0.0
     decoy: bool = False
+    cpu_cores: tuple[float, ...] | float = ()
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_nodes <= MAX_NODES:
             raise ValueError(f"--nodes must be between 1 and {MAX_NODES} (got {self.num_nodes})")
         if self.nproc_per_node < 1:
             raise ValueError(f"--nproc-per-node must be at least 1 (got {self.nproc_per_node})")
-        if self.rate_bps <= 0:
-            raise ValueError(f"--rate must be positive (got {self.rate_bps})")
+        rates = self._per_node(self.rates_bps, "--rate", "rates")
+        if any(r <= 0 for r in rates):
+            raise ValueError(f"--rate must be positive (got {','.join(map(str, rates))} bit/s)")
+        cores = self._per_node(self.cpu_cores, "--cpu", "CPU limits") if self.cpu_cores != () else ()
+        if any(c <= 0 for c in cores):
+            raise ValueError(f"--cpu must be a positive number of cores per node (got {','.join(map(str, cores))})")
+        object.__setattr__(self, "rates_bps", rates)  # frozen: the normalised form, set once here
+        object.__setattr__(self, "cpu_cores", cores)
 
-    def burst_bytes(self) -> int:
-        return burst_bytes(self.rate_bps)
+    def _per_node(self, value: tuple | int | float, flag: str, what: str) -> tuple:
+        values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        if len(values) == 1:
+            return values * self.num_nodes
+        if len(values) != self.num_nodes:
+            raise ValueError(f"{flag} gives {len(values)} {what} but --nodes is {self.num_nodes}: give one value "
+                             f"for every node or a comma list with one per node")
+        return values
+
+    def rate_bps(self, node: int) -> int:
+        """Node i's link rate (bit/s, each direction)."""
+        return self.rates_bps[node]
+
+    def burst_bytes(self, node: int) -> int:
+        return burst_bytes(self.rates_bps[node])
+
+    def cpu_limit(self, node: int) -> float | None:
+        """Node i's CPU limit in cores, None when it has none."""
+        return self.cpu_cores[node] if self.cpu_cores else None
+
+    def rate_text(self) -> str:
+        """'1gbit', or '1gbit,1gbit,250mbit,1gbit' when the nodes' rates differ."""
+        return ",".join(format_rate(r) for r in _one_or_all(self.rates_bps))
+
+    def cpu_text(self) -> str:
+        return ",".join(f"{c:g}" for c in _one_or_all(self.cpu_cores)) if self.cpu_cores else "unlimited"
 
     def meta(self, latency_emulated: bool) -> dict:
-        return {"nodes": self.num_nodes, "nproc_per_node": self.nproc_per_node, "rate": format_rate(self.rate_bps),
-                "rate_bits_per_s": self.rate_bps, "latency": format_latency(self.latency_s),
+        """The report's meta.emulated. A per-node quantity is one value when every node has the
+        same, else a list indexed by node (`rate` then the comma list the flag takes)."""
+        bursts = tuple(self.burst_bytes(i) for i in range(self.num_nodes))
+        return {"nodes": self.num_nodes, "nproc_per_node": self.nproc_per_node, "rate": self.rate_text(),
+                "rate_bits_per_s": _scalar_or_list(self.rates_bps), "latency": format_latency(self.latency_s),
                 "latency_s": self.latency_s, "latency_emulated": latency_emulated, "decoy_nic": self.decoy,
-                "burst_bytes": self.burst_bytes(), "qdisc": "netem+tbf" if latency_emulated else "tbf"}
+                "burst_bytes": _scalar_or_list(bursts), "qdisc": "netem+tbf" if latency_emulated else "tbf",
+                "cpu_cores": _scalar_or_list(self.cpu_cores) if self.cpu_cores else None}
+
+
+def _one_or_all(values: tuple) -> tuple:
+    return values[:1] if len(set(values)) == 1 else values
+
+
+def _scalar_or_list(values: tuple) -> object:
+    return values[0] if len(set(values)) == 1 else list(values)
 
 
 def burst_bytes(rate_bps: float) -> int:
@@ -82,10 +136,11 @@ def queue_limit_bytes(rate_bps: float) -> int:
     return int(max(rate_bps / 8 * 0.05, 1 << 20))
 
 
-def shaping_commands(ns: str, dev: str, topo: Topology, with_delay: bool) -> list[list[str]]:
-    """tc commands that shape `dev` in `ns` (root qdisc replaced, so re-running is harmless)."""
-    tbf = ["tbf", "rate", f"{topo.rate_bps}bit", "burst", str(topo.burst_bytes()),
-           "limit", str(queue_limit_bytes(topo.rate_bps))]
+def shaping_commands(ns: str, dev: str, topo: Topology, node: int, with_delay: bool) -> list[list[str]]:
+    """tc commands that shape `dev` in `ns`, one end of node `node`'s link, at that node's rate
+    (root qdisc replaced, so re-running is harmless)."""
+    rate = topo.rate_bps(node)
+    tbf = ["tbf", "rate", f"{rate}bit", "burst", str(burst_bytes(rate)), "limit", str(queue_limit_bytes(rate))]
     tc = ["tc", "-n", ns, "qdisc", "replace", "dev", dev]
     if with_delay and topo.latency_s > 0:
         return [[*tc, "root", "handle", "1:", "netem", "delay", f"{topo.latency_s * 1e6:.0f}us", "limit", "100000"],
@@ -145,14 +200,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _owner_gone(name: str) -> bool:
+    m = _NAME.match(name)
+    return bool(m) and not _alive(int(m.group(1)))
+
+
 def leftovers() -> list[str]:
     """Namespaces named like ours whose owning process is gone: what a crashed run left."""
-    out = []
-    for name in list_namespaces():
-        m = _NAME.match(name)
-        if m and not _alive(int(m.group(1))):
-            out.append(name)
-    return out
+    return [name for name in list_namespaces() if _owner_gone(name)]
+
+
+def leftover_cgroups() -> list[Path]:
+    """The same for CPU cgroups (none where no cgroup cpu controller is mounted)."""
+    ctl = cgroup.find_controller()
+    return [ctl.root / name for name in cgroup.children(ctl, PREFIX) if _owner_gone(name)] if ctl else []
 
 
 def remove_namespace(name: str) -> None:
@@ -169,10 +230,14 @@ def remove_namespace(name: str) -> None:
 
 
 def clean_leftovers() -> list[str]:
+    """Remove what crashed runs left: their namespaces, then their cgroups (paths)."""
     found = leftovers()
     for name in found:
         remove_namespace(name)
-    return found
+    groups = leftover_cgroups()
+    for path in groups:
+        cgroup.remove(path)
+    return found + [str(p) for p in groups]
 
 
 # -- the cluster ----------------------------------------------------------------------------------
@@ -181,12 +246,14 @@ def clean_leftovers() -> list[str]:
 @dataclass
 class Cluster:
     """Create with `create()`, always `destroy()` (idempotent); `node_argv` wraps a command so it
-    runs on node i."""
+    runs on node i, which joins `cgroup_of(i)` when that is not None (agent.py does)."""
 
     topo: Topology
     owner_pid: int = field(default_factory=os.getpid)
     with_delay: bool = False
+    cpu: cgroup.CpuController | None = None  # required when topo.cpu_cores is set
     created: list[str] = field(default_factory=list)
+    cgroups: list[Path] = field(default_factory=list)
 
     @property
     def tag(self) -> str:
@@ -207,7 +274,17 @@ class Cluster:
     def decoy_address(i: int) -> str:
         return f"{DECOY_SUBNET}.{i + 1}"
 
+    def cgroup_of(self, i: int) -> Path | None:
+        """Node i's CPU cgroup (named like its namespace), None without a limit."""
+        if self.topo.cpu_limit(i) is None:
+            return None
+        assert self.cpu is not None, "a Topology with cpu_cores needs Cluster(cpu=...)"
+        return self.cpu.root / self.node(i)
+
     def create(self) -> None:
+        for i in range(self.topo.num_nodes):
+            if self.cgroup_of(i) is not None:
+                self.cgroups.append(cgroup.create(self.cpu, self.node(i), self.topo.cpu_limit(i)))
         sw = self.switch
         self._add_ns(sw)
         _run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])
@@ -220,9 +297,9 @@ class Cluster:
             _run(["ip", "-n", sw, "link", "set", f"n{i}", "master", "br0", "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", "eth0"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
-            for cmd in shaping_commands(ns, "eth0", self.topo, self.with_delay):
+            for cmd in shaping_commands(ns, "eth0", self.topo, i, self.with_delay):
                 _run(cmd)
-            for cmd in shaping_commands(sw, f"n{i}", self.topo, with_delay=False):
+            for cmd in shaping_commands(sw, f"n{i}", self.topo, i, with_delay=False):
                 _run(cmd)
             if self.topo.decoy:
                 _run(["ip", "-n", ns, "link", "add", "decoy0", "type", "veth", "peer", "name", "decoy0p"])
@@ -263,3 +340,7 @@ class Cluster:
         for name in reversed(self.created):
             remove_namespace(name)
         self.created.clear()
+        # after the namespaces: their removal already killed what ran in them
+        for path in self.cgroups:
+            cgroup.remove(path)
+        self.cgroups.clear()

@@ -1,10 +1,14 @@
-"""Link rates and latencies as `tc` writes them (tc(8), "PARAMETERS").
+"""Link rates and latencies as `tc` writes them (tc(8), "PARAMETERS"), and CPU limits in cores.
 
 Rates: `bit`, `kbit`, `mbit`, `gbit`, `tbit` are bits per second, `bps`, `kbps`, `mbps`, `gbps`,
 `tbps` are *bytes* per second (tc's meaning: `1gbps` is 8 Gbit/s), SI prefixes are powers of
 1000 and IEC ones (`kibit`, `mibps`, ...) powers of 1024; case is ignored, as tc ignores it.
 tc reads a bare number as bit/s and a bare time as µs; here a unit is required, because
 `--rate 1000` or `--latency 5` is more often a mistake than a wish.
+
+`--rate` and `--cpu` take one value for every node or a comma list with one value per node
+(`1gbit,1gbit,250mbit,1gbit`): a cluster with one slow link or one slow node. The parsers return
+a tuple of what was given; `netns.Topology` checks its length against `--nodes`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,45 @@ def parse_rate(text: str, flag: str = "--rate") -> int:
             f"{flag} {text!r} is above 1 Tbit/s, faster than a veth pair can carry; emulate up to a few gbit"
         )
     return int(round(value))
+
+
+def parse_rates(text: str, flag: str = "--rate") -> tuple[int, ...]:
+    """'1gbit' -> (10**9,); '1gbit,250mbit' -> (10**9, 250 * 10**6), node i's rate at index i."""
+    return tuple(parse_rate(part, flag) for part in _split(text, flag))
+
+
+# CFS enforces a quota per period; the kernel refuses quotas under 1 ms (1000 us), so with the
+# default 100 ms period the smallest limit is 0.01 core
+MIN_CPU_CORES = 0.01
+
+
+def parse_cpus(text: str, host_cores: int, flag: str = "--cpu") -> tuple[float, ...]:
+    """'1' -> (1.0,); '1,1,0.25,1' -> one CPU limit in cores per node. A limit above the host's
+    cores would be no limit at all, which is more likely a mistake than a wish."""
+    cores = []
+    for part in _split(text, flag):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValueError(f"{flag} {part!r} is not a number of cores; give e.g. 1 or 0.25 "
+                             f"(one for all nodes or a comma list, one per node)") from None
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{flag} {part!r} must be a positive number of cores, e.g. 0.5")
+        if value < MIN_CPU_CORES:
+            raise ValueError(f"{flag} {part!r} is below {MIN_CPU_CORES} core, the smallest CFS quota "
+                             f"(1 ms per 100 ms period)")
+        if value > host_cores:
+            raise ValueError(f"{flag} {part!r} is more cores than this host has ({host_cores})")
+        cores.append(value)
+    return tuple(cores)
+
+
+def _split(text: str, flag: str) -> list[str]:
+    parts = [part.strip() for part in str(text).split(",")]
+    if any(not part for part in parts):
+        raise ValueError(f"{flag} {text!r} has an empty entry; give one value for all nodes or one per node, "
+                         f"separated by commas")
+    return parts
 
 
 def parse_latency(text: str, flag: str = "--latency") -> float:

@@ -14,6 +14,14 @@ measurements look like, what are the exact numbers, how was it run. The page kee
        form); with table `alpha_beta`, each op's fitted model t(S) = α + S/β dashed as the busbw
        it implies: busbw(S) = factor · S / t(S), factor being the op's busbw/algbw ratio read off
        the bench rows;
+     - the bandwidth between pairs of nodes as a heat map (table `pairs`; row sends, column receives,
+       coloured from the lowest to the highest GB/s, a colour bar giving both; the value in each
+       cell up to 16 nodes, a tooltip always); with `pair_nodes`, each node's pair_share and
+       compute_share on the right and a node below 0.7x in either outlined; one grid per node of
+       its ranks for the `rank` level; over 256 nodes, a bar per node of its pair_share instead;
+     - scaling against world size (table `scaling`): efficiency measured, planned (dashed) and
+       ideal 1 (dotted), and tokens/s measured against the ideal N/N0 × tokens/s(N0); hollow
+       points where ranks outnumber cores;
      - each strategy's measured step time (p50) next to the plan's prediction (table
        `strategies`, when it has a prediction);
      - the strategies' step time, peak memory and model state as bars, the prediction or the
@@ -46,6 +54,7 @@ import functools
 import json
 import math
 import shlex
+import statistics
 from typing import Any, Callable
 
 import jinja2
@@ -316,17 +325,17 @@ def _el(tag: str, *children: Any, **attrs: Any) -> Markup:
     """One SVG element. Attribute values and text children are escaped, Markup children (other
     elements) kept; `class_` is `class`, other underscores become hyphens (`text_anchor`); None
     attributes are left out; floats get one decimal."""
-    attributes = Markup("").join(
-        Markup(' {}="{}"').format(Markup("class" if k == "class_" else k.replace("_", "-")),
-                                  f"{v:.1f}" if isinstance(v, float) else v)
-        for k, v in attrs.items() if v is not None)
+    # Plain joins of escape()d parts, not Markup.format: a heat map of 256 nodes has 65,000 cells.
+    attributes = "".join(f' {"class" if k == "class_" else k.replace("_", "-")}="'
+                         f'{escape(f"{v:.1f}" if isinstance(v, float) else v)}"'
+                         for k, v in attrs.items() if v is not None)
     if not children:
-        return Markup("<{}{}/>").format(Markup(tag), attributes)
-    return Markup("<{0}{1}>{2}</{0}>").format(Markup(tag), attributes, Markup("").join(escape(c) for c in children))
+        return Markup(f"<{tag}{attributes}/>")
+    return Markup(f"<{tag}{attributes}>{''.join(escape(c) for c in children)}</{tag}>")
 
 
-def _svg(width: int, height: float, body: list[Markup], label: str) -> Markup:
-    return _el("svg", *body, class_="chart", role="img", aria_label=label, width=width, height=round(height),
+def _svg(width: int, height: float, body: list[Markup], label: str, cls: str = "chart") -> Markup:
+    return _el("svg", *body, class_=cls, role="img", aria_label=label, width=width, height=round(height),
                viewBox=f"0 0 {width} {round(height)}")
 
 
@@ -719,6 +728,448 @@ def _loss_figure(tables: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
                    [_line_chart(lines, "step", "loss")] if lines else [], "No step has a loss.")
 
 
+# --- figure: scaling against world size --------------------------------------------------------
+
+class _LinearAxes:
+    """Maps data to pixels: linear x over the data's range (a little margin either side), linear y
+    from 0 to `y_top`."""
+
+    def __init__(self, x_lo: float, x_hi: float, y_top: float, box: tuple[int, int, int, int], pad: bool = True,
+                 round_top: bool = False):
+        if x_hi <= x_lo:
+            x_lo, x_hi = x_lo - 1, x_hi + 1
+        margin = (x_hi - x_lo) * 0.04 if pad else 0
+        self.x_lo, self.x_hi = x_lo - margin, x_hi + margin
+        y_top = y_top if y_top > 0 else 1.0
+        self.y_step = _nice_step(y_top)
+        self.y_top = self.y_step * math.ceil(y_top / self.y_step - 1e-9) if round_top else y_top
+        self.left, self.top, self.width, self.height = box
+
+    def px(self, x: float, y: float) -> tuple[float, float]:
+        fx = (x - self.x_lo) / (self.x_hi - self.x_lo)
+        return self.left + fx * self.width, self.top + self.height * (1 - y / self.y_top)
+
+
+def _count_label(v: float) -> str:
+    """A tick of a count: 500, 20k, 1.5M."""
+    for unit, mult in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= mult:
+            return f"{v / mult:.3g}{unit}"
+    return f"{v:g}"
+
+
+def _linear_axes_svg(ax: _LinearAxes, x_ticks: list[float], title: str, x_label: str, y_label: str,
+                     y_fmt: Callable[[float], str]) -> list[Markup]:
+    """Frame, grid, labels; an x label is left out where it would touch the one before (the last
+    one is always labelled)."""
+    left, top, width, height = ax.left, ax.top, ax.width, ax.height
+    bottom = top + height
+    out = [_el("text", title, class_="chart-title", x=left, y=top - 8),
+           _el("rect", x=left, y=top, width=width, height=height, fill="#fff", stroke="#999")]
+    xs = [ax.px(t, 0)[0] for t in x_ticks]
+    labelled: list[int] = []
+    for i in reversed(range(len(xs))):
+        if not labelled or xs[labelled[-1]] - xs[i] >= 22:
+            labelled.append(i)
+    for i, (t, x) in enumerate(zip(x_ticks, xs)):
+        out.append(_el("line", x1=x, y1=top, x2=x, y2=bottom, stroke="#eee"))
+        if i in labelled:
+            out.append(_el("text", f"{t:g}", x=x, y=bottom + 14, text_anchor="middle"))
+    for i in range(math.floor(ax.y_top / ax.y_step + 1e-9) + 1):
+        _, y = ax.px(ax.x_lo, i * ax.y_step)
+        out.append(_el("line", x1=left, y1=y, x2=left + width, y2=y, stroke="#eee"))
+        out.append(_el("text", y_fmt(i * ax.y_step), x=left - 6, y=y + 4, text_anchor="end"))
+    if x_label:
+        out.append(_el("text", x_label, x=left + width / 2, y=bottom + 32, text_anchor="middle"))
+    out.append(_el("text", y_label, transform=f"translate({left - 46} {top + height / 2}) rotate(-90)",
+                   text_anchor="middle"))
+    return out
+
+
+def _line(ax: _LinearAxes, points: list[tuple[float, float]], name: str, colour: str, dash: str | None = None,
+          width: float = 2, tooltip: str = "") -> list[Markup]:
+    """One series as a polyline, `data-series` naming it (nothing for no points)."""
+    if not points:
+        return []
+    coords = " ".join("{:.1f},{:.1f}".format(*ax.px(x, y)) for x, y in points)
+    children = [_el("title", tooltip)] if tooltip else []
+    return [_el("polyline", *children, class_="series", data_series=name, points=coords, fill="none", stroke=colour,
+                stroke_width=width, stroke_dasharray=dash)]
+
+
+def _scaling_rows(rows: list[dict[str, Any]]) -> list[tuple[float, dict[str, Any]]]:
+    """(world_size, row) for the rows with a positive world size, in order of world size."""
+    out = [(w, r) for w, r in ((_num(r.get("world_size")), r) for r in rows) if w is not None and w > 0]
+    return sorted(out, key=lambda wr: (wr[0], _num(wr[1].get("nodes")) or 0))
+
+
+def _scaling_tooltip(world: float, r: dict[str, Any]) -> str:
+    """The row's figures, those it has, in one line."""
+    nodes, per_node = _num(r.get("nodes")), _num(r.get("ranks_per_node"))
+    parts = [f"world {world:g}" + (f" ({nodes:g} nodes × {per_node:g} ranks)" if nodes and per_node else "")]
+    for key, fmt in (("tokens_per_s", "{:,.0f} tokens/s"), ("efficiency", "efficiency {:.2f}"),
+                     ("planned_efficiency", "planned {:.2f}"), ("busbw_gbps", "busbw {:.2f} GB/s")):
+        value = _num(r.get(key))
+        if value is not None:
+            parts.append(fmt.format(value))
+    if r.get("gap"):
+        parts.append(f"gap: {r.get('gap')}")
+    if r.get("oversubscribed") is True:
+        parts.append("oversubscribed (ranks outnumber cores)")
+    return ", ".join(parts)
+
+
+def _scaling_points(ax: _LinearAxes, points: list[tuple[float, float, dict[str, Any]]], name: str,
+                    colour: str, radius: float) -> list[Markup]:
+    """A marker per row with the row's figures as its tooltip; hollow where the row is oversubscribed."""
+    out = []
+    for x, y, r in points:
+        cx, cy = ax.px(x, y)
+        hollow = r.get("oversubscribed") is True
+        out.append(_el("circle", _el("title", _scaling_tooltip(x, r)), class_="point", data_series=name,
+                       cx=cx, cy=cy, r=radius, fill="#fff" if hollow else colour, stroke=colour,
+                       stroke_width=1.5))
+    return out
+
+
+_SCALING_LEGEND = (("measured", PALETTE[0], None), ("planned (the planner's evaluate)", PREDICTION_COLOUR, "6 4"),
+                   ("ideal (efficiency 1; tokens/s N/N₀ × those at the smallest world N₀)", "#555", "2 3"))
+
+
+def _scaling_svg(rows: list[tuple[float, dict[str, Any]]]) -> Markup:
+    """Two panels side by side: efficiency (measured, planned, ideal 1.0) and tokens/s (measured, ideal)."""
+    worlds = sorted({w for w, _ in rows})
+    measured = [(w, v, r) for w, r in rows if (v := _num(r.get("efficiency"))) is not None]
+    planned = [(w, v, r) for w, r in rows if (v := _num(r.get("planned_efficiency"))) is not None]
+    tokens = [(w, v, r) for w, r in rows if (v := _num(r.get("tokens_per_s"))) is not None and v >= 0]
+    y_top = max([1.1] + [v for _, v, _ in measured + planned])
+    eff = _LinearAxes(worlds[0], worlds[-1], y_top, (70, 34, 400, 250))
+    body = _linear_axes_svg(eff, worlds, "efficiency", "world size (ranks)", "efficiency", lambda v: f"{v:.1f}")
+    body += _line(eff, [(eff.x_lo, 1.0), (eff.x_hi, 1.0)], "ideal", "#555", "2 3", 1, "ideal: efficiency 1")
+    body += _line(eff, [(w, v) for w, v, _ in planned], "planned", PREDICTION_COLOUR, "6 4")
+    body += _scaling_points(eff, planned, "planned", PREDICTION_COLOUR, 2.5)
+    body += _line(eff, [(w, v) for w, v, _ in measured], "measured", PALETTE[0])
+    body += _scaling_points(eff, measured, "measured", PALETTE[0], 4)
+    if tokens:
+        n0, tps0 = tokens[0][0], tokens[0][1]
+        ideal = [(w, w / n0 * tps0) for w in worlds if w >= n0]
+        tps_top = max(v for _, v in ideal + [(w, v) for w, v, _ in tokens])
+        ax = _LinearAxes(worlds[0], worlds[-1], tps_top, (590, 34, 400, 250), round_top=True)
+        body += _linear_axes_svg(ax, worlds, "tokens per second", "world size (ranks)", "tokens/s", _count_label)
+        body += _line(ax, ideal, "ideal", "#555", "2 3", 1,
+                      "ideal: " + ", ".join(f"{w:g} ranks {v:,.0f} tokens/s" for w, v in ideal))
+        body += _line(ax, [(w, v) for w, v, _ in tokens], "measured", PALETTE[0])
+        body += _scaling_points(ax, tokens, "measured", PALETTE[0], 4)
+    for i, entry in enumerate(_SCALING_LEGEND):
+        body += _legend([entry], 70 + (0, 190, 470)[i], 336)
+    return _svg(1010, 348, body, "scaling efficiency and tokens per second against world size")
+
+
+def _scaling_figure(tables: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    if "scaling" not in tables:
+        return None
+    rows = _scaling_rows(_rows(tables["scaling"]))
+    drawn = [r for _, r in rows if any(_num(r.get(k)) is not None
+                                        for k in ("efficiency", "planned_efficiency", "tokens_per_s"))]
+    return _figure(
+        "fig-scaling", "Scaling: efficiency and throughput against world size",
+        "Left: efficiency, throughput(N) / (N × throughput at one rank; the global batch fixed with --strong), "
+        "measured (solid) and the "
+        "planner's prediction for the same point (dashed), against the ideal 1 (dotted). Right: tokens per second "
+        "over all ranks, measured, against the ideal N/N₀ × the tokens per second at the smallest world N₀. "
+        "Hollow points: ranks outnumber cores (oversubscribed), where a lower efficiency is expected. A point's "
+        "tooltip gives its row (busbw, and the gap's category where measured and planned differ by over 20%).",
+        [_scaling_svg(rows)] if drawn else [],
+        "No scaling row has a world size with an efficiency or tokens per second.")
+
+
+# --- figure: bandwidth between pairs of nodes, as a heat map ------------------------------------
+
+HEAT_STOPS = ("#d73027", "#fc8d59", "#fee090", "#e0f3f8", "#91bfdb", "#4575b4")  # low (red) to high (blue)
+WEAK_SHARE = 0.7  # a node below this share of the median node's link or compute is outlined
+MAX_GRID_NODES = 256  # above: a bar per node of its pair_share instead of the grid
+MAX_TEXT_NODES = 16  # up to this many rows, each cell shows its value
+MAX_RANK_GRIDS = 32  # ranks-within-a-node grids drawn, in node order
+GRID_PX, MAX_CELL_PX, MIN_CELL_PX = 640, 40, 3
+
+
+def _heat_colour(value: float, lo: float, hi: float) -> str:
+    """`value` on the palette from `lo` (first stop) to `hi` (last stop), linearly."""
+    f = min(1.0, max(0.0, (value - lo) / (hi - lo))) if hi > lo else 0.5
+    pos = f * (len(HEAT_STOPS) - 1)
+    i = min(int(pos), len(HEAT_STOPS) - 2)
+    a, b = (tuple(int(s[k:k + 2], 16) for k in (1, 3, 5)) for s in HEAT_STOPS[i:i + 2])
+    return "#" + "".join(f"{round(x + (y - x) * (pos - i)):02x}" for x, y in zip(a, b))
+
+
+def _ink(fill: str) -> str:
+    """The class that makes text readable on `fill`: " on-dark" (white text) or none."""
+    r, g, b = (int(fill[k:k + 2], 16) for k in (1, 3, 5))
+    return " on-dark" if 0.299 * r + 0.587 * g + 0.114 * b < 128 else ""
+
+
+def _short_gbps(v: float) -> str:
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _share_text(share: float) -> str:
+    """0.26, 1.00; 2 significant digits under 0.1 (a dead link reads 0.004, not 0.00)."""
+    return f"{share:.2f}" if abs(share) >= 0.1 or share == 0 else f"{share:.2g}"
+
+
+def _scale(values: list[float]) -> tuple[float, float]:
+    """The colour scale: lowest to highest, widened down to half the highest where they are
+    closer, so that a few percent's spread does not paint the slower links red."""
+    hi = max(values)
+    return min(min(values), hi / 2), hi
+
+
+def _index(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class _Grid:
+    """A square grid of directed bandwidths: `keys` in order (node indices or ranks), their
+    tooltip names and axis labels, cell (a, b) = (GB/s from a to b or None, round)."""
+
+    def __init__(self, title: str, keys: list[int], names: dict[int, str], prefix: str):
+        self.title, self.keys, self.names, self.prefix = title, keys, names, prefix
+        self.cells: dict[tuple[int, int], tuple[float | None, Any]] = {}
+        self.weak: set[int] = set()
+        self.side: dict[int, tuple[str, str, float | None]] = {}  # key -> (text, tooltip, pair_share)
+
+    def add(self, rows: list[dict[str, Any]], a_key: str, b_key: str) -> None:
+        for r in rows:
+            a, b = _index(r.get(a_key)), _index(r.get(b_key))
+            if a is not None and b is not None and a != b:
+                self.cells[(a, b)] = (_num(r.get("a_to_b_gbps")), r.get("round"))
+                self.cells[(b, a)] = (_num(r.get("b_to_a_gbps")), r.get("round"))
+
+    def values(self) -> list[float]:
+        return [v for v, _ in self.cells.values() if v is not None]
+
+
+def _named(kind: str, index: int, host: Any) -> str:
+    return f"{kind} {index} ({host})" if host else f"{kind} {index}"
+
+
+def _node_grid(pairs: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> _Grid:
+    """The node-level pairs as a grid over every node either table names; with `pair_nodes`, each
+    node's shares on the side and the weak nodes."""
+    hosts: dict[int, Any] = {}
+    for r in pairs:
+        for side in ("a", "b"):
+            if (i := _index(r.get(f"node_{side}"))) is not None:
+                hosts[i] = hosts.get(i) or r.get(f"host_{side}")
+    for r in nodes:
+        if (i := _index(r.get("node"))) is not None:
+            hosts[i] = r.get("host") or hosts.get(i)
+    keys = sorted(hosts)
+    grid = _Grid("between nodes", keys, {i: _named("node", i, hosts[i]) for i in keys}, "n")
+    grid.add(pairs, "node_a", "node_b")
+    for r in nodes:
+        if (i := _index(r.get("node"))) is None:
+            continue
+        pair_share, compute_share = _num(r.get("pair_share")), _num(r.get("compute_share"))
+        if any(s is not None and s < WEAK_SHARE for s in (pair_share, compute_share)):
+            grid.weak.add(i)
+        text = " · ".join(f"{_share_text(s)}x {what}" if s is not None else f"— {what}"
+                          for s, what in ((pair_share, "link"), (compute_share, "compute")))
+        grid.side[i] = (text, _node_tooltip(grid.names[i], r), pair_share)
+    return grid
+
+
+def _node_tooltip(name: str, r: dict[str, Any]) -> str:
+    parts = [name]
+    for key, fmt in (("ranks", "{:g} ranks"), ("pair_gbps", "pairs {:.3g} GB/s"), ("pair_share", "{:.2f}x the median"),
+                     ("allreduce_busbw_gbps", "all_reduce within {:.3g} GB/s"),
+                     ("compute_gflops", "compute {:.4g} GFLOP/s"), ("compute_share", "{:.2f}x the median")):
+        if (v := _num(r.get(key))) is not None:
+            parts.append(fmt.format(v))
+    return ", ".join(parts)
+
+
+def _rank_grids(pairs: list[dict[str, Any]]) -> list[_Grid]:
+    """One grid per node of the pairs between its own ranks."""
+    by_node: dict[int, list[dict[str, Any]]] = {}
+    for r in pairs:
+        if (node := _index(r.get("node_a"))) is not None:
+            by_node.setdefault(node, []).append(r)
+    grids = []
+    for node in sorted(by_node):
+        host = next((r.get("host_a") for r in by_node[node] if r.get("host_a")), None)
+        ranks = sorted({i for r in by_node[node] for i in (_index(r.get("rank_a")), _index(r.get("rank_b")))
+                        if i is not None})
+        grid = _Grid(f"{_named('node', node, host)}: between its ranks", ranks,
+                     {i: f"rank {i}" for i in ranks}, "r")
+        grid.add(by_node[node], "rank_a", "rank_b")
+        grids.append(grid)
+    return grids
+
+
+def _grid_cells(grid: _Grid, lo: float, hi: float, x0: float, y0: float, cell: float) -> list[Markup]:
+    """The cells, row = sender, column = receiver; the value as text when the grid is small."""
+    out, text, gap = [], len(grid.keys) <= MAX_TEXT_NODES, 1 if cell >= 8 else None
+    for i, a in enumerate(grid.keys):
+        for j, b in enumerate(grid.keys):
+            x, y = x0 + j * cell, y0 + i * cell
+            if a == b:
+                out.append(_el("rect", class_="diag", x=x, y=y, width=cell, height=cell, fill="#e6e6e6",
+                               stroke="#fff" if gap else None, stroke_width=gap))
+                continue
+            value, rnd = grid.cells.get((a, b), (None, None))
+            tip = f"{grid.names[a]} -> {grid.names[b]}: " + (
+                f"{_fmt_float(value)} GB/s" if value is not None else "not measured") + (
+                f", round {rnd}" if rnd is not None else "")
+            fill = _heat_colour(value, lo, hi) if value is not None else "#fafafa"
+            out.append(_el("rect", _el("title", tip), class_="cell" if value is not None else "cell-missing",
+                           x=x, y=y, width=cell, height=cell, fill=fill, stroke="#fff" if gap else None,
+                           stroke_width=gap))
+            if text and value is not None:
+                # a class, not a fill attribute: the page's CSS for svg text would win over the attribute
+                out.append(_el("text", _short_gbps(value), class_="cell-value" + _ink(fill), x=x + cell / 2,
+                               y=y + cell / 2 + 4, text_anchor="middle", pointer_events="none"))
+    return out
+
+
+def _colour_bar(lo: float, hi: float, x0: float, y0: float, width: float = 240) -> list[Markup]:
+    """The colour scale as 24 steps, the GB/s at both ends."""
+    steps = 24
+    out = [_el("rect", class_="colour-bar", x=x0 + width * k / steps, y=y0, width=width / steps + 0.5, height=10,
+               fill=_heat_colour(lo + (hi - lo) * (k + 0.5) / steps, lo, hi)) for k in range(steps)]
+    out.append(_el("text", f"{_short_gbps(lo)} GB/s", class_="scale-lo", x=x0, y=y0 + 24))
+    out.append(_el("text", f"{_short_gbps(hi)} GB/s", class_="scale-hi", x=x0 + width, y=y0 + 24, text_anchor="end"))
+    return out
+
+
+def _grid_svg(grid: _Grid, lo: float, hi: float, tile: bool = False) -> Markup:
+    """The grid with its labels (every few when rows are thin), weak nodes outlined, each node's
+    shares on the right when known, the colour bar below. A cell shrinks with the number of rows,
+    down to a floor."""
+    n = len(grid.keys)
+    cell = float(max(MIN_CELL_PX, min(MAX_CELL_PX if not tile else 32, GRID_PX / n)))
+    size, left, top = cell * n, 46, 58
+    body = [_el("text", grid.title, class_="chart-title", x=4, y=14),
+            _el("text", "row sends, column receives (GB/s)", x=4, y=30)]
+    every = max(1, math.ceil(14 / cell))
+    for i, k in enumerate(grid.keys):
+        if i % every:
+            continue
+        cls, mid = ("weak" if k in grid.weak else None), i * cell + cell / 2
+        body.append(_el("text", _el("title", grid.names[k]), f"{grid.prefix}{k}", class_=cls, x=left - 4,
+                        y=top + mid + 4, text_anchor="end"))
+        if cell >= 28:
+            body.append(_el("text", _el("title", grid.names[k]), f"{grid.prefix}{k}", class_=cls, x=left + mid,
+                            y=top - 6, text_anchor="middle"))
+        else:
+            body.append(_el("text", _el("title", grid.names[k]), f"{grid.prefix}{k}", class_=cls,
+                            transform=f"translate({left + mid + 4:.1f} {top - 4}) rotate(-90)"))
+    body += _grid_cells(grid, lo, hi, left, top, cell)
+    for k in grid.weak & set(grid.keys):
+        at = grid.keys.index(k) * cell
+        body += [_el("rect", class_="outline", data_node=k, x=x, y=y, width=w, height=h, fill="none", stroke="#111",
+                     stroke_width=2, pointer_events="none")
+                 for x, y, w, h in ((left, top + at, size, cell), (left + at, top, cell, size))]
+    width = left + size + 16
+    if grid.side:
+        body += _side_column(grid, left + size + 10, top, cell)
+        width += 190 if cell >= 12 else 100
+    body += _colour_bar(lo, hi, left, top + size + 14, min(240, max(120.0, size)))
+    return _svg(round(max(width, left + 260)), top + size + 46, body, f"pair bandwidth {grid.title}",
+                "chart tile" if tile else "chart")
+
+
+def _side_column(grid: _Grid, x0: float, top: float, cell: float) -> list[Markup]:
+    """Each node's pair_share and compute_share as text; as a bar of pair_share when rows are too
+    thin for text (1x = 40 px)."""
+    out = [_el("text", "link · compute (× the median)" if cell >= 12 else "link share", x=x0, y=top - 6)]
+    for i, k in enumerate(grid.keys):
+        if k not in grid.side:
+            continue
+        text, tip, share = grid.side[k]
+        cls, y = ("weak" if k in grid.weak else None), top + i * cell
+        if cell >= 12:
+            out.append(_el("text", _el("title", tip), text, class_=cls, data_node=k, x=x0, y=y + cell / 2 + 4))
+        elif share is not None:
+            out.append(_el("rect", _el("title", tip), class_="share", x=x0, y=y, width=40 * min(max(share, 0), 2),
+                           height=max(1.0, cell - 1), fill=TICK_COLOUR if k in grid.weak else PREDICTION_COLOUR))
+    return out
+
+
+def _node_shares(grid: _Grid, rows: list[dict[str, Any]]) -> dict[int, tuple[float | None, str]]:
+    """node -> (pair_share, tooltip): `pair_nodes`' when there is one, else as its contract
+    computes it from the pairs (median of the node's bandwidths, both directions, over the median
+    of every node's)."""
+    if grid.side:
+        return {k: (share, tip) for k, (_, tip, share) in grid.side.items()}
+    per_node: dict[int, list[float]] = {}
+    for r in rows:
+        for a, b in (("node_a", "node_b"), ("node_b", "node_a")):
+            values = [v for v in (_num(r.get("a_to_b_gbps")), _num(r.get("b_to_a_gbps"))) if v is not None]
+            if (i := _index(r.get(a))) is not None and _index(r.get(b)) is not None:
+                per_node.setdefault(i, []).extend(values)
+    medians = {i: statistics.median(v) for i, v in per_node.items() if v}
+    overall = statistics.median(medians.values()) if medians else 0
+    return {i: (m / overall if overall > 0 else None, f"{grid.names.get(i, i)}: pairs {m:.3g} GB/s")
+            for i, m in medians.items()}
+
+
+def _share_bars_svg(grid: _Grid, rows: list[dict[str, Any]]) -> Markup | None:
+    """A bar per node of its pair_share, red below WEAK_SHARE (the dashed line), for clusters too
+    large for the grid."""
+    shares = sorted((k, s, tip) for k, (s, tip) in _node_shares(grid, rows).items() if s is not None)
+    if not shares:
+        return None
+    bar_w = max(1.0, 900 / len(shares))
+    ax = _LinearAxes(0, len(shares), max([1.5] + [s for _, s, _ in shares]), (56, 28, round(bar_w * len(shares)), 200),
+                     pad=False)
+    body = _linear_axes_svg(ax, [], "pair_share per node (× the median node)", "", "pair_share", lambda v: f"{v:g}")
+    for i, (k, share, tip) in enumerate(shares):
+        x, y = ax.px(i, share)
+        weak = k in grid.weak or share < WEAK_SHARE
+        body.append(_el("rect", _el("title", f"{tip} ({share:.2f}x the median)"), class_="share", x=x + 0.1 * bar_w,
+                        y=y, width=0.8 * bar_w if bar_w >= 3 else bar_w, height=ax.top + ax.height - y,
+                        fill=TICK_COLOUR if weak else PALETTE[0]))
+    every = math.ceil(40 / bar_w)
+    body += [_el("text", f"n{k}", x=ax.px(i + 0.5, 0)[0], y=ax.top + ax.height + 14, text_anchor="middle")
+             for i, (k, _, _) in enumerate(shares) if i % every == 0]
+    _, y = ax.px(0, WEAK_SHARE)
+    body.append(_el("line", x1=ax.left, x2=ax.left + ax.width, y1=y, y2=y, stroke=TICK_COLOUR, stroke_dasharray="6 4"))
+    return _svg(round(ax.left + ax.width + 20), ax.top + ax.height + 24, body, "pair_share per node")
+
+
+def _pairs_figure(tables: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    if "pairs" not in tables:
+        return None
+    rows = _rows(tables["pairs"])
+    node_rows = [r for r in rows if (r.get("level") or "node") == "node"]
+    grid = _node_grid(node_rows, _rows(tables.get("pair_nodes")))
+    charts, notes = [], []
+    if len(grid.keys) > MAX_GRID_NODES:
+        bars = _share_bars_svg(grid, node_rows)
+        charts += [bars] if bars else []
+        notes.append(f"{len(grid.keys)} nodes, more than {MAX_GRID_NODES}: instead of the grid, each node's "
+                     f"pair_share as a bar, red below {WEAK_SHARE} (the dashed line); every pair is in the table.")
+    elif grid.values():
+        charts.append(_grid_svg(grid, *_scale(grid.values())))
+    rank_grids = [g for g in _rank_grids([r for r in rows if r.get("level") == "rank"]) if g.values()]
+    if rank_grids:
+        scale = _scale([v for g in rank_grids for v in g.values()])
+        charts += [_grid_svg(g, *scale, tile=True) for g in rank_grids[:MAX_RANK_GRIDS]]
+        notes.append("Then one grid per node of its ranks, on a colour scale of their own."
+                     + (f" The first {MAX_RANK_GRIDS} of {len(rank_grids)} nodes are drawn."
+                        if len(rank_grids) > MAX_RANK_GRIDS else ""))
+    return _figure(
+        "fig-pairs", "Bandwidth between pairs of nodes",
+        "Each direction's bandwidth between the first ranks of two nodes, measured pair by pair in round-robin "
+        "rounds (row: the sender, column: the receiver; the tooltip gives the hosts and the round), coloured from "
+        "the lowest (red) to the highest (blue) value (at least a factor 2 apart), the bar below giving both in "
+        "GB/s; the diagonal is grey. "
+        f"With pair_nodes: on the right each node's link (pair_share) and compute (compute_share) as multiples of "
+        f"the median node, and a node below {WEAK_SHARE}x in either is outlined. " + " ".join(notes),
+        charts, "No pair has a measured bandwidth.")
+
+
 # --- figures, in page order --------------------------------------------------------------------
 
 def _figure(fig_id: str, title: str, caption: str, charts: list[Markup], empty: str = "") -> dict[str, Any]:
@@ -726,6 +1177,6 @@ def _figure(fig_id: str, title: str, caption: str, charts: list[Markup], empty: 
 
 
 def _figures(tables: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    builders = (_busbw_figure, _step_time_figure, _strategies_figure, _breakdown_figure, _late_arrivals_figure,
-                _memory_figure, _loss_figure)
+    builders = (_busbw_figure, _pairs_figure, _scaling_figure, _step_time_figure, _strategies_figure,
+                _breakdown_figure, _late_arrivals_figure, _memory_figure, _loss_figure)
     return [f for f in (build(tables) for build in builders) if f]

@@ -14,8 +14,8 @@ one after the other (a link shaped or broken one way shows), all pairs of a roun
 
 Per node: its ranks' all_reduce bus bandwidth among themselves (nccl-tests' factor 2(n-1)/n; only
 with 2+ ranks a node), and per rank a fixed matmul (CPU: 60 products of 512x512 fp32 on one
-thread, ~0.3 s a core, longer than a CFS period so a CPU quota shows; GPU: 50 of 4096x4096), whose
-rate is GFLOP/s. Ranks sharing one machine's cores (CPU ranks with the same boot id: emulated
+thread, ~0.3 s a core, longer than a CFS period so a CPU quota shows; GPU: 50 of 4096x4096), the
+best of three, whose rate is GFLOP/s. Ranks sharing one machine's cores (CPU ranks with the same boot id: emulated
 nodes, or several CPU ranks of a host) take turns; GPUs probe at once, each its own.
 
 The rules (`findings`), each against the median of its peers with the share `--outlier-share`
@@ -198,9 +198,10 @@ def _compute_turns(ctx: RankContext, boot_ids: list[str]) -> float:
     return rate
 
 
-def compute_probe(device: torch.device) -> float:
-    """GFLOP/s of a fixed amount of matmul work (COMPUTE_SHAPE), timed as a whole: on a CPU with a
-    CFS quota, a short product would run inside the quota at full speed."""
+def compute_probe(device: torch.device, repeats: int = 3) -> float:
+    """GFLOP/s of a fixed amount of matmul work (COMPUTE_SHAPE), each repeat timed as a whole (on a
+    CPU with a CFS quota a short product would run inside the quota at full speed); the best of
+    `repeats`, so that a moment's interference on a healthy host is not a slow host."""
     n, products = COMPUTE_SHAPE["cuda" if device.type == "cuda" else "cpu"]
     threads = torch.get_num_threads()
     if device.type == "cpu":
@@ -209,12 +210,15 @@ def compute_probe(device: torch.device) -> float:
         a = torch.randn(n, n, device=device)
         b = torch.randn(n, n, device=device)
         torch.mm(a, b)
-        devices.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(products):
-            torch.mm(a, b)
-        devices.synchronize(device)
-        return 2 * n**3 * products / (time.perf_counter() - start) / 1e9
+        best = float("inf")
+        for _ in range(repeats):
+            devices.synchronize(device)
+            start = time.perf_counter()
+            for _ in range(products):
+                torch.mm(a, b)
+            devices.synchronize(device)
+            best = min(best, time.perf_counter() - start)
+        return 2 * n**3 * products / best / 1e9
     finally:
         torch.set_num_threads(threads)
 
