@@ -12,11 +12,19 @@ instrumented layer; both ends time the timed messages with the host clock, and t
 bandwidth is S x iters / the slower end's time (decimal GB/s). Each pair's two directions are timed
 one after the other (a link shaped or broken one way shows), all pairs of a round together.
 
-Per node: its ranks' all_reduce bus bandwidth among themselves (nccl-tests' factor 2(n-1)/n; only
-with 2+ ranks a node), and per rank a fixed matmul (CPU: 60 products of 512x512 fp32 on one
-thread, ~0.3 s a core, longer than a CFS period so a CPU quota shows; GPU: 50 of 4096x4096), the
-best of three, whose rate is GFLOP/s. Ranks sharing one machine's cores (CPU ranks with the same boot id: emulated
-nodes, or several CPU ranks of a host) take turns; GPUs probe at once, each its own.
+Per node: its ranks' all_reduce bus bandwidth among themselves (nccl-tests' factor 2(n-1)/n;
+only with 2+ ranks a node). Per rank, last (the job's start-up is over, no transfer in flight): a
+fixed matmul (CPU: 8 products of 1024x1024 fp32 on one thread, ~0.15 s a core, longer than a CFS
+period so a CPU quota shows, few products so that another thread of the process holding the GIL
+hardly delays it; GPU: 50 of 4096x4096), GFLOP/s, the best of three passes, and of three more for
+a rank still under the share of the median. Ranks sharing one machine's cores (CPU ranks with the
+same boot id: emulated nodes, or several CPU ranks of a host) take turns, each pass through every
+turn; GPUs probe at once, each its own.
+
+Confirmation: every pair a link rule would name is measured again alone (no other pair in flight,
+at most MAX_RETRIES pairs) and each direction keeps the better of its two figures (`retried`): a
+pair slowed by its round's neighbours on a shared host or switch is not a bad link; a bad link is
+slow both times.
 
 The rules (`findings`), each against the median of its peers with the share `--outlier-share`
 (0.7) stated in the output:
@@ -58,11 +66,12 @@ if TYPE_CHECKING:
     from distval.results import JobResult
 
 PAIR_COLUMNS = ["level", "node_a", "node_b", "host_a", "host_b", "rank_a", "rank_b", "round", "bytes",
-                "a_to_b_gbps", "b_to_a_gbps"]
+                "a_to_b_gbps", "b_to_a_gbps", "retried"]
 NODE_COLUMNS = ["node", "host", "ranks", "pair_gbps", "pair_share", "allreduce_busbw_gbps", "compute_gflops",
                 "compute_share"]
+RANK_COLUMNS = ["rank", "node", "host", "local", "compute_gflops", "pair_gbps"]
 BISECT_COLUMNS = ["round", "half_a", "half_b", "busbw_a_gbps", "busbw_b_gbps", "slower"]
-COMPUTE_SHAPE = {"cpu": (512, 60), "cuda": (4096, 50)}  # (n, products)
+COMPUTE_SHAPE = {"cpu": (1024, 8), "cuda": (4096, 50)}  # (n, products): few, long products (the GIL is free)
 
 
 def round_robin(n: int) -> list[list[tuple[int, int]]]:
@@ -112,9 +121,50 @@ def pairs_rank(ctx: RankContext, cfg: PairsConfig) -> dict[str, Any]:
             ctx.status(f"comm pairs ranks round {index + 1}")
             mine = [(m[a], m[b]) for m in members for a, b in pairs if b < len(m)]
             out["times"] += _round(ctx, cfg, mine, size, "rank", index)
+        out["times"] += _confirm(ctx, cfg, out, size)
     out["allreduce"] = _node_allreduce(ctx, cfg, members, size)
-    if cfg.compute:
-        out["compute"] = _compute_turns(ctx, [b for _, b in where])
+    if cfg.compute:  # last: the job's start-up (rendezvous, the store's host, the launcher's threads) is over
+        out["compute"] = _compute_turns(ctx, [b for _, b in where], cfg.outlier_share)
+    return out
+
+
+MAX_RETRIES = 64  # pairs measured again, alone, before a link is named
+
+
+def _confirm(ctx: RankContext, cfg: PairsConfig, out: dict[str, Any], size: int) -> list[dict[str, Any]]:
+    """Every pair a link finding would name, measured again alone (no other pair in flight), each
+    direction's best of the two kept: a pair slowed by its round's neighbours on a shared host or
+    switch is not a bad link; a bad link is slow both times. Every rank decides the same pairs from
+    every rank's times."""
+    views: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(views, {"times": out["times"], "compute": out["compute"]}, group=ctx.control)
+    results = [{"hosts": out["hosts"], "allreduce": None, **v} for v in views]
+    rows = pair_rows(results)
+    suspects = suspect_pairs(findings(rows, node_rows(results, rows), rank_rows(results, rows), cfg.outlier_share),
+                             rows)
+    records = []
+    for level, a, b, index in suspects[:MAX_RETRIES]:
+        ctx.status(f"comm pairs again {a}-{b}")
+        records += [{**t, "attempt": 1} for t in _round(ctx, cfg, [(a, b)], size, level, index)]
+    return records
+
+
+def suspect_pairs(found: list[Check], rows: list[dict[str, Any]]) -> list[tuple[str, int, int, int]]:
+    """(level, rank_a, rank_b, round) of every pair a link finding implicates: all pairs of a node or
+    rank named for its link, or the one pair named."""
+    out = []
+    for check in found:
+        if not check.name.endswith(" link"):
+            continue
+        unit = "node" if "node" in check.where else "rank"
+        named = check.where[unit]
+        level = "node" if unit == "node" else "rank"
+        for row in rows:
+            ends = (row["node_a"], row["node_b"]) if unit == "node" else (row["rank_a"], row["rank_b"])
+            hit = set(ends) == set(named) if isinstance(named, list) else named in ends
+            key = (level, row["rank_a"], row["rank_b"], row["round"])
+            if row["level"] == level and hit and key not in out:
+                out.append(key)
     return out
 
 
@@ -133,7 +183,7 @@ def _round(ctx: RankContext, cfg: PairsConfig, pairs: list[tuple[int, int]], siz
         src, dst = (a, b) if src_first else (b, a)
         seconds = _transfer(ctx, buf, src, dst, cfg.warmup, cfg.iters)
         records.append({"level": level, "round": index, "rank_a": a, "rank_b": b, "src": src, "dst": dst,
-                        "bytes": buf.numel() * 4, "iters": cfg.iters, "seconds": seconds})
+                        "bytes": buf.numel() * 4, "iters": cfg.iters, "seconds": seconds, "attempt": 0})
     return records
 
 
@@ -181,27 +231,36 @@ def _node_allreduce(ctx: RankContext, cfg: PairsConfig, members: list[list[int]]
     return buf.numel() * 4 * cfg.iters / seconds * 2 * (n - 1) / n / 1e9
 
 
-def _compute_turns(ctx: RankContext, boot_ids: list[str]) -> float:
-    """The fixed matmul on this rank, GFLOP/s. CPU ranks of one machine take turns (else they
-    would measure their share of its cores); GPU ranks probe at once."""
+def _compute_turns(ctx: RankContext, boot_ids: list[str], share: float, passes: int = 3) -> float:
+    """The fixed matmul on this rank, GFLOP/s: the best of `passes` passes, and of as many more for a
+    rank still under `share` x the median after them (a slow rank is slow every time; a moment's
+    load is not). CPU ranks of one machine take turns (else they would measure their share of its
+    cores), each pass through every turn; GPU ranks probe at once."""
     same = [r for r in range(ctx.world_size) if boot_ids[r] == boot_ids[ctx.rank]]
     turns = max(sum(1 for r in range(ctx.world_size) if boot_ids[r] == b) for b in set(boot_ids)) \
         if ctx.device.type == "cpu" else 1
     mine = same.index(ctx.rank) if ctx.device.type == "cpu" else 0
-    rate = 0.0
-    for turn in range(turns):
-        ctx.control_comm.barrier()
-        if turn == mine:
-            ctx.status("comm pairs compute probe")
-            rate = compute_probe(ctx.device)
-    ctx.control_comm.barrier()
+    ctx.status("comm pairs compute probe")
+    rate, again = 0.0, True
+    for attempt in range(2):
+        for _ in range(passes):
+            for turn in range(turns):
+                ctx.control_comm.barrier()
+                if turn == mine and again:
+                    rate = max(rate, compute_probe(ctx.device))
+        rates: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(rates, rate, group=ctx.control)
+        slow = [r for r in range(ctx.world_size) if rates[r] < share * statistics.median(rates)]
+        if not slow:
+            break
+        again = ctx.rank in slow
     return rate
 
 
-def compute_probe(device: torch.device, repeats: int = 3) -> float:
+def compute_probe(device: torch.device, repeats: int = 1) -> float:
     """GFLOP/s of a fixed amount of matmul work (COMPUTE_SHAPE), each repeat timed as a whole (on a
     CPU with a CFS quota a short product would run inside the quota at full speed); the best of
-    `repeats`, so that a moment's interference on a healthy host is not a slow host."""
+    `repeats`."""
     n, products = COMPUTE_SHAPE["cuda" if device.type == "cuda" else "cpu"]
     threads = torch.get_num_threads()
     if device.type == "cpu":
@@ -273,7 +332,8 @@ def _group_busbw(ctx: RankContext, cfg: PairsConfig, ranks: list[int], buf: torc
 
 
 def pair_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per pair measured: each direction's bandwidth from its two ends' times (the slower)."""
+    """One row per pair measured: each direction's bandwidth from its two ends' times (the slower
+    end's), of its best attempt where the pair was measured again (`_confirm`)."""
     hosts = results[0]["hosts"]
     nodes = list(dict.fromkeys(hosts))
     seconds: dict[tuple, float] = {}
@@ -281,18 +341,19 @@ def pair_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for result in results:
         for t in result["times"]:
             key = (t["level"], t["rank_a"], t["rank_b"])
-            direction = (*key, t["src"])
-            seconds[direction] = max(seconds.get(direction, 0.0), t["seconds"])
-            info[key] = t
+            attempt = (*key, t["src"], t.get("attempt", 0))
+            seconds[attempt] = max(seconds.get(attempt, 0.0), t["seconds"])
+            info.setdefault(key, t)
     rows = []
     for (level, a, b), t in sorted(info.items(), key=lambda kv: (kv[0][0] != "node", kv[1]["round"], kv[0][1:])):
         def gbps(src: int) -> float | None:
-            s = seconds.get((level, a, b, src))
-            return t["bytes"] * t["iters"] / s / 1e9 if s else None
+            tried = [s for (lv, x, y, d, _), s in seconds.items() if (lv, x, y, d) == (level, a, b, src) and s]
+            return t["bytes"] * t["iters"] / min(tried) / 1e9 if tried else None
 
+        retried = any(k[:3] == (level, a, b) and k[4] > 0 for k in seconds)
         rows.append({"level": level, "node_a": nodes.index(hosts[a]), "node_b": nodes.index(hosts[b]),
                      "host_a": hosts[a], "host_b": hosts[b], "rank_a": a, "rank_b": b, "round": t["round"],
-                     "bytes": t["bytes"], "a_to_b_gbps": gbps(a), "b_to_a_gbps": gbps(b)})
+                     "bytes": t["bytes"], "a_to_b_gbps": gbps(a), "b_to_a_gbps": gbps(b), "retried": retried})
     return rows
 
 
@@ -455,6 +516,9 @@ def build_report(job: JobResult, cfg: PairsConfig) -> Report:
                                title="per node: median pair bandwidth, own all_reduce, compute probe",
                                units={"pair_gbps": "GB/s", "allreduce_busbw_gbps": "GB/s",
                                       "compute_gflops": "GFLOP/s"}))
+    report.tables.append(Table("pair_ranks", RANK_COLUMNS, rows=ranks,
+                               title="per rank: compute probe, median pair bandwidth within its node",
+                               units={"compute_gflops": "GFLOP/s", "pair_gbps": "GB/s"}))
     found = findings(pairs, nodes, ranks, cfg.outlier_share)
     if cfg.bisect:
         found = _bisect_report(report, results[0]["bisect"], nodes, cfg)
