@@ -498,3 +498,65 @@ def test_one_slow_link_sets_the_pace(tmp_path, no_leftovers):
     largest = [r for r in doc["tables"]["bench"]["rows"] if r["bytes"] == 4 * 2**20]
     busbw = max(r["busbw_gbps"] for r in largest)
     assert 0.80 * 0.03125 <= busbw <= 1.05 * 0.03125, largest
+
+
+# -- comm pairs on a cluster with one bad link or one slow node (docs/scaling.md) ------------------------------
+
+
+def _pairs(tmp_path, *emulate: str, bisect: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "pairs.json"
+    res = run_cli("emulate", "--nodes", "4", *emulate, "--", "comm", "pairs", "-b", "1M", "-n", "4",
+                  *(["--bisect"] if bisect else []), "--json", str(out), timeout=180)
+    assert out.exists(), res.stdout[-3000:] + res.stderr[-3000:]
+    return res, json.loads(out.read_text())
+
+
+def _named(doc: dict) -> list[str]:
+    return [c["name"] for c in doc["checks"] if c["status"] != "OK"]
+
+
+@needs_netns
+def test_pairs_names_the_node_whose_link_is_slow_and_nothing_else(tmp_path, no_leftovers):
+    """Node 2's link at a quarter of the others': its three pairs at ~0.03 GB/s, named as its link
+    against the median of the nodes; no other node, no single link, no compute."""
+    res, doc = _pairs(tmp_path, "--rate", "1gbit,1gbit,250mbit,1gbit")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert _named(doc) == ["comm.pairs node 2 link"], doc["checks"]
+    finding = doc["checks"][0]
+    assert "node 2 (" in finding["summary"] and "to every peer against a median of" in finding["summary"]
+    assert finding["summary"].endswith("its link") and finding["where"] == {"node": 2}
+    rows = doc["tables"]["pairs"]["rows"]
+    assert len(rows) == 6 and sorted({r["round"] for r in rows}) == [0, 1, 2]  # 3 rounds of 2 pairs
+    slow = [r for r in rows if 2 in (r["node_a"], r["node_b"])]
+    assert all(0.02 < r["a_to_b_gbps"] < 0.04 and 0.02 < r["b_to_a_gbps"] < 0.04 for r in slow), slow
+    shares = {r["node"]: r["pair_share"] for r in doc["tables"]["pair_nodes"]["rows"]}
+    assert shares[2] < 0.4 and all(shares[n] > 0.8 for n in (0, 1, 3)), shares
+
+
+@needs_netns
+def test_pairs_on_a_uniform_cluster_names_nothing(tmp_path, no_leftovers):
+    res, doc = _pairs(tmp_path, "--rate", "1gbit")
+    assert res.returncode == 0 and _named(doc) == [], doc["checks"]
+    assert "no node, link or rank under 0.7x the median of its peers" in doc["checks"][0]["summary"]
+
+
+@needs_netns
+@needs_cpu_controller
+def test_pairs_names_a_slow_hosts_compute_not_its_link(tmp_path, no_leftovers):
+    """Node 1 held to a quarter of a core, every link equal: its compute is named, no link (its
+    transfers may be slower too: a starved host sends slowly)."""
+    res, doc = _pairs(tmp_path, "--rate", "1gbit", "--cpu", "2,0.25,2,2")
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    assert _named(doc) == ["comm.pairs node 1 compute"], doc["checks"]
+    assert "compute" in doc["checks"][0]["summary"] and doc["checks"][0]["summary"].endswith("not a link")
+
+
+@needs_netns
+def test_bisection_finds_the_slow_node_in_log2_rounds(tmp_path, no_leftovers):
+    """4 nodes: halves {0,1} and {2,3}, then {2} and {3} each with a cleared witness (node 0)."""
+    res, doc = _pairs(tmp_path, "--rate", "1gbit,1gbit,250mbit,1gbit", bisect=True)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    rounds = doc["tables"]["pair_bisect"]["rows"]
+    assert [(r["half_a"], r["half_b"], r["slower"]) for r in rounds] == [("0,1", "2,3", 1), ("2", "3", 0)]
+    assert _named(doc) == ["comm.pairs node 2 bisect"]
+    assert "the slower half at every one of 2 rounds" in doc["checks"][0]["summary"]
