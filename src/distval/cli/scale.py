@@ -53,7 +53,11 @@ def scale_cmd(
         load(str(calibration))  # not a bench report: one line, exit 2, before anything runs
     if scale.from_reports:
         report = run.join_points(cfg, scale)
-    elif detect_mode() != "local":
+    elif (mode := detect_mode()) != "local":
+        if scale.worlds is not None or scale.strong:
+            raise ValueError(f"under {mode} this job is one point of the ladder: drop --worlds/--strong, run one job "
+                             "per world size (for strong scaling, each with the --micro-batch that keeps the global "
+                             "batch) and join them with `distval scale --join p1.json,p2.json,...`")
         check_training(cfg, opts)
         report = run.run_point(cfg, scale, opts)
     else:

@@ -285,7 +285,7 @@ def run_scale(cfg: TrainConfig, scale: ScaleConfig, opts: LaunchOptions, calibra
         points, extra, reference = [], [], None
         for world in worlds:
             bench_here = world == worlds[-1] and world > 1 and scale.bench and given is None
-            probe = world == worlds[0] and cost is None and (scale.bench or given is not None)
+            probe = world == 1 and cost is None and (scale.bench or given is not None)  # step costs: one rank
             train = configs[world]
             if probe:
                 train = dataclasses.replace(train, probe=StepProbe((cfg.strategy,), train.micro_batch, 1, worlds[-1]))
