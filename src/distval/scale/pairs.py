@@ -212,23 +212,30 @@ def _node_allreduce(ctx: RankContext, cfg: PairsConfig, members: list[list[int]]
         return None
     groups = [dist.new_group(m) for m in members]
     mine = next(i for i, m in enumerate(members) if ctx.rank in m)
-    n = len(members[mine])
     buf = torch.ones(size // 4, dtype=torch.float32, device=ctx.device)
     ctx.status("comm pairs node all_reduce")
     ctx.control_comm.barrier()
-    if n < 2:
-        ctx.control_comm.barrier()
-        return None
+    n = len(members[mine])
+    seconds = _allreduce_seconds(ctx, cfg, buf, groups[mine]) if n > 1 else None
+    ctx.control_comm.barrier()
+    return _busbw(buf, cfg.iters, seconds, n) if seconds else None
+
+
+def _allreduce_seconds(ctx: RankContext, cfg: PairsConfig, buf: torch.Tensor, group: Any) -> float:
+    """This rank's time of `cfg.iters` all_reduces of `buf` in `group`, after `cfg.warmup` untimed."""
     for _ in range(cfg.warmup):
-        dist.all_reduce(buf, group=groups[mine])
+        dist.all_reduce(buf, group=group)
     devices.synchronize(ctx.device)
     start = time.perf_counter()
     for _ in range(cfg.iters):
-        dist.all_reduce(buf, group=groups[mine])
+        dist.all_reduce(buf, group=group)
     devices.synchronize(ctx.device)
-    seconds = time.perf_counter() - start
-    ctx.control_comm.barrier()
-    return buf.numel() * 4 * cfg.iters / seconds * 2 * (n - 1) / n / 1e9
+    return time.perf_counter() - start
+
+
+def _busbw(buf: torch.Tensor, iters: int, seconds: float, n: int) -> float:
+    """nccl-tests' all_reduce bus bandwidth, GB/s: S / t x 2(n-1)/n."""
+    return buf.numel() * buf.element_size() * iters / seconds * 2 * (n - 1) / n / 1e9
 
 
 def _compute_turns(ctx: RankContext, boot_ids: list[str], share: float, passes: int = 3) -> float:
@@ -315,17 +322,9 @@ def _group_busbw(ctx: RankContext, cfg: PairsConfig, ranks: list[int], buf: torc
     ctx.control_comm.barrier()
     seconds = torch.zeros(1, dtype=torch.float64)
     if ctx.rank in ranks:
-        for _ in range(cfg.warmup):
-            dist.all_reduce(buf, group=group)
-        devices.synchronize(ctx.device)
-        start = time.perf_counter()
-        for _ in range(cfg.iters):
-            dist.all_reduce(buf, group=group)
-        devices.synchronize(ctx.device)
-        seconds[0] = time.perf_counter() - start
+        seconds[0] = _allreduce_seconds(ctx, cfg, buf, group)
     ctx.control_comm.all_reduce(seconds, op="max")  # the group's time: its slowest rank's
-    n = len(ranks)
-    return buf.numel() * 4 * cfg.iters / seconds.item() * 2 * (n - 1) / n / 1e9
+    return _busbw(buf, cfg.iters, seconds.item(), len(ranks))
 
 
 # -- the report (rank 0) -------------------------------------------------------------------------------

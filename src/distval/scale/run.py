@@ -317,7 +317,9 @@ def strategy_plan_model(name: str) -> str:
     return strategies.REGISTRY[name].plan_model
 
 
-def _launch(cfg: PointConfig, opts: LaunchOptions) -> JobResult | Report:
+def _launch(cfg: PointConfig, opts: LaunchOptions) -> JobResult | Report | None:
+    """One point's job: its JobResult on the reporting process, a report of its failure, or None
+    on ranks other than 0 under an outer launcher."""
     holder: dict[str, JobResult] = {}
 
     def build(job: JobResult) -> Report:
@@ -354,16 +356,9 @@ def run_point(cfg: TrainConfig, scale: ScaleConfig, opts: LaunchOptions) -> Repo
     if world == 1 and scale.bench:
         train = dataclasses.replace(train, probe=StepProbe((cfg.strategy,), train.micro_batch, 1, 1))
     point_cfg = PointConfig(train, CALIBRATION_BENCH if world > 1 and scale.bench else None)
-    holder: dict[str, JobResult] = {}
-
-    def build(job: JobResult) -> Report:
-        holder["job"] = job
-        return Report("scale")
-
-    report = execute("scale", point_rank, point_cfg, opts, build)
-    job = holder.get("job")
-    if job is None:
-        return report
+    job = _launch(point_cfg, opts)
+    if not isinstance(job, JobResult):
+        return job  # a report with the failure's ERROR, or None on ranks other than 0
     extra: list[Table] = []
     if point_cfg.bench is not None:
         extra += bench.build_report(_bench_job(job), CALIBRATION_BENCH).tables
