@@ -24,7 +24,8 @@ turn; GPUs probe at once, each its own.
 Confirmation: every pair a link rule would name is measured again alone (no other pair in flight,
 at most MAX_RETRIES pairs) and each direction keeps the better of its two figures (`retried`): a
 pair slowed by its round's neighbours on a shared host or switch is not a bad link; a bad link is
-slow both times.
+slow both times. The better figures move the medians, so the rules run again (up to three times)
+until they name no pair not yet measured again.
 
 The rules (`findings`), each against the median of its peers with the share `--outlier-share`
 (0.7) stated in the output:
@@ -131,21 +132,29 @@ def pairs_rank(ctx: RankContext, cfg: PairsConfig) -> dict[str, Any]:
 MAX_RETRIES = 64  # pairs measured again, alone, before a link is named
 
 
-def _confirm(ctx: RankContext, cfg: PairsConfig, out: dict[str, Any], size: int) -> list[dict[str, Any]]:
+def _confirm(ctx: RankContext, cfg: PairsConfig, out: dict[str, Any], size: int,
+             rounds: int = 3) -> list[dict[str, Any]]:
     """Every pair a link finding would name, measured again alone (no other pair in flight), each
     direction's best of the two kept: a pair slowed by its round's neighbours on a shared host or
-    switch is not a bad link; a bad link is slow both times. Every rank decides the same pairs from
+    switch is not a bad link; a bad link is slow both times. Pairs measured again change the
+    medians the rules compare with, so the rules run again on the new figures, up to `rounds`
+    times, until they name no pair not yet measured again. Every rank decides the same pairs from
     every rank's times."""
-    views: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(views, {"times": out["times"], "compute": out["compute"]}, group=ctx.control)
-    results = [{"hosts": out["hosts"], "allreduce": None, **v} for v in views]
-    rows = pair_rows(results)
-    suspects = suspect_pairs(findings(rows, node_rows(results, rows), rank_rows(results, rows), cfg.outlier_share),
-                             rows)
-    records = []
-    for level, a, b, index in suspects[:MAX_RETRIES]:
-        ctx.status(f"comm pairs again {a}-{b}")
-        records += [{**t, "attempt": 1} for t in _round(ctx, cfg, [(a, b)], size, level, index)]
+    records: list[dict[str, Any]] = []
+    done: set[tuple[str, int, int, int]] = set()
+    for _ in range(rounds):
+        views: list[Any] = [None] * ctx.world_size
+        dist.all_gather_object(views, {"times": out["times"] + records, "compute": out["compute"]}, group=ctx.control)
+        results = [{"hosts": out["hosts"], "allreduce": None, **v} for v in views]
+        rows = pair_rows(results)
+        found = findings(rows, node_rows(results, rows), rank_rows(results, rows), cfg.outlier_share)
+        suspects = [s for s in suspect_pairs(found, rows) if s not in done][:MAX_RETRIES - len(done)]
+        if not suspects:
+            break
+        for level, a, b, index in suspects:
+            ctx.status(f"comm pairs again {a}-{b}")
+            records += [{**t, "attempt": 1} for t in _round(ctx, cfg, [(a, b)], size, level, index)]
+        done.update(suspects)
     return records
 
 
