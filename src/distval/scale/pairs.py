@@ -527,9 +527,9 @@ def build_report(job: JobResult, cfg: PairsConfig) -> Report:
     report.tables.append(Table("pair_ranks", RANK_COLUMNS, rows=ranks,
                                title="per rank: compute probe, median pair bandwidth within its node",
                                units={"compute_gflops": "GFLOP/s", "pair_gbps": "GB/s"}))
-    found = findings(pairs, nodes, ranks, cfg.outlier_share)
+    found = findings(pairs, nodes, ranks, cfg.outlier_share)  # with --bisect: no pairs, the compute rules
     if cfg.bisect:
-        found = _bisect_report(report, results[0]["bisect"], nodes, cfg)
+        found += _bisect_report(report, results[0]["bisect"], nodes, cfg)
     report.checks += found
     if not found:
         report.add(_summary(pairs, nodes, cfg, len(results)))
