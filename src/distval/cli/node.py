@@ -4,7 +4,11 @@ plus a note of this rank's exit code.
 torchrun folds every worker failure into its own exit code 1, so `distval emulate` would otherwise
 not know whether a rank reported a FAIL (1), bad input (2) or could not run (3). Each rank writes
 `exit.<rank>.json` into DISTVAL_EMULATE_DIR (a folder of the host's file system, which every
-namespace shares) when it ends by itself; a rank killed by a signal leaves none.
+namespace shares) when it ends by itself; a rank killed by a signal leaves none. A rank whose
+report holds a FAIL (exit code 1, the report written) exits 0 with its note saying 1: torchrun
+would otherwise take its node's job as failed, close the rendezvous store on node 0, and every
+other node's agent would fail its exit barrier with pages of tracebacks; `distval emulate` reads
+the 1 from the note.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ def main() -> None:
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        raise
+        if code != 1:
+            raise
     finally:
         folder = os.environ.get("DISTVAL_EMULATE_DIR")
         if folder:
