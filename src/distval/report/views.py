@@ -94,9 +94,35 @@ def steps_view(table: Table, meta: dict[str, Any]) -> Any:
                 f"{last['loss']:.4g} (step {last['step']}); every step is in the JSON report (--json)")
 
 
+def scaling_view(table: Table, meta: dict[str, Any]) -> RichTable:
+    """scale's table in 100-odd columns: * marks a point whose ranks outnumber its cores."""
+    t = RichTable(title=table.title, header_style="bold")
+    for col in ("ranks", "nodes", "tokens/s", "step ms", "plan ms", "efficiency", "planned", "busbw GB/s", "gap"):
+        t.add_column(col, justify="left" if col == "gap" else "right")
+
+    def num(value: float | None, fmt: str, scale: float = 1.0) -> str:
+        return "—" if value is None else format(value * scale, fmt)
+
+    for r in table.rows:
+        t.add_row(f"{r['world_size']}{'*' if r['oversubscribed'] else ''}", str(r["nodes"]),
+                  num(r["tokens_per_s"], ",.0f"), num(r["step_time_s"], ".1f", 1e3),
+                  num(r["planned_step_time_s"], ".1f", 1e3), num(r["efficiency"], ".2f"),
+                  num(r["planned_efficiency"], ".2f"), num(r["busbw_gbps"], ".3g"), r["gap"] or "")
+    if any(r["oversubscribed"] for r in table.rows):
+        t.caption = "* ranks outnumber the cores of their machine"
+    return t
+
+
+def in_json_view(table: Table, meta: dict[str, Any]) -> Text:
+    """A table the terminal names and the JSON report holds (inputs of other figures)."""
+    return Text(f"{table.name}: {len(table.rows)} rows ({table.title}) in the JSON report (--json)")
+
+
 VIEWS: dict[str, Callable[[Table, dict[str, Any]], Any]] = {
     "bench": nccl_text,
     "strategies": strategies_view,
     "steps": steps_view,
+    "scaling": scaling_view,
+    "scale_points": in_json_view,
     **TRACE_VIEWS,
 }
