@@ -35,7 +35,8 @@ def scale_cmd(
     cfg: TrainConfig, scale: ScaleConfig, opts: LaunchOptions,
     calibration: Annotated[Optional[Path], option(
         "--calibration", help="A `comm bench --json` file to plan with instead of benching (its step costs used "
-        "where it has the strategy's).")] = None,
+        "where it has the strategy's; else measured on the one-rank point and saved into it, as compare "
+        "does).")] = None,
     html: Annotated[Optional[Path], option("--html", help="Also write a self-contained HTML report (the scaling "
                                            "chart).")] = None,
     expect: ExpectFile = None,

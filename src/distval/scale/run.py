@@ -334,15 +334,21 @@ def _bench_job(job: JobResult) -> JobResult:
     return dataclasses.replace(job, results=[r["bench"] for r in job.results])
 
 
-def _probe_cost(cfg: TrainConfig, reference: dict[str, Any], calibration: str) -> tuple[StepCost | None, Table]:
-    """The strategy's step cost from the one-rank point's probe, saved into the calibration file."""
-    ref = {**reference["reference"], "param_sizes": reference["param_sizes"]}
-    costs = step_costs(cfg, ref)
+def _costs_table(cfg: TrainConfig, reference: dict[str, Any]) -> tuple[StepCost | None, Table]:
+    """The strategy's step cost from the one-rank point's probe, and its `step_costs` table."""
+    costs = step_costs(cfg, {**reference["reference"], "param_sizes": reference["param_sizes"]})
     table = Table("step_costs", STEP_COST_COLUMNS, rows=[dataclasses.asdict(c) for c in costs],
                   title="the strategy's own costs, measured on the one-rank point's rank (the plan's step costs)",
                   units={"overhead_s": "s", "optimizer_s": "s", "optimizer_per_param_s": "s"})
-    save_costs(calibration, table.to_dict())
     return (costs[0] if costs else None), table
+
+
+def _probe_cost(cfg: TrainConfig, reference: dict[str, Any], calibration: str) -> tuple[StepCost | None, Table]:
+    """The step cost and its table, saved into the calibration file (where `plan --calibration`
+    finds it, as compare saves its own)."""
+    cost, table = _costs_table(cfg, reference)
+    save_costs(calibration, table.to_dict())
+    return cost, table
 
 
 # -- one point under an outer launcher, and points joined ---------------------------------------------
@@ -363,8 +369,7 @@ def run_point(cfg: TrainConfig, scale: ScaleConfig, opts: LaunchOptions) -> Repo
     if point_cfg.bench is not None:
         extra += bench.build_report(_bench_job(job), CALIBRATION_BENCH).tables
     if train.probe is not None:
-        costs = step_costs(cfg, {**job.results[0]["reference"], "param_sizes": job.results[0]["param_sizes"]})
-        extra.append(Table("step_costs", STEP_COST_COLUMNS, rows=[dataclasses.asdict(c) for c in costs]))
+        extra.append(_costs_table(cfg, job.results[0])[1])
     out = scale_report([point_row(job, train)], cfg, scale, None, None, extra, job)
     out.add(Check("scale point", Status.OK, f"one point at {world} ranks ({out.table('scaling').rows[0]['nodes']} "
                   "node(s)); join the points of several jobs with `distval scale --join p1.json,p2.json,...`"))
