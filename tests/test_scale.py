@@ -159,7 +159,8 @@ def test_scale_on_one_and_two_ranks_with_its_own_calibration(tmp_path):
     assert rows[0]["busbw_gbps"] is None and rows[1]["busbw_gbps"] > 0 and rows[1]["grad_bytes"] > 0
     assert "alpha_beta" in doc["tables"] and doc["tables"]["step_costs"]["rows"][0]["strategy"] == "pytorch_ddp"
     assert "weak scaling 1 -> 2 ranks" in next(c for c in doc["checks"] if c["name"] == "scale")["summary"]
-    assert "scaling" in html.read_text()
+    page = html.read_text()
+    assert '<figure id="fig-scaling">' in page and "planned" in page  # the chart: measured, planned, ideal
     verdicts = {c["name"]: c for c in doc["checks"] if c["name"].startswith("expect")}
     assert verdicts["expect scale efficiency 2"]["status"] == "OK"
     assert verdicts["expect scale step_time"]["status"] == "FAIL"
