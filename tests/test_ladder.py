@@ -123,7 +123,7 @@ def test_a_corrupting_collective_stops_the_ladder_at_the_check_inside_the_job(tm
 def test_stage_selection():
     assert select(None, None) == STAGES
     assert select(["trace", "doctor"], None) == ("doctor", "trace")  # ladder order, whatever the flag's
-    assert select(None, ["drills", "compare"]) == ("doctor", "check", "bench", "plan", "trace", "health")
+    assert select(None, ["drills", "compare"]) == ("doctor", "check", "bench", "plan", "scale", "trace", "health")
 
 
 def test_bad_stage_names_are_one_line_exit_2(cli):

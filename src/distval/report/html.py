@@ -866,7 +866,8 @@ def _scaling_svg(rows: list[tuple[float, dict[str, Any]]]) -> Markup:
 
 
 def _scaling_figure(tables: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    if "scaling" not in tables:
+    # `distval scale`'s table; the planner's own is also named `scaling` (weak scaling predicted, with comm_share)
+    if "scaling" not in tables or "comm_share" in (tables["scaling"].get("columns") or []):
         return None
     rows = _scaling_rows(_rows(tables["scaling"]))
     drawn = [r for _, r in rows if any(_num(r.get(k)) is not None

@@ -94,8 +94,13 @@ def steps_view(table: Table, meta: dict[str, Any]) -> Any:
                 f"{last['loss']:.4g} (step {last['step']}); every step is in the JSON report (--json)")
 
 
-def scaling_view(table: Table, meta: dict[str, Any]) -> RichTable:
-    """scale's table in 100-odd columns: * marks a point whose ranks outnumber its cores."""
+def scaling_view(table: Table, meta: dict[str, Any]) -> Any:
+    """scale's table in 100-odd columns: * marks a point whose ranks outnumber its cores (the
+    planner's own table of that name, without a planned efficiency, prints as it is)."""
+    from distval.report.terminal import render_table
+
+    if "planned_efficiency" not in table.columns:
+        return render_table(table)
     t = RichTable(title=table.title, header_style="bold")
     for col in ("ranks", "nodes", "tokens/s", "step ms", "plan ms", "efficiency", "planned", "busbw GB/s", "gap"):
         t.add_column(col, justify="left" if col == "gap" else "right")
