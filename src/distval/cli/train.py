@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 from distval import knobs
 from distval.cli.app import (
+    ExpectFile,
     JsonOut,
     TraceDir,
     TraceSteps,
@@ -16,6 +17,8 @@ from distval.cli.app import (
     check_outputs,
     check_training,
     finish,
+    judged,
+    load_expectations,
     make_console,
     option,
     split_list,
@@ -41,6 +44,7 @@ RUN = ("ckpt.dir", "ckpt.every", "ckpt.keep", "ckpt.async_save", "ckpt.resume", 
 def train_cmd(
     cfg: TrainConfig, opts: LaunchOptions,
     trace: TraceSteps = None, trace_dir: TraceDir = Path("distval-report/traces"),
+    expect: ExpectFile = None,
     json: JsonOut = None,
 ) -> int:
     """Train the built-in decoder with one data-parallel strategy; per-step metrics; checkpoints, resume, restarts."""
@@ -50,12 +54,13 @@ def train_cmd(
     from distval.train.run import run_train
 
     check_training(cfg, opts)
+    expectations = load_expectations(expect)
     check_outputs({"--json": json, "--log-jsonl": Path(cfg.metrics.log_jsonl) if cfg.metrics.log_jsonl else None})
     cfg = dataclasses.replace(cfg, trace=trace_config(trace, cfg.steps, trace_dir, cfg.strategy))
     cfg = dataclasses.replace(cfg, ckpt=ckpt_cmd.prepare(cfg, planned_world_size(opts)), metrics=cfg.metrics.resolved())
     report = run_train(cfg, opts, watchers=[ProgressView(cfg.steps, f"train {cfg.strategy}")])  # live, on stderr
     ckpt_cmd.annotate(report, cfg.ckpt, ckpt_cmd.job_run_id(detect_mode(), opts.run_id))
-    return finish(report, json, make_console())
+    return finish(judged(report, expectations), json, make_console())
 
 
 @app.command("compare")
