@@ -59,6 +59,7 @@ import torch.distributed as dist
 
 from distval import device as devices
 from distval import meta
+from distval.comm.names import bus_factor
 from distval.results import Check, Report, Status, Table
 from distval.scale.config import PairsConfig
 
@@ -99,12 +100,18 @@ def _boot_id() -> str:
         return ""
 
 
+def placement(ctx: RankContext) -> tuple[list[str], list[str]]:
+    """Every rank's host name and machine (boot id: emulated nodes share one machine's cores), in
+    rank order, on every rank."""
+    where: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(where, (ctx.hostname, _boot_id()), group=ctx.control)
+    return [h for h, _ in where], [b for _, b in where]
+
+
 def pairs_rank(ctx: RankContext, cfg: PairsConfig) -> dict[str, Any]:
     """Every rank's part: who is where, the pair rounds (or the bisection), the node all_reduce
     and the compute probe. Returns this rank's own timings; rank 0's report joins them."""
-    where: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(where, (ctx.hostname, _boot_id()), group=ctx.control)
-    hosts = [h for h, _ in where]
+    hosts, machines = placement(ctx)
     nodes = list(dict.fromkeys(hosts))
     members = [[r for r in range(ctx.world_size) if hosts[r] == host] for host in nodes]
     size = cfg.message_bytes(ctx.device.type)
@@ -125,7 +132,7 @@ def pairs_rank(ctx: RankContext, cfg: PairsConfig) -> dict[str, Any]:
         out["times"] += _confirm(ctx, cfg, out, size)
     out["allreduce"] = _node_allreduce(ctx, cfg, members, size)
     if cfg.compute:  # last: the job's start-up (rendezvous, the store's host, the launcher's threads) is over
-        out["compute"] = _compute_turns(ctx, [b for _, b in where], cfg.outlier_share)
+        out["compute"] = _compute_turns(ctx, machines, cfg.outlier_share)
     return out
 
 
@@ -227,7 +234,7 @@ def _node_allreduce(ctx: RankContext, cfg: PairsConfig, members: list[list[int]]
     n = len(members[mine])
     seconds = _allreduce_seconds(ctx, cfg, buf, groups[mine]) if n > 1 else None
     ctx.control_comm.barrier()
-    return _busbw(buf, cfg.iters, seconds, n) if seconds else None
+    return allreduce_busbw(buf, cfg.iters, seconds, n) if seconds else None
 
 
 def _allreduce_seconds(ctx: RankContext, cfg: PairsConfig, buf: torch.Tensor, group: Any) -> float:
@@ -242,9 +249,9 @@ def _allreduce_seconds(ctx: RankContext, cfg: PairsConfig, buf: torch.Tensor, gr
     return time.perf_counter() - start
 
 
-def _busbw(buf: torch.Tensor, iters: int, seconds: float, n: int) -> float:
-    """nccl-tests' all_reduce bus bandwidth, GB/s: S / t x 2(n-1)/n."""
-    return buf.numel() * buf.element_size() * iters / seconds * 2 * (n - 1) / n / 1e9
+def allreduce_busbw(buf: torch.Tensor, iters: int, seconds: float, n: int) -> float:
+    """nccl-tests' all_reduce bus bandwidth of `iters` calls on `buf` in `seconds` among n ranks, GB/s."""
+    return buf.numel() * buf.element_size() * iters / seconds * bus_factor("all_reduce", n) / 1e9
 
 
 def _compute_turns(ctx: RankContext, boot_ids: list[str], share: float, passes: int = 3) -> float:
@@ -333,7 +340,7 @@ def _group_busbw(ctx: RankContext, cfg: PairsConfig, ranks: list[int], buf: torc
     if ctx.rank in ranks:
         seconds[0] = _allreduce_seconds(ctx, cfg, buf, group)
     ctx.control_comm.all_reduce(seconds, op="max")  # the group's time: its slowest rank's
-    return _busbw(buf, cfg.iters, seconds.item(), len(ranks))
+    return allreduce_busbw(buf, cfg.iters, seconds.item(), len(ranks))
 
 
 # -- the report (rank 0) -------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from distval import device as devices
 from distval import meta
@@ -51,7 +50,7 @@ from distval.plan.calibration import STEP_COST_COLUMNS, StepCost, load, save_cos
 from distval.rank import RankContext
 from distval.results import SCHEMA, Check, JobResult, Report, Status, Table, write_json
 from distval.scale.config import PLAN_BAND, ScaleConfig
-from distval.scale.pairs import _boot_id
+from distval.scale.pairs import allreduce_busbw, placement
 from distval.train.compare import PREDICTION_BAND, forward_backward_s, predicted_step, reference_rank, step_costs
 from distval.train.config import StepProbe, TrainConfig
 from distval.train.loop import train_rank
@@ -83,12 +82,11 @@ class PointConfig:
 def point_rank(ctx: RankContext, cfg: PointConfig) -> dict[str, Any]:
     if ctx.device.type == "cpu":
         torch.set_num_threads(1)  # a rank is a core at every point, the one-rank point included
-    where: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(where, (ctx.hostname, _boot_id()), group=ctx.control)
+    hosts, machines = placement(ctx)
     result = reference_rank(ctx, cfg.train) if cfg.train.probe is not None else train_rank(ctx, cfg.train)
     grad_bytes = sum(result["param_sizes"]) * 4
     out = {"steps": result["steps"], "param_sizes": result["param_sizes"], "device": ctx.device.type,
-           "hosts": [h for h, _ in where], "machines": [b for _, b in where], "threads": torch.get_num_threads(),
+           "hosts": hosts, "machines": machines, "threads": torch.get_num_threads(),
            "cores": len(os.sched_getaffinity(0)), "grad_bytes": grad_bytes, "busbw_gbps": None}
     if cfg.train.probe is not None:
         out["reference"] = {k: result[k] for k in ("probes", "world_cost", "probe_peak_flops", "num_params",
@@ -116,8 +114,7 @@ def grad_busbw(ctx: RankContext, grad_bytes: int) -> float:
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         ctx.control_comm.all_reduce(elapsed, op="max")
         times.append(elapsed.item())
-    n = ctx.world_size
-    return buf.numel() * 4 / statistics.median(times) * 2 * (n - 1) / n / 1e9
+    return allreduce_busbw(buf, 1, statistics.median(times), ctx.world_size)
 
 
 # -- one point's figures -----------------------------------------------------------------------------
