@@ -16,8 +16,8 @@ Per node: its ranks' all_reduce bus bandwidth among themselves (nccl-tests' fact
 only with 2+ ranks a node). Per rank, last (the job's start-up is over, no transfer in flight): a
 fixed matmul (CPU: 8 products of 1024x1024 fp32 on one thread, ~0.15 s a core, longer than a CFS
 period so a CPU quota shows, few products so that another thread of the process holding the GIL
-hardly delays it; GPU: 50 of 4096x4096), GFLOP/s, the best of three passes, and of three more for
-a rank still under the share of the median. Ranks sharing one machine's cores (CPU ranks with the
+hardly delays it; GPU: 50 of 4096x4096), GFLOP/s, the best of three passes, and of up to nine
+more for a rank still under the share of the median. Ranks sharing one machine's cores (CPU ranks with the
 same boot id: emulated nodes, or several CPU ranks of a host) take turns, each pass through every
 turn; GPUs probe at once, each its own.
 
@@ -254,18 +254,21 @@ def allreduce_busbw(buf: torch.Tensor, iters: int, seconds: float, n: int) -> fl
     return buf.numel() * buf.element_size() * iters / seconds * bus_factor("all_reduce", n) / 1e9
 
 
-def _compute_turns(ctx: RankContext, boot_ids: list[str], share: float, passes: int = 3) -> float:
-    """The fixed matmul on this rank, GFLOP/s: the best of `passes` passes, and of as many more for a
-    rank still under `share` x the median after them (a slow rank is slow every time; a moment's
-    load is not). CPU ranks of one machine take turns (else they would measure their share of its
-    cores), each pass through every turn; GPU ranks probe at once."""
+def _compute_turns(ctx: RankContext, boot_ids: list[str], share: float, passes: int = 3,
+                   attempts: int = 4) -> float:
+    """The fixed matmul on this rank, GFLOP/s: the best of `passes` passes, and of `passes` more, up
+    to `attempts` times in all, for a rank still under `share` x the median after them (a slow rank
+    is slow every time, and a CPU quota caps every probe; a healthy rank slowed by a moment's load
+    on a shared host reaches its speed in one of them). CPU ranks of one machine take turns (else
+    they would measure their share of its cores), each pass through every turn; GPU ranks probe at
+    once."""
     same = [r for r in range(ctx.world_size) if boot_ids[r] == boot_ids[ctx.rank]]
     turns = max(sum(1 for r in range(ctx.world_size) if boot_ids[r] == b) for b in set(boot_ids)) \
         if ctx.device.type == "cpu" else 1
     mine = same.index(ctx.rank) if ctx.device.type == "cpu" else 0
     ctx.status("comm pairs compute probe")
     rate, again = 0.0, True
-    for attempt in range(2):
+    for _ in range(attempts):
         for _ in range(passes):
             for turn in range(turns):
                 ctx.control_comm.barrier()
