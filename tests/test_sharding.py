@@ -208,7 +208,7 @@ def test_compare_reports_sharded_memory_and_planner_prediction(tmp_path):
         "compare", "--nproc", "2", "--strategies", "zero3,fsdp2", "--steps", "2", "--json", str(out), timeout=240
     )
     assert r.returncode == 0, r.stderr
-    assert "state MiB (plan)" in r.stdout
+    assert "state (plan)" in r.stdout
     doc = json.loads(out.read_text())
     rows = {row["strategy"]: row for row in doc["tables"]["strategies"]["rows"]}
     psi = _num_params()

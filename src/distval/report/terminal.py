@@ -13,6 +13,7 @@ from rich.text import Text
 
 from distval.meta import stack_text
 from distval.results import Check, Report, Status, Table
+from distval.units import human_unit
 
 STYLES = {
     Status.OK: "green",
@@ -110,15 +111,33 @@ def render(report: Report, console: Console | None = None) -> None:
 
 
 def render_table(table: Table) -> RichTable:
+    """A plain grid; bytes and durations in human units (units.human_unit: the column's declared
+    unit, else its name), the JSON keeping the numbers."""
     t = RichTable(title=Text(table.title or table.name), show_header=True, header_style="bold", expand=False)
     for col in table.columns:
-        unit = table.units.get(col)
-        t.add_column(f"{col}\n({unit})" if unit else col, justify="right" if _numeric(table, col) else "left")
+        declared = table.units.get(col, "")
+        # a value that says its unit leaves the header only a note: 'B (S of one call)' -> '(S of one call)'
+        note = declared.partition(" ")[2] if human_unit(col, declared) else f"({declared})" if declared else ""
+        t.add_column(f"{col}\n{note}" if note else col, justify="right" if _numeric(table, col) else "left")
     for row in table.rows:
-        t.add_row(*(Text(fmt(row.get(c))) for c in table.columns))
+        t.add_row(*(Text(_cell(table, row, c)) for c in table.columns))
     return t
+
+
+def _cell(table: Table, row: dict[str, Any], col: str) -> str:
+    value = row.get(col)
+    if "unit" in table.columns and col in ("value", "unit"):  # rows of quantity, value, unit (plan's step)
+        per_row = human_unit("value", row.get("unit") or "")
+        if per_row is not None and _number(row.get("value")):
+            return per_row(value) if col == "value" else ""  # '828 ms', its unit said in the value
+    human = human_unit(col, table.units.get(col))
+    return human(value) if human is not None and _number(value) else fmt(value)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _numeric(table: Table, col: str) -> bool:
     vals = [r.get(col) for r in table.rows if r.get(col) is not None]
-    return bool(vals) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
+    return bool(vals) and all(_number(v) for v in vals)

@@ -13,6 +13,7 @@ from rich.text import Text
 from distval.meta import stack_text
 from distval.results import Table
 from distval.trace.views import VIEWS as TRACE_VIEWS
+from distval.units import format_bytes, format_seconds
 
 MAX_STEP_ROWS = 30  # a longer training run shows its steps in the JSON report, not the terminal
 
@@ -55,32 +56,40 @@ def nccl_text(bench: Table, meta: dict[str, Any]) -> str:
 
 
 def strategies_view(table: Table, meta: dict[str, Any]) -> RichTable:
-    """compare's strategies in 80-odd columns (the JSON keeps every column)."""
+    """compare's strategies in 130-odd columns (the JSON keeps every column), times and bytes in
+    human units; a measured figure is followed by the plan's in parentheses."""
     t = RichTable(title=table.title, header_style="bold")
     predicted = any(r["predicted_step_time_s"] is not None for r in table.rows)
-    for col in ("strategy", "parity", "loss", "step ms", *(["plan ms"] if predicted else []), "tokens/s", "peak MiB",
-                "state MiB (plan)", "calls", "MB/step (exp.)", "wire MB", "hidden"):
+    for col in ("strategy", "parity", "loss", "step", *(["plan"] if predicted else []), "tokens/s", "peak mem",
+                "state (plan)", "calls", "comm/step (exp.)", "wire/step", "hidden"):
         t.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=col == "strategy")
-
-    def num(value: float | None, fmt: str, scale: float = 1.0) -> str:
-        return "—" if value is None else format(value * scale, fmt)
-
     for r in table.rows:
         t.add_row(
             r["strategy"],
             "bitwise" if r["bitwise_equal"] else f"{r['max_rel_param_diff']:.1e}",
             f"{r['final_loss']:.3f}",
-            num(r["step_time_p50_s"], ".1f", 1e3),
-            *([num(r["predicted_step_time_s"], ".1f", 1e3)] if predicted else []),
-            num(r["tokens_per_s"], ",.0f"),
-            num(r["peak_mem_bytes"], ",.0f", 2**-20),
-            f"{num(r['model_state_bytes'], '.2f', 2**-20)} ({num(r['predicted_model_state_bytes'], '.2f', 2**-20)})",
-            num(r["comm_calls_per_step"], "g"),
-            f"{num(r['comm_bytes_per_step'], '.3f', 1e-6)} ({num(r['expected_comm_bytes_per_step'], '.3f', 1e-6)})",
-            num(r["comm_wire_bytes_per_step"], ".3f", 1e-6),
-            num(r["comm_hidden_frac"], ".0%"),
+            format_seconds(r["step_time_p50_s"]),
+            *([format_seconds(r["predicted_step_time_s"])] if predicted else []),
+            _num(r["tokens_per_s"], ",.0f"),
+            format_bytes(r["peak_mem_bytes"]),
+            with_plan(r["model_state_bytes"], r["predicted_model_state_bytes"], format_bytes),
+            _num(r["comm_calls_per_step"], "g"),
+            with_plan(r["comm_bytes_per_step"], r["expected_comm_bytes_per_step"], format_bytes),
+            format_bytes(r["comm_wire_bytes_per_step"]),
+            _num(r["comm_hidden_frac"], ".0%"),
         )
     return t
+
+
+def with_plan(measured: float | None, planned: float | None, human: Callable[[float | None], str]) -> str:
+    """'1.75 (1.75) MiB' when both read in one unit, else '1023 KiB (1.00 MiB)'."""
+    a, b = human(measured), human(planned)
+    (num_a, _, unit_a), (num_b, _, unit_b) = a.rpartition(" "), b.rpartition(" ")
+    return f"{num_a} ({num_b}) {unit_a}" if num_a and unit_a == unit_b else f"{a} ({b})"
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
 
 
 def steps_view(table: Table, meta: dict[str, Any]) -> Any:
@@ -102,17 +111,13 @@ def scaling_view(table: Table, meta: dict[str, Any]) -> Any:
     if "planned_efficiency" not in table.columns:
         return render_table(table)
     t = RichTable(title=table.title, header_style="bold")
-    for col in ("ranks", "nodes", "tokens/s", "step ms", "plan ms", "efficiency", "planned", "busbw GB/s", "gap"):
+    for col in ("ranks", "nodes", "tokens/s", "step", "plan", "efficiency", "planned", "busbw GB/s", "gap"):
         t.add_column(col, justify="left" if col == "gap" else "right")
-
-    def num(value: float | None, fmt: str, scale: float = 1.0) -> str:
-        return "—" if value is None else format(value * scale, fmt)
-
     for r in table.rows:
         t.add_row(f"{r['world_size']}{'*' if r['oversubscribed'] else ''}", str(r["nodes"]),
-                  num(r["tokens_per_s"], ",.0f"), num(r["step_time_s"], ".1f", 1e3),
-                  num(r["planned_step_time_s"], ".1f", 1e3), num(r["efficiency"], ".2f"),
-                  num(r["planned_efficiency"], ".2f"), num(r["busbw_gbps"], ".3g"), r["gap"] or "")
+                  _num(r["tokens_per_s"], ",.0f"), format_seconds(r["step_time_s"]),
+                  format_seconds(r["planned_step_time_s"]), _num(r["efficiency"], ".2f"),
+                  _num(r["planned_efficiency"], ".2f"), _num(r["busbw_gbps"], ".3g"), r["gap"] or "")
     if any(r["oversubscribed"] for r in table.rows):
         t.caption = "* ranks outnumber the cores of their machine"
     return t

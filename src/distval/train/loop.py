@@ -32,6 +32,7 @@ from distval.ckpt.checkpointer import Checkpointer
 from distval.ckpt.state import fingerprint_fields
 from distval.comm.ops import busbw_factor
 from distval.health.monitor import FIELDS, HealthMonitor, NonFiniteStop, nonfinite_text, replica_checksums
+from distval.health.probe import param_names, unwrap
 from distval.plan import presets
 from distval.rank import RankContext
 from distval.readback import Readback, StepMarks, lag_for, to_host
@@ -195,7 +196,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
         grad_sums, checked_s = None, 0.0
         if checksum_grads:  # (a host read: every K steps)
             began = time.perf_counter()
-            grad_sums = replica_checksums((name, p.grad) for name, p in strategy.module.named_parameters()
+            grad_sums = replica_checksums((name, p.grad) for name, p in named_parameters(strategy)
                                           if p.grad is not None)
             checked_s = time.perf_counter() - began
         with phase("optimizer"):
@@ -288,10 +289,17 @@ def stop_on_nonfinite(ctx: RankContext, step: int, loss: float, grad_norm: float
 
 def first_nonfinite_grad(strategy: strategies.Strategy) -> str | None:
     """The first parameter (in the model's order) whose gradient holds a non-finite value."""
-    for name, p in strategy.module.named_parameters():
+    for name, p in named_parameters(strategy):
         if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
             return name
     return None
+
+
+def named_parameters(strategy: strategies.Strategy) -> list[tuple[str, torch.Tensor]]:
+    """The model's parameters by their keys in the user's model's state_dict: without the prefix
+    of a wrapper the strategy put around it (pytorch_ddp's `module.`; health/probe.py's rule)."""
+    names = param_names(unwrap(strategy.module))
+    return [(names.get(id(p), name), p) for name, p in strategy.module.named_parameters()]
 
 
 def replicas_due(cfg: TrainConfig, strategy: strategies.Strategy, step: int) -> bool:
@@ -304,7 +312,7 @@ def check_replicas(ctx: RankContext, strategy: strategies.Strategy, step: int, h
     """Every rank's exact per-parameter checksums (and, where the strategy keeps full gradients,
     those of the gradients as synchronised: `grad_sums`), gathered on the control group and
     compared on rank 0 (health/monitor.py)."""
-    names, sums = replica_checksums(strategy.module.named_parameters())
+    names, sums = replica_checksums(named_parameters(strategy))
     if grad_sums is not None:
         names, sums = names + [f"{n} (gradient)" for n in grad_sums[0]], torch.cat([sums, grad_sums[1]])
     everyone = torch.zeros(ctx.world_size * len(sums), dtype=torch.int64)
