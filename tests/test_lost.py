@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from distval.health.faults import throttle
-from distval.health.lost import Slowed, _Rank
+from distval.health.lost import PERSIST, WINDOW, HostCpu, Slowed, _Rank
 from distval.health.monitor import HealthConfig
 
 
@@ -22,11 +22,12 @@ def bucket(stopped: float = 0.0, queued: float = 0.08, runnable: float = 0.25, t
     return {"stopped": stopped, "throttled": throttled, "queued": queued, "runnable": runnable}
 
 
-def feed(rule: Slowed, buckets: int, shares, seed: int = 0) -> list:
-    """`shares(i, rng)`: bucket i's shares by rank; the job makes 10 steps a bucket."""
+def feed(rule: Slowed, buckets: int, shares, seed: int = 0, foreign=None) -> list:
+    """`shares(i, rng)`: bucket i's shares by rank; the job makes 10 steps a bucket; `foreign(i)`:
+    the CPUs other processes used in bucket i (None: unknown)."""
     rng, found = random.Random(seed), []
     for i in range(buckets):
-        f = rule.update(10 * i, shares(i, rng))
+        f = rule.update(10 * i + 1, shares(i, rng), foreign(i) if foreign else None)
         if f is not None:
             found.append(f)
     return found
@@ -51,7 +52,8 @@ def test_a_rank_stopped_from_outside_is_named_from_the_bucket_it_began():
     rule = Slowed(HealthConfig())
     (found,) = feed(rule, 120, shares)
     assert found.kind == "straggler" and found.ranks == [2] and found.details["decided_by"] == ["lost_time"]
-    assert 390 <= found.step <= 420 and found.details["detected_step"] <= 400 + 10 * 8, found.details
+    assert 390 <= found.step <= 420 and found.details["detected_step"] <= 401 + 10 * (WINDOW // 2 + PERSIST), \
+        found.details
     assert 0.13 < found.details["stopped_share"] < 0.21 and 1.15 < found.details["slowdown"] < 1.3
     assert f"rank 2 is a straggler slowed from outside its process since step {found.step}: stopped 1" \
         in found.summary
@@ -63,10 +65,10 @@ def test_a_rank_on_a_busy_core_is_named_but_not_a_rank_that_alone_works_on_a_bus
         out[1] = bucket(queued=0.3 if i >= 20 else 0.015, runnable=0.6 if i >= 20 else 0.3)
         return out
 
-    (found,) = feed(Slowed(HealthConfig()), 60, neighbour)
+    (found,) = feed(Slowed(HealthConfig()), 60, neighbour, foreign=lambda i: 0.6 if i >= 20 else 0.0)
     assert found.ranks == [1], found
-    assert "its threads waiting for a CPU 0.30 s a second, 50% of their runnable time against its peers' 5%" \
-        in found.summary, found.summary
+    assert "its threads waiting for a CPU 0.30 s a second, 50% of their runnable time against its peers' 5%, while " \
+        "other processes used 0.6 CPUs" in found.summary, found.summary
 
     def evaluation(i, rng):  # every 40 buckets rank 0 evaluates alone for 20 (the others blocked, not runnable)
         out = noisy(rng)
@@ -77,6 +79,61 @@ def test_a_rank_on_a_busy_core_is_named_but_not_a_rank_that_alone_works_on_a_bus
         return out
 
     assert feed(Slowed(HealthConfig()), 200, evaluation) == []
+
+
+def test_a_queue_the_job_causes_itself_names_nobody_and_the_host_is_said_once():
+    """Two ranks and the launcher on two cores, nothing else running: the scheduler lets one rank wait
+    38% of its runnable time and the other 13% for as long as the job runs (a false alarm once); no
+    other process took a CPU, so the queue is the job's own, not a straggler's."""
+    def lopsided(i, rng):
+        return {0: bucket(queued=0.13 * 1.1, runnable=1.1), 1: bucket(queued=0.38 * 1.2, runnable=1.2)}
+
+    rule = Slowed(HealthConfig())
+    assert feed(rule, 200, lopsided, foreign=lambda i: 0.03) == []
+    note = rule.host_note(2)
+    assert note.startswith("the host is oversubscribed: every rank waited for a CPU 26% of its runnable time") \
+        and "the job's ranks and their threads want more than its 2 CPUs" in note, note
+    assert Slowed(HealthConfig()).host_note(2) is None
+    quiet = Slowed(HealthConfig())
+    feed(quiet, 100, lambda i, rng: {r: bucket(queued=rng.uniform(0.01, 0.04)) for r in range(2)},
+         foreign=lambda i: 0.0)
+    assert quiet.host_note(2) is None  # 4-16% queued: not worth a line
+
+
+def test_evidence_must_last_in_seconds_and_steps_and_start_up_is_not_judged():
+    def burst(i, rng):  # stopped half the time for 5 s, once
+        out = noisy(rng)
+        if 30 <= i < 35:
+            out[1]["stopped"] = 0.5
+        return out
+
+    assert feed(Slowed(HealthConfig()), 100, burst) == []
+    rule = Slowed(HealthConfig())  # a rank stopped for 20 s, but the job made one step a second: not enough steps
+    for i in range(20):
+        assert rule.update(i + 1, {r: bucket(stopped=0.4 if r == 1 else 0.0) for r in range(3)}) is None
+    assert rule.update(0, {r: bucket(stopped=0.4 if r == 1 else 0.0) for r in range(3)}) is None
+    assert len(rule.host) == 20  # step 0 (start-up) is not judged
+    assert rule.update(40, {r: bucket(stopped=0.4 if r == 1 else 0.0) for r in range(3)}).ranks == [1]
+
+
+def test_the_foreign_cpu_is_a_busy_neighbour_s_and_not_the_job_s():
+    """A child of this process spinning is the job's own; a process outside the job's family (an
+    orphan, as another user's job is) is foreign."""
+    spin = f"{sys.executable} -c 'while True: pass'"
+    mine = subprocess.Popen(["sh", "-c", f"exec {spin}"])
+    outside = int(subprocess.run(["sh", "-c", f"{spin} >/dev/null 2>&1 & echo $!"], capture_output=True,
+                                 text=True).stdout)
+    try:
+        apart, within = HostCpu(), HostCpu()  # the same second, the outsider counted out and in
+        apart.take({mine.pid})
+        within.take({mine.pid, outside})
+        time.sleep(1.0)
+        foreign, rest = apart.take({mine.pid}), within.take({mine.pid, outside})
+    finally:
+        os.kill(outside, 9)
+        mine.kill()
+        mine.wait()
+    assert 0.4 < foreign - rest < 1.1, (foreign, rest)  # the outsider's CPU (most of a core), never the child's
 
 
 def test_a_rank_whose_cgroup_quota_throttles_it_is_named_and_a_shared_quota_names_none():

@@ -9,7 +9,7 @@ stretch with its peers' and the compute ratio of health/monitor.py cannot tell i
 launching process (the monitor's, health/hang.py's home) samples
 
   stopped  the share of samples in which the rank's process was stopped (state T: SIGSTOP, a job
-           control stop; not t, a debugger's or py-spy's trace stop), every ~10 ms, jittered so
+           control stop; not t, a debugger's or py-spy's trace stop), every ~50 ms, jittered so
            a periodic stop cannot alias with the samples
   throttled the growth of its CPU cgroup's throttled time (cpu.stat: throttled_time in v1,
            throttled_usec in v2) over the wall time: its quota spent, every thread of it held,
@@ -22,17 +22,25 @@ launching process (the monitor's, health/hang.py's home) samples
            training thread blocks in the collective, not runnable. Thread-seconds per second, so
            it can pass 1 where several threads wait at once
 
-and sums them per half second (a bucket).
+and sums them per second (a bucket). Once a bucket it also reads the host's busy CPU time
+(/proc/stat) and the job's own (every process of the job on this host: the ranks, their parents
+and children, this process and its children): the rest, the **foreign** CPU, is what other
+processes took. A rank queues for a CPU behind its peers and the launcher whenever the job's
+runnable threads outnumber the cores; that is the host's oversubscription by the job itself,
+which every rank suffers in turn, not a straggler.
 
 The rule (`Slowed`): each bucket, a rank's excess is the share of the wall time it lost beyond
-what its peers lost (stopped and throttled beyond their medians; queued beyond what their queue
-ratio would make of its runnable time, so a busy host that queues every rank alike blames none). A rank
-whose median excess over the last `WINDOW` buckets reaches 1 − 1/slow_ratio (the lost time that
-alone makes it slow_ratio× slower than its peers: 13% at the default 1.15) in `PERSIST` buckets
-in a row is a straggler, a finding in the shape of the compute rule's (kind `straggler`, the
-same report check and table); it stays one while the median stays over half the threshold.
-Only ranks on the launching process's host are sampled (the others' /proc is not here), so a
-one-rank-per-node job is not judged.
+what its peers lost: stopped and throttled beyond their medians; queued beyond what their queue
+ratio would make of its runnable time, and at most what the foreign CPU could have taken from it
+(so a queue the job's own processes cause blames no rank). Evidence must last: nothing is judged
+before the job's first step; a rank whose median excess over the last `WINDOW` buckets reaches
+1 − 1/slow_ratio (the lost time that alone makes it slow_ratio× slower than its peers: 13% at the
+default 1.15) in `PERSIST` buckets in a row, over which the job made `MIN_STEPS` steps or more,
+is a straggler, a finding in the shape of the compute rule's (kind `straggler`, the same report
+check and table); it stays one while the median stays over half the threshold. A host that
+makes every rank wait is said once, in the stragglers check (`host_note`). Only ranks on the
+launching process's host are sampled (the others' /proc is not here), so a one-rank-per-node job
+is not judged.
 """
 
 from __future__ import annotations
@@ -48,10 +56,13 @@ from typing import Any, Callable
 
 from distval.health.monitor import Finding, HealthConfig
 
-BUCKET_S = 0.5  # the unit of the rule: lost shares per half second
-WINDOW = 8  # buckets the median excess is taken over (4 s)
-PERSIST = 3  # buckets in a row the rule must hold before a rank is named
-SAMPLE_S = (0.005, 0.015)  # the state sampler's sleep between samples, uniform in this range
+BUCKET_S = 1.0  # the unit of the rule: lost shares per second
+WINDOW = 9  # buckets the median excess is taken over (9 s): a burst under 6 s never holds it for PERSIST
+PERSIST = 6  # buckets in a row the rule must hold before a rank is named (6 s) ...
+MIN_STEPS = 20  # ... over which the job made at least this many steps (where steps are known)
+SAMPLE_S = (0.03, 0.07)  # the state sampler's sleep between samples, uniform in this range (~20 a second)
+STARTUP_S = 30.0  # where the job's steps are unknown, judging begins this long after the first bucket
+HOST_QUEUE = 0.2  # every rank queued this share of its runnable time: the host is oversubscribed (said once)
 
 
 def read_state(fd: int) -> str:
@@ -139,46 +150,55 @@ class _Rank:
 
 
 class Slowed:
-    """The rule over the buckets: `update` with each bucket's shares by rank and the job's step.
+    """The rule over the buckets: `update` with each bucket's shares by rank, the job's step and
+    the foreign CPU of the bucket (cores other processes used; None: unknown, no bound).
 
-    A rank's excess in a bucket: its stopped share less its peers' median, plus its queued share
-    less what its peers' queue ratio (queued over runnable time) would have made of its runnable
-    time. A host that every rank contends for gives every runnable rank about the same ratio
-    (the scheduler is fair), so a rank that alone runs (an evaluation on rank 0 while the others
-    wait) is not blamed for the queue a busy host gives it; a rank on a core another process
-    holds, or under a CPU quota, queues far longer than its peers for the same work. A peer not
-    runnable for `MIN_RUNNABLE` of a bucket has no ratio of its own there: each peer's is the
-    median of its last `window` known ratios (`HISTORY` buckets back at most)."""
+    A rank's excess in a bucket: its stopped share less its peers' median, plus the larger of its
+    throttled share less its peers' median and its queued share less what its peers' queue ratio
+    (queued over runnable time) would have made of its runnable time, the latter at most what
+    the foreign CPU could have held from its runnable threads. A host that every rank contends
+    for gives every runnable rank about the same ratio (the scheduler is fair), so a rank that
+    alone runs (an evaluation on rank 0 while the others wait) is not blamed for the queue a busy
+    host gives it; a rank on a core another process holds, or under a CPU quota, queues far longer
+    than its peers for the same work. A peer not runnable for `MIN_RUNNABLE` of a bucket has no
+    ratio of its own there: each peer's is the median of its last `window` known ratios
+    (`HISTORY` buckets back at most)."""
 
     MIN_RUNNABLE = 0.05
     HISTORY = 60
 
-    def __init__(self, cfg: HealthConfig, window: int = WINDOW, persist: int = PERSIST):
+    def __init__(self, cfg: HealthConfig, window: int = WINDOW, persist: int = PERSIST, min_steps: int = MIN_STEPS):
         self.threshold = 1 - 1 / cfg.slow_ratio
-        self.window, self.persist = window, persist
+        self.window, self.persist, self.min_steps = window, persist, min_steps
         self.buckets: collections.deque[tuple[int | None, dict[int, dict[str, float]]]] = collections.deque(
             maxlen=window)
         self.excess: dict[int, collections.deque[tuple[int | None, float]]] = collections.defaultdict(
             lambda: collections.deque(maxlen=6 * window))  # enough before a finding to find its onset
         self.ratios: dict[int, collections.deque[float | None]] = collections.defaultdict(
             lambda: collections.deque(maxlen=self.HISTORY))
-        self.streak: dict[int, int] = {}
+        self.streak: dict[int, list] = {}  # rank -> [buckets in a row over the threshold, the step it began]
         self.current: dict[int, Finding] = {}
         self.findings: list[Finding] = []
+        self.host: list[tuple[float, float | None]] = []  # per judged bucket: the ranks' median queue ratio, foreign
 
-    def update(self, step: int | None, shares: dict[int, dict[str, float]]) -> Finding | None:
-        if len(shares) < 2:
+    def update(self, step: int | None, shares: dict[int, dict[str, float]],
+               foreign: float | None = None) -> Finding | None:
+        if len(shares) < 2 or step == 0:  # one rank has no peers; before the first step is start-up
             return None
         for r, mine in shares.items():
             self.ratios[r].append(mine["queued"] / mine["runnable"] if mine["runnable"] >= self.MIN_RUNNABLE
                                   else None)
         bases = {r: self._peers_ratio(r, shares) for r in shares}
+        known = [q for r in shares if (q := self.ratios[r][-1]) is not None]
+        self.host.append((statistics.median(known) if known else 0.0, foreign))
         for r, mine in shares.items():
-            mine["peers_ratio"] = bases[r]
+            mine["peers_ratio"], mine["foreign"] = bases[r], foreign
             stopped, throttled = (mine[key] - statistics.median(v[key] for k, v in shares.items() if k != r)
                                   for key in ("stopped", "throttled"))
             queued = mine["queued"] - (bases[r] if bases[r] is not None else mine["queued"] / max(
                 mine["runnable"], 1e-9)) * mine["runnable"]
+            if foreign is not None:  # the job's own processes queue each other: only others' CPU is "outside"
+                queued = min(queued, foreign * max(mine["runnable"], 1.0))
             self.excess[r].append((step, stopped + max(throttled, queued)))  # a throttled thread is queued too
         self.buckets.append((step, shares))
         if len(self.buckets) < self.window // 2:
@@ -187,12 +207,15 @@ class Slowed:
         for r in shares:
             score = statistics.median(x for _, x in list(self.excess[r])[-self.window:])
             if score < (self.threshold / 2 if r in self.current else self.threshold):
-                self.streak[r] = 0
+                self.streak.pop(r, None)
                 if r in self.current:
                     self.current.pop(r).details["until_step"] = step
                 continue
-            self.streak[r] = self.streak.get(r, 0) + 1
-            if self.streak[r] < self.persist and r not in self.current:
+            streak = self.streak.setdefault(r, [0, step])
+            streak[0] += 1
+            lasted = streak[0] >= self.persist and (step is None or streak[1] is None
+                                                    or step - streak[1] >= self.min_steps)
+            if not lasted and r not in self.current:
                 continue
             found = self._finding(r, step, score)
             if r not in self.current:
@@ -200,6 +223,21 @@ class Slowed:
                 self.findings.append(found)
                 new = new or found
         return new
+
+    def host_note(self, cores: int) -> str | None:
+        """One line when every rank waited for a CPU (`HOST_QUEUE` of its runnable time or more, as
+        the median over the judged buckets): the host, not a rank; None otherwise."""
+        if len(self.host) < self.window:
+            return None
+        queue = statistics.median(q for q, _ in self.host)
+        if queue < HOST_QUEUE:
+            return None
+        foreign = [f for _, f in self.host if f is not None]
+        others = statistics.median(foreign) if foreign else None
+        cause = (f"other processes used {others:.1f} of its {cores} CPUs" if others is not None and others >= 0.25
+                 else f"the job's ranks and their threads want more than its {cores} CPUs")
+        return (f"the host is oversubscribed: every rank waited for a CPU {queue:.0%} of its runnable time (median "
+                f"over {len(self.host) * BUCKET_S:.0f} s); {cause}. Not one rank: no straggler")
 
     def _peers_ratio(self, r: int, shares: dict[int, dict[str, float]]) -> float | None:
         """The median over the peers of each one's queue ratio (the median of its last `window`
@@ -216,7 +254,9 @@ class Slowed:
         stopped, throttled, queued, runnable = (statistics.median(v[key] for v in mine)
                                                 for key in ("stopped", "throttled", "queued", "runnable"))
         peers = [v["peers_ratio"] for v in mine if v["peers_ratio"] is not None]
+        foreign = [v["foreign"] for v in mine if v["foreign"] is not None]
         ratio, peers_ratio = queued / max(runnable, 1e-9), statistics.median(peers) if peers else 0.0
+        others = statistics.median(foreign) if foreign else None
         held = sum(stopped_or_throttled - statistics.median(statistics.median(v[key] for k, v in b.items() if k != r)
                                                             for _, b in self.buckets if r in b)
                    for key, stopped_or_throttled in (("stopped", stopped), ("throttled", throttled)))
@@ -230,7 +270,8 @@ class Slowed:
             "throttled by its cgroup's CPU quota", throttled)) if share >= 0.01]
         if queued >= 0.01 and ratio - peers_ratio >= 0.05:  # a queue its peers have too is not a cause
             causes.append(f"its threads waiting for a CPU {queued:.2f} s a second, {ratio:.0%} of their runnable time "
-                          f"against its peers' {peers_ratio:.0%}")
+                          f"against its peers' {peers_ratio:.0%}"
+                          + (f", while other processes used {others:.1f} CPUs" if others is not None else ""))
         text = (f"rank {r} is a straggler slowed from outside its process since step {since}: "
                 f"{'; '.join(causes) or 'it lost time in bursts'}; {slowdown:.2f}x slower than its peers, who wait "
                 f"for it")
@@ -238,8 +279,9 @@ class Slowed:
                    "excess_share": round(excess, 3), "stopped_share": round(stopped, 3),
                    "throttled_share": round(throttled, 3),
                    "queued_share": round(queued, 3), "queue_ratio": round(ratio, 3),
-                   "peers_queue_ratio": round(peers_ratio, 3), "window_s": len(mine) * BUCKET_S,
-                   "decided_by": ["lost_time"]}
+                   "peers_queue_ratio": round(peers_ratio, 3),
+                   "foreign_cpus": round(others, 3) if others is not None else None,
+                   "window_s": len(mine) * BUCKET_S, "decided_by": ["lost_time"]}
         if r in self.current:  # still one: the figures follow the window
             found = self.current[r]
             found.summary, found.details = text, {**found.details, **details}
@@ -261,6 +303,74 @@ class Slowed:
         return next((s for s, _ in series[split:] if s is not None), None)
 
 
+class HostCpu:
+    """The CPU other processes took on this host, per bucket: the host's busy time (/proc/stat)
+    less the job's (`_family`, found again every `RESCAN` buckets), in CPUs; None where /proc/stat is not
+    readable."""
+
+    RESCAN = 10
+
+    def __init__(self) -> None:
+        self.tick_s = 1 / os.sysconf("SC_CLK_TCK")
+        self.job: set[int] = set()
+        self.cpu: dict[int, int] = {}  # pid -> its utime + stime at the last bucket, in ticks
+        self.busy0, self.t0, self.scans = _host_busy(), time.monotonic(), 0
+
+    def take(self, pids: set[int]) -> float | None:
+        if self.scans % self.RESCAN == 0 or not pids <= self.job:
+            self.job = _family(pids)
+        self.scans += 1
+        busy, now = _host_busy(), time.monotonic()
+        cpu = {pid: t for pid in self.job if (t := _cpu_ticks(pid)) is not None}
+        job = sum(t - self.cpu.get(pid, 0) for pid, t in cpu.items())  # a new process: all of its time is new
+        foreign = None
+        if busy is not None and self.busy0 is not None and now > self.t0:
+            foreign = max((busy - self.busy0 - job) * self.tick_s, 0.0) / (now - self.t0)
+        self.cpu, self.busy0, self.t0 = cpu, busy, now
+        return foreign
+
+
+def _host_busy() -> int | None:
+    """The host's busy CPU time in ticks: user, nice, system, irq, softirq (not idle, iowait, steal)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return sum(int(fields[i]) for i in (1, 2, 3, 6, 7))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """A process's CPU time (utime + stime, every thread), in ticks; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _family(pids: set[int]) -> set[int]:
+    """The job on this host: the ranks' `pids`, their parents (an agent, a launcher) and every
+    descendant of them or of this process (data loader workers, a fork server), from one scan of
+    /proc."""
+    parent: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    parent[int(name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    family = set(pids) | {parent[p] for p in pids if parent.get(p, 1) > 1} | {os.getpid()}
+    grew = True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in family and p not in family}
+        family |= more
+        grew = bool(more)
+    return family
+
+
 class LostTime:
     """A launch Watcher (launch/monitor.py): samples the ranks on this host, feeds `Slowed` once a
     bucket, calls `on_finding` with each new finding. `step`: the job's current step from the
@@ -275,6 +385,8 @@ class LostTime:
         self.on_finding = on_finding or (lambda f: None)
         self.here = socket.gethostname()
         self.ranks: dict[int, _Rank] = {}
+        self.host_cpu: HostCpu | None = None
+        self.first_bucket: float | None = None
         self.lock = threading.Lock()
         self.next_bucket = time.monotonic() + BUCKET_S
         self._stop = threading.Event()
@@ -283,6 +395,10 @@ class LostTime:
     @property
     def findings(self) -> list[Finding]:
         return self.rule.findings
+
+    def host_note(self) -> str | None:
+        """What the host did to every rank, if it matters (`Slowed.host_note`)."""
+        return self.rule.host_note(len(os.sched_getaffinity(0)))
 
     def tick(self, reader: Any) -> None:
         if self._thread.ident is None and not self._stop.is_set():
@@ -294,7 +410,15 @@ class LostTime:
         self._follow(reader.all(self.world_size, "heartbeat"))
         with self.lock:
             shares = {r: s for r, proc in self.ranks.items() if (s := proc.take()) is not None}
-        found = self.rule.update(self.step(reader), shares)
+            pids = {proc.pid for proc in self.ranks.values()}
+        if not pids:
+            return
+        self.host_cpu = self.host_cpu or HostCpu()
+        self.first_bucket = self.first_bucket or now
+        step, foreign = self.step(reader), self.host_cpu.take(pids)
+        if step is None and not self.rule.buckets and now - self.first_bucket < STARTUP_S:
+            return  # no step yet: start-up (imports, rendezvous, the first compile) is not judged
+        found = self.rule.update(step, shares, foreign)
         if found is not None:
             self.on_finding(found)
 

@@ -14,8 +14,9 @@ new `Finding` per step (a live line on the terminal) and keeps its findings for 
                `slow_ratio` (a one-off hiccup moves a median by nothing) and its excess compute
                costs the job at least `min_loss` of the step time (a 20% slower compute that is
                2% of a communication-bound step is noise, not a straggler), and has done so for
-               `window` steps in a row (on a shared host one rank can be descheduled for streaks
-               of ten steps; those are not stragglers). Reported: the rank, its
+               `window` steps and `PERSIST_S` seconds in a row (on a shared host one rank can be
+               descheduled for streaks of ten steps, or of a second of 5 ms steps; those are not
+               stragglers); the first `WARMUP_STEPS` are not judged. Reported: the rank, its
                slowdown (×), since which step, the share of each step the others wait for it, and
                the throughput lost (tokens/s now against the step with the straggler at the median)
   numerics     the first non-finite local loss (the rank(s) named) or, with every loss finite, the
@@ -47,6 +48,8 @@ from distval.health import ranks_text
 from distval.health.config import HealthConfig
 
 MIB = 1 << 20
+WARMUP_STEPS = 10  # steps not judged by the straggler rule: allocation, warm caches, the first collectives
+PERSIST_S = 8.0  # a straggler's window must have met the rule this long (and `window` steps) in a row
 RANK_WINDOW = 1000  # steps of each rank's compute and waiting kept for the per-rank table
 STRAGGLER_HINT = ("the straggler's host: thermal throttling, another process on its cores (top, taskset), a CPU quota "
                   "(its cgroup's cpu.max or cpu.cfs_quota_us), a slower device or link, its data loader; its compute "
@@ -69,46 +72,50 @@ class Finding:
 
 
 class Stragglers:
+    """Each step's figures per rank are taken once, as the step arrives (its compute over its
+    peers' median, its excess compute, the peers' wait; the slowest's step time), so a rule over a
+    window costs a few medians per step, not a pass over the window's rows."""
+
     def __init__(self, cfg: HealthConfig):
         self.cfg = cfg
-        self.rows: collections.deque[tuple[int, list[dict[str, float]]]] = collections.deque(maxlen=cfg.window)
-        self.history: collections.deque[tuple[int, list[dict[str, float]]]] = collections.deque(maxlen=3 * cfg.window)
+        self.seen = 0  # steps fed, the warm-up's included
+        self.steps: collections.deque[tuple[int, float, list[tuple[float, float, float]]]] = collections.deque(
+            maxlen=3 * cfg.window)  # (step, slowest step_s, per rank (ratio, excess, peers' wait share))
         self.current: dict[int, Finding] = {}  # rank -> its finding while it is a straggler
-        self.streak: dict[int, int] = {}  # rank -> consecutive steps its window has met the rule
+        self.streak: dict[int, list[float]] = {}  # rank -> [steps in a row its window met the rule, their seconds]
         self.findings: list[Finding] = []
 
     def update(self, step: int, ranks: list[dict[str, float]], tokens: float | None) -> Finding | None:
         """`tokens`: the job's tokens per step (None for a script: rates in steps/s)."""
-        if len(ranks) < 2:
+        self.seen += 1
+        if len(ranks) < 2 or self.seen <= WARMUP_STEPS:  # the first steps (allocation, warm caches) are not judged
             return None
-        self.rows.append((step, ranks))
-        self.history.append((step, ranks))
-        if len(self.rows) < self.cfg.window // 2:
+        self.steps.append((step, max(x["step_s"] for x in ranks), [_figures(ranks, r) for r in range(len(ranks))]))
+        window = list(self.steps)[-self.cfg.window:]
+        if len(window) < self.cfg.window // 2:
             return None
+        step_s = statistics.median(s for _, s, _ in window)  # the slowest's
         new = None
         for r in range(len(ranks)):
-            ratios = [_ratio(rows, r) for _, rows in self.rows]
-            slowdown = statistics.median(ratios)
-            step_s = statistics.median(max(x["step_s"] for x in rows) for _, rows in self.rows)  # the slowest's
-            excess = statistics.median(rows[r]["compute_s"] - statistics.median(
-                x["compute_s"] for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
+            slowdown, excess = (statistics.median(figs[r][i] for _, _, figs in window) for i in (0, 1))
             if slowdown < self.cfg.slow_ratio or excess < self.cfg.min_loss * step_s:
-                self.streak[r] = 0
+                self.streak.pop(r, None)
                 if r in self.current:
                     self.current.pop(r).details["until_step"] = step
                 continue
-            self.streak[r] = self.streak.get(r, 0) + 1
-            if self.streak[r] < self.cfg.window and r not in self.current:
-                continue  # not yet persistent: a streak of a busy host's scheduling is not a straggler
+            streak = self.streak.setdefault(r, [0, 0.0])
+            streak[0], streak[1] = streak[0] + 1, streak[1] + window[-1][1]
+            if (streak[0] < self.cfg.window or streak[1] < PERSIST_S) and r not in self.current:
+                continue  # not yet lasting: a streak of a busy host's scheduling is not a straggler
             since = self.current[r].step if r in self.current else self._onset(r)
-            waiting = statistics.median(statistics.mean(x["blocked_s"] / max(x["step_s"], 1e-9)
-                                                        for k, x in enumerate(rows) if k != r) for _, rows in self.rows)
+            waiting = statistics.median(figs[r][2] for _, _, figs in window)
             work, unit = (tokens, "tokens/s") if tokens is not None else (1.0, "steps/s")  # a script: no tokens
             now, fixed = work / step_s, work / max(step_s - max(excess, 0.0), 1e-9)
             rate = "tokens_per_s" if tokens is not None else "steps_per_s"
             details = {"slowdown": round(slowdown, 3), "since_step": since, "others_waiting_share": round(waiting, 3),
                        rate: round(now, 2), f"{rate}_at_median": round(fixed, 2),
-                       "throughput_lost": round(1 - now / fixed, 3), "window": len(self.rows)}
+                       "throughput_lost": round(1 - now / fixed, 3), "window": len(window),
+                       "held_s": round(streak[1], 1)}
             text = (f"rank {r} is a straggler: {slowdown:.2f}x the compute time of its peers since step {since}; "
                     f"the others wait {waiting:.0%} of each step for it; {_rate(now)} {unit} instead of "
                     f"{_rate(fixed)} ({1 - now / fixed:.0%} lost)")
@@ -126,32 +133,37 @@ class Stragglers:
     def scores(self) -> dict[int, float]:
         """Each rank's compute over its peers' median, as the window's median (what the rule compares
         with `slow_ratio`)."""
-        if not self.rows or len(self.rows[-1][1]) < 2:
+        window = list(self.steps)[-self.cfg.window:]
+        if not window:
             return {}
-        return {r: statistics.median(_ratio(rows, r) for _, rows in self.rows) for r in range(len(self.rows[-1][1]))}
+        return {r: statistics.median(figs[r][0] for _, _, figs in window) for r in range(len(window[-1][2]))}
 
     def _onset(self, r: int) -> int:
         """The step rank r's slowness began: the change point of its compute ratio over the history
         (three windows, so it reaches back past the streak's start), the split whose two sides sit
         closest to their own medians. Unlike counting steps over the threshold, a stretch of a busy
         host's scheduling (ratios a little over it) sides with the healthy level, not the slow one."""
-        ratios = [_ratio(rows, r) for _, rows in self.history]
+        ratios = [figs[r][0] for _, _, figs in self.steps]
 
         def spread(xs: list[float]) -> float:
             mid = statistics.median(xs)
             return sum(abs(x - mid) for x in xs)
 
         split = min(range(1, len(ratios)), key=lambda i: (spread(ratios[:i]) + spread(ratios[i:]), i))
-        return self.history[split][0]
+        return self.steps[split][0]
+
+
+def _figures(rows: list[dict[str, float]], r: int) -> tuple[float, float, float]:
+    """Rank r in one step: its compute over its peers' median, its compute beyond that median (s),
+    and the mean share of the step its peers waited in collectives."""
+    peers = [x for k, x in enumerate(rows) if k != r]
+    median = statistics.median(x["compute_s"] for x in peers)
+    return (rows[r]["compute_s"] / max(median, 1e-9), rows[r]["compute_s"] - median,
+            statistics.mean(x["blocked_s"] / max(x["step_s"], 1e-9) for x in peers))
 
 
 def _rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.2f}"
-
-
-def _ratio(rows: list[dict[str, float]], r: int) -> float:
-    peers = statistics.median(x["compute_s"] for k, x in enumerate(rows) if k != r)
-    return rows[r]["compute_s"] / max(peers, 1e-9)
 
 
 class NonFiniteStop(RuntimeError):

@@ -27,10 +27,12 @@ CHECKS = {  # check: (finding kinds, what OK says, hint)
 
 def add_health(report: Report, findings: list[dict[str, Any]], rank_rows: list[dict[str, Any]], cfg: HealthConfig,
                replicas: str, numerics: str = "every loss and gradient norm finite; no gradient-norm spike",
-               skips: dict[str, str] | None = None) -> None:
+               skips: dict[str, str] | None = None, host: str | None = None) -> None:
     """`findings`: Finding.to_dict()s; `replicas`: what the replica check says when it found
     nothing (its SKIP reason starts with "SKIP: "); `numerics`: what an OK numerics check says;
-    `skips`: a detector that could not judge (too few steps, clocks of several hosts) -> why."""
+    `skips`: a detector that could not judge (too few steps, clocks of several hosts) -> why;
+    `host`: what the host did to every rank (health/lost.py `host_note`), said in the stragglers
+    check."""
     table = Table("health", HEALTH_COLUMNS, title="training health: stragglers, numerics, replicas, memory")
     for f in findings:
         table.add(**{c: f[c] for c in HEALTH_COLUMNS})
@@ -49,6 +51,8 @@ def add_health(report: Report, findings: list[dict[str, Any]], rank_rows: list[d
         if not mine:
             status, text = (Status.SKIP, skips[name]) if name in skips else \
                 (Status.OK, ok.format(ratio=cfg.slow_ratio, window=cfg.window, numerics=numerics))
+            if name == "stragglers" and host:
+                text = f"{text}; {host}"
             report.add(Check(f"health {name}", status, text))
     bad = [f for f in findings if f["kind"] == "replicas"]
     if bad:

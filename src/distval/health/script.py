@@ -151,9 +151,9 @@ class ScriptMonitor:
             self._read(self._reader)
         self._nonfinite(final=True)
 
-    def report(self, report: Report, outside: list[Finding] = ()) -> None:
+    def report(self, report: Report, outside: list[Finding] = (), host: str | None = None) -> None:
         """The health checks and tables (health/report.py); `outside`: the lost-time rule's
-        findings (health/lost.py), which need no aligned steps."""
+        findings (health/lost.py), which need no aligned steps; `host`: its host note."""
         findings = [f.to_dict() for f in sorted([*self.health.findings(), *outside], key=lambda f: f.step)]
         skips = {}
         if len(self.hosts) > 1:
@@ -171,7 +171,7 @@ class ScriptMonitor:
         numerics = f"every gradient and parameter finite at every check, every {every} optimizer step(s) up to step " \
                    f"{checked}"
         add_health(report, findings, self.health.rank_rows(), self.cfg, self._replicas_text(), numerics=numerics,
-                   skips=skips)
+                   skips=skips, host=host)
 
     def _replicas_text(self) -> str:
         every = max((p["replicas_every"] for p in self.probes.values()), default=0)

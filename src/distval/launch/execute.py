@@ -127,7 +127,7 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
             os.environ.pop(key, None)
     report.add(Check("launch script", Status.OK, f"{script} ended on all {ranks} ranks in "
                      f"{time.monotonic() - started:.1f} s, no hang"))
-    monitor.report(report, lost.findings)
+    monitor.report(report, lost.findings, lost.host_note())
     if pauses:
         report.add(pause_check("launch", pauses))
     if traced:

@@ -1,5 +1,7 @@
-"""The one watchdog loop outside the ranks: every `interval_s` it reads the rank channel and runs
-its rules. In local mode it runs in distval's launching process (the agent's), where it also
+"""The one watchdog loop outside the ranks: every `interval_s` (0.1 s) it runs its rules, each of
+which reads the rank channel at its own pace (the hang watchdog and the script's monitor every
+0.25-0.5 s, the lost-time rule every second), and reads the ranks' no-restart notes twice a
+second. In local mode it runs in distval's launching process (the agent's), where it also
 enforces `--deadline` and stops the agent when a worker notes that a restart cannot help; under
 torchrun/Slurm it runs in rank 0's process for the live views. The rules are `Watcher`s: the hang
 watchdog (health/hang.py), a script's straggler rule (health/steps.py), the lost-time rule
@@ -25,8 +27,9 @@ class Watcher(Protocol):
 
 class Monitor:
     def __init__(self, reader: ChannelReader, world_size: int, watchers: list[Watcher] | tuple = (),
-                 interval_s: float = 0.05):
-        self.reader, self.world_size, self.interval_s = reader, world_size, interval_s
+                 interval_s: float = 0.1, notes_every_s: float = 0.5):
+        self.reader, self.world_size = reader, world_size
+        self.interval_s, self.notes_every_s = interval_s, notes_every_s
         self.watchers = list(watchers)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -59,11 +62,14 @@ class Monitor:
             w.close()
 
     def _run(self) -> None:
+        notes_read = 0.0
         while not self._stop.wait(self.interval_s):
-            if self._deadline and not self.deadline_expired and time.monotonic() - self._started >= self._deadline[0]:
+            now = time.monotonic()
+            if self._deadline and not self.deadline_expired and now - self._started >= self._deadline[0]:
                 self.deadline_expired = True
                 self._deadline[1]()
-            if self._on_note and self.note is None:
+            if self._on_note and self.note is None and now - notes_read >= self.notes_every_s:
+                notes_read = now  # a round trip to the store per read: twice a second is soon enough
                 self.note = self.reader.no_restart_note(self.world_size)
                 if self.note is not None:
                     self._on_note(self.note)

@@ -56,7 +56,7 @@ def run_train(cfg: TrainConfig, opts: LaunchOptions, watchers: list[Watcher] | t
 
     def build(job: JobResult) -> Report:
         r0 = job.results[0]
-        r0 = {**r0, "health": r0.get("health", []) + [f.to_dict() for f in lost.findings]}
+        r0 = {**r0, "health": r0.get("health", []) + [f.to_dict() for f in lost.findings], "host": lost.host_note()}
         checksums = {r["checksum"] for r in job.results}
         report = Report(
             "train", meta=meta.collect(job, cfg, param_checksum=r0["checksum"], num_params=r0["num_params"])
@@ -93,7 +93,8 @@ def add_health(report: Report, result: dict[str, Any], cfg: TrainConfig) -> None
     else:
         replicas = (f"every rank's parameters bitwise equal at {checks['replicas']} check(s), every "
                     f"{cfg.health.every} steps")
-    report_health(report, result.get("health", []), result.get("health_ranks", []), cfg.health, replicas)
+    report_health(report, result.get("health", []), result.get("health_ranks", []), cfg.health, replicas,
+                  host=result.get("host"))
 
 
 def add_trace(report: Report, cfg: TrainConfig, steps: list[dict[str, Any]],
