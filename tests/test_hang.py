@@ -564,7 +564,7 @@ def launch_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int
     # script's line in the verdict: "mismatch"; a spinning rank, a pause: the train jobs above
     cases = {"mismatch": ("3", "3000", "mismatch"),
              "skip": ("2", "200", "skip"), "kill": ("2", "3000", "kill"), "reshape": ("3", "3000", "reshape"),
-             "module": ("2",), "slow": ("2", "150", "slow")}
+             "module": ("2",), "slow": ("2", "300", "slow")}
     return _side_by_side(lambda n: _launch(tmp_path, n, *cases[n]), list(cases))
 
 

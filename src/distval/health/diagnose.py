@@ -8,11 +8,16 @@ exited. In order:
   1. a rank with an error of its own (not a timeout, closed connection or PeerFailed: those are
      what the others get when a peer fails); the earliest;
   2. a rank that left no state at all while its peers saw their connections close or the agent
-     saw a signal (killed: SIGKILL, the OOM killer, a dead host), before one that only got the
-     agent's SIGTERM as the job was torn down;
+     saw a signal or an exit code of its own (killed: SIGKILL, the OOM killer, a dead host; or
+     os._exit, a crash in native code), before one that only got the agent's SIGTERM as the job
+     was torn down;
   3. the rank that issued fewer collectives than the others (it stopped while they waited for it
      in the next one);
   4. at a deadline, where every rank was.
+A launched script's rank (launch/shim.py) named by 1 or 2 that had not finished its first optimizer
+step died during start-up (a bad path, an import, a rank-dependent raise): the verdict is the first
+line of its exception, or its exit code or signal, with every rank that died the same way
+(`every rank` when all did): `rank 1 died during start-up: FileNotFoundError: ...`.
 """
 
 from __future__ import annotations
@@ -23,6 +28,14 @@ from typing import Any
 
 from distval.health import fingerprints, ranks_text
 from distval.results import CannotRun, Status
+
+STARTUP_HINT = ("the script failed before its first optimizer step, so a restart would fail the same way (none is "
+                "made): its traceback is in that rank's output above ([rankN]: lines) and in "
+                "details.startup.traceback; fix what it names (a path, an import, an argument) and rerun")
+STARTUP_EXIT_HINT = ("the process ended before its first optimizer step without a Python exception (os._exit, "
+                     "a crash in native code, the OOM killer: see `dmesg`); its last output lines are in that rank's "
+                     "output above")
+TEARDOWN_EXITS = (-signal.SIGTERM, 128 + signal.SIGTERM)  # the agent's SIGTERM, with and without a rank's handler
 
 _SIZE_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
 MISMATCH_HINT = ("the ranks issued different collectives at the same point: a rank-dependent branch (a metric "
@@ -35,12 +48,13 @@ class WorkerFailure(CannotRun):
     about the ranks' own work (a collective mismatch: `status` FAIL, exit 1)."""
 
     def __init__(self, rank: int | None, message: str, last_status: str = "", details: dict | None = None,
-                 hint: str = "", status: Status = Status.ERROR):
+                 hint: str = "", status: Status = Status.ERROR, verdict: str = ""):
+        """`verdict`: the whole sentence, where it is not "rank R failed: MESSAGE (last status: ...)"."""
         self.rank, self.message, self.last_status, self.hint, self.status = rank, message, last_status, hint, status
         self.details = details or {}
         who = f"rank {rank}" if rank is not None else "a worker"
         where = f" (last status: {last_status})" if last_status else ""
-        super().__init__(f"{who} failed: {message}{where}")
+        super().__init__(verdict or f"{who} failed: {message}{where}")
 
 
 _SECONDARY = ("timed out", "timeout", "connection closed", "pair closure", "connection reset", "broken pipe",
@@ -74,20 +88,32 @@ def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[
     own = sorted((states[r]["time"], r) for r, e in errors.items() if not secondary(e))
     if own:
         r = own[0][1]
-        return WorkerFailure(r, errors[r], states[r]["status"], details)
+        causes = {k: first_line(errors[k]) for _, k in own}
+        return (startup_death(r, causes, states, statuses, beats, status, details, STARTUP_HINT)
+                or WorkerFailure(r, errors[r], states[r]["status"], details))
     signalled = {r: -code for r, code in exitcodes.items() if code is not None and code < 0}
+    exited = {r: code for r, code in exitcodes.items() if code is not None and code > 0 and code not in TEARDOWN_EXITS}
     vanished = [r for r in ranks if states[r] is None]
-    if vanished and (signalled or any(any(c in e.lower() for c in _CLOSED) for e in errors.values())):
-        # a rank killed by a signal of its own, before one the agent's teardown sent (SIGTERM)
-        r = min(vanished, key=lambda k: (k not in signalled, signalled.get(k) == signal.SIGTERM, k))
-        if r in signalled:
+    if vanished and (signalled or exited or any(any(c in e.lower() for c in _CLOSED) for e in errors.values())):
+        # a rank killed by a signal, or ended by an exit code, of its own, before one the agent's
+        # teardown sent (SIGTERM)
+        r = min(vanished, key=lambda k: (k not in signalled and k not in exited, signalled.get(k) == signal.SIGTERM,
+                                         k))
+        deaths = {k: f"killed by {signal_name(signalled[k])}" for k in vanished
+                  if k in signalled and signalled[k] != signal.SIGTERM}
+        deaths.update({k: f"exited with code {exited[k]} without an exception" for k in vanished if k in exited})
+        if r in deaths:
+            how = deaths[r]
+        elif r in signalled:
             how = f"killed by {signal_name(signalled[r])}"
         elif exitcodes and r not in exitcodes:  # the launcher saw the others fail, and this one end well
             # its last heartbeat came as it ended, so its count is exact (a killed rank's is not)
             how = "ended (exit 0) while the others still waited for it in a collective" + fewer_collectives(r, beats)
         else:
             how = "died without a word (its peers' connections to it closed)"
-        return WorkerFailure(r, how, status[r], details)
+        found = startup_death(r, deaths, states, statuses, beats, status, details, STARTUP_EXIT_HINT) if r in deaths \
+            else None
+        return found or WorkerFailure(r, how, status[r], details)
     issued = {r: st["issued"] for r, st in states.items() if st}
     if issued and len(set(issued.values())) > 1:
         r = min(issued, key=lambda k: (issued[k], k))
@@ -104,6 +130,40 @@ def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[
         return WorkerFailure(r, errors[r], states[r]["status"], details)
     r = next(iter(exitcodes), None)
     return WorkerFailure(r, f"exited with code {exitcodes.get(r)}", status.get(r, ""), details)
+
+
+def startup_death(culprit: int, causes: dict[int, str], states: dict[int, dict[str, Any] | None],
+                  statuses: dict[int, dict[str, Any] | None], beats: dict[int, dict[str, Any] | None],
+                  status: dict[int, str], details: dict[str, Any], hint: str) -> WorkerFailure | None:
+    """`culprit` died during start-up of `causes[culprit]`: named with every rank that died of the
+    same cause then. `causes`: {rank: what ended it} for the ranks that died of their own. None
+    where the culprit had got past start-up (or is not a launched script's rank)."""
+    if not in_startup(culprit, states, statuses, beats):
+        return None
+    cause = causes[culprit]
+    same = sorted(r for r, c in causes.items() if c == cause and in_startup(r, states, statuses, beats))
+    who = "every rank" if len(same) == len(states) > 1 else ranks_text(same)
+    details["startup"] = {"ranks": same, "cause": cause, "traceback": (states.get(culprit) or {}).get("traceback", "")}
+    return WorkerFailure(culprit if len(same) == 1 else None, cause, status[culprit], details, hint,
+                         verdict=f"{who} died during start-up: {cause}")
+
+
+def in_startup(rank: int, states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[str, Any] | None],
+               beats: dict[int, dict[str, Any] | None]) -> bool:
+    """Whether a launched script's rank had not finished its first optimizer step: its last words
+    say (`script_step`), else its status says it runs a script (launch/shim.py) and neither that
+    status (`stepped`, written at the first step) nor its last heartbeat counted a step.
+    distval's own workers say neither: never."""
+    state, said = states.get(rank) or {}, statuses.get(rank) or {}
+    if "script_step" in state:
+        return state["script_step"] == 0
+    return bool(said.get("script")) and not said.get("stepped") and not (beats.get(rank) or {}).get("step")
+
+
+def first_line(error: str, limit: int = 300) -> str:
+    """An error as one line: its type and the first line of its message (torch's run to pages)."""
+    line = next((x.strip() for x in error.splitlines() if x.strip()), error.strip())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def backend_mismatch(states: dict[int, dict[str, Any] | None], exitcodes: dict[int, int],

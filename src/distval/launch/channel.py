@@ -7,11 +7,15 @@ on the network; `flush=True` writes at once (a rank that is about to die). Monit
 
 Kinds (the payload is a JSON object, with "time" added):
   status   what the rank is about to do ("train zero2 step 41"): named when it dies or hangs there
-           (written at once by `RankContext.status`: a killed rank cannot flush)
+           (written at once by `RankContext.status`: a killed rank cannot flush); also `pid`, `host`,
+           and from `distval launch`'s shim `script: true`, then `stepped: true` once at its first
+           optimizer step
   step     rank 0's metrics of the step it just finished (the live progress view)
   state    what a rank was doing when it failed or was stopped: error, status, collectives issued
-           and pending, traceback (read by health/diagnose.py)
-  note     a request to distval's agent: {"no_restart": message, "exit_code": 1|2|3, "rank": the culprit}
+           and pending, traceback, and from the shim `script_step` (optimizer steps finished; 0:
+           it died during start-up) (read by health/diagnose.py)
+  note     a request to distval's agent: {"no_restart": message, "exit_code": 1|2|3, "rank": the culprit},
+           `startup: true` from the shim (an error of the script's own before its first step)
 
 The store: in local mode the launching process serves a TCPStore and hands its address to the
 workers (`DISTVAL_CHANNEL=host:port`); under torchrun, Slurm or mpirun the job's own store at

@@ -5,7 +5,11 @@ worker's "do not restart" note, the hang watchdog, live views).
 
 A failed job is diagnosed from what every rank published on the channel and how each process
 exited (health/diagnose.py); the per-rank logs the agent redirects are only read for their last
-lines.
+lines. A launched script's output runs on this terminal, so its verdict follows as one line on
+stderr (`distval: rank 1 died during start-up: ...`). Restarts (`--max-restarts`) are the agent's:
+every worker is restarted after a failure, except where a worker's note says a restart cannot help
+(a script's error of its own before its first optimizer step: launch/shim.py; distval's bad
+checkpoint or crash loop), which stops the job at once.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import select
 import shutil
 import signal
 import socket
@@ -24,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from distval import device as devices
-from distval.health.diagnose import WorkerFailure, diagnose
+from distval.health.diagnose import TEARDOWN_EXITS, WorkerFailure, diagnose, in_startup
 from distval.health.hang import HINTS, Hang, Watchdog, stop_ranks, summary
 from distval.health.heartbeat import FR_ENV, enable_flight_recorder
 from distval.health.heartbeat import KIND as HEARTBEAT
@@ -70,16 +75,28 @@ def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, from_server: bo
     return run_worker(rank_fn, cfg, opts, "local")
 
 
+PEEK_S = 0.01  # how often the agent's new program workers are listed (one can die within ms of its start)
+
+
 class _ExitWatch:
     """The order in which this process's multiprocessing workers die, as it happens (each one's
     sentinel, watched every `every_s`, without reading its exit code: torch's agent reads it).
     torch's agent reports only the first failure it finds among function workers: a rank killed by
     a signal, whose peers then fail on its closed connections, is otherwise named without its
     signal (or taken for one that ended well) whenever the agent finds a peer first. Program
-    workers need no watch: torch's agent reports every one that has failed when it looks."""
+    workers need no watch for that (torch's agent reports every one that has failed when it
+    looks), but a restart reaps them unreported: given the thread that runs the agent
+    (`agent_tid`), its children's exit statuses are peeked as they end (`peeked`: (pid, exit code
+    or -signal), in order). Each child's pidfd wakes this thread at its end, and waitid with
+    WNOWAIT leaves the status to the agent, whose look every 0.1 s reaps it; the listing is read
+    every `PEEK_S`. A death wakes the thread at once: without peeking, `every_s` only bounds how
+    late a newly started function worker is first watched."""
 
-    def __init__(self, every_s: float = 0.01):
+    def __init__(self, every_s: float = 0.25, agent_tid: int | None = None):
         self.deaths: list[multiprocessing.Process] = []  # in the order seen
+        self.peeked: list[tuple[int, int]] = []
+        self._children = f"/proc/self/task/{agent_tid}/children" if agent_tid is not None else None
+        self._fds: dict[int, int] = {}  # pid: pidfd of the children not yet seen to end
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every_s,), name="distval-exits", daemon=True)
         self._thread.start()
@@ -89,10 +106,42 @@ class _ExitWatch:
             # multiprocessing's own set of this process's children: public listings poll them,
             # which would race the agent for a fork server's exit codes
             alive = [p for p in list(multiprocessing.process._children) if p not in self.deaths]  # type: ignore[attr-defined]
-            ready = set(wait([p.sentinel for p in alive], every_s)) if alive else set()
+            peeking = self._children is not None
+            ready = set(wait([p.sentinel for p in alive], PEEK_S if peeking else every_s)) if alive else set()
             self.deaths += [p for p in alive if p.sentinel in ready]
-            if not alive:
+            if not self._peek(0.0 if alive else PEEK_S) and not alive:
                 self._stop.wait(every_s)
+        for fd in self._fds.values():
+            os.close(fd)
+
+    def _peek(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for one of the agent's children to end; False where none is watched."""
+        if self._children is None:
+            return False
+        try:
+            with open(self._children) as f:
+                pids = [int(p) for p in f.read().split()]
+            seen = {pid for pid, _ in self.peeked}
+            for pid in pids:
+                if pid not in self._fds and pid not in seen:
+                    self._fds[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:  # reaped since the listing: looked at again next time
+            pass
+        except (OSError, AttributeError):  # no listing or no pidfd on this kernel: nothing is peeked
+            self._children = None
+            return False
+        if not self._fds:
+            return False
+        ended, _, _ = select.select(list(self._fds.values()), [], [], timeout_s)
+        for pid, fd in [(pid, fd) for pid, fd in self._fds.items() if fd in ended]:
+            try:
+                found = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # the agent reaped it first
+                found = None
+            if found is not None:
+                self.peeked.append((pid, found.si_status if found.si_code == os.CLD_EXITED else -found.si_status))
+            os.close(self._fds.pop(pid))
+        return True
 
     def first_killed(self, said: dict[int, dict[str, Any] | None]) -> dict[int, int]:
         """{rank: -signal} when the first of this node's ranks to die was killed by a signal other
@@ -109,6 +158,46 @@ class _ExitWatch:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class _StartupLoop:
+    """A launched script's rank that dies of the same exit code or signal before its first
+    optimizer step in two attempts running (os._exit, a crash in native code at import, the OOM
+    killer at load): torch's agent would restart every worker into the same death up to
+    --max-restarts times, so the job is stopped at the second (`found`: rank, exit code). An
+    exception is caught earlier, in the rank itself (launch/shim.py's note: not restarted at
+    all); this is for the deaths a rank cannot report. A monitor Watcher over _ExitWatch.peeked."""
+
+    def __init__(self, exits: _ExitWatch, world: int, stop: Callable[[], None]):
+        self.exits, self.world, self.stop = exits, world, stop
+        self.found: tuple[int, int] | None = None
+        self._seen = 0
+        self._last: tuple[int, int, int] | None = None  # the last start-up death: rank, exit code, pid
+
+    def tick(self, reader: channels.ChannelReader) -> None:
+        new = self.exits.peeked[self._seen:]
+        if not new or self.found is not None:
+            return
+        self._seen += len(new)
+        statuses, beats = reader.all(self.world, "status"), reader.all(self.world, HEARTBEAT)
+        here = socket.gethostname()  # read within 0.05 s of the death: its rank's status is still that attempt's
+        ranks = {s["pid"]: r for r, s in statuses.items() if s and s.get("pid") and s.get("host") == here}
+        for pid, code in new:
+            rank = ranks.get(pid)
+            if rank is None or code == 0 or code in TEARDOWN_EXITS:  # not a worker, or not a death of its own
+                continue
+            beat = beats.get(rank) if (beats.get(rank) or {}).get("pid") == pid else None
+            if not in_startup(rank, {}, statuses, {rank: beat}):
+                self._last = None  # it got going: a restart may resume
+            elif self._last is not None and self._last[:2] == (rank, code) and self._last[2] != pid:
+                self.found = (rank, code)
+                self.stop()
+                return
+            else:
+                self._last = (rank, code, pid)
+
+    def close(self) -> None:
+        pass
 
 
 def _start_method() -> str:
@@ -173,7 +262,7 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     config = LaunchConfig(
         min_nodes=opts.nnodes, max_nodes=opts.nnodes, nproc_per_node=nproc, run_id=opts.run_id,
         rdzv_backend="c10d", rdzv_endpoint=opts.rdzv_endpoint or "127.0.0.1:0",
-        rdzv_configs={"timeout": int(max(opts.timeout_s, 30))}, max_restarts=opts.max_restarts, monitor_interval=0.05,
+        rdzv_configs={"timeout": int(max(opts.timeout_s, 30))}, max_restarts=opts.max_restarts, monitor_interval=0.1,
         start_method="spawn", local_addr=None if opts.nnodes > 1 else "127.0.0.1", logs_specs=logs,
         log_line_prefix_template="[rank${rank}]: ",  # a worker's lines name its global rank (torch: its role)
     )
@@ -183,7 +272,11 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     saved_handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
     stop = lambda *_: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
     watchdog = Watchdog(world, opts.hang, lambda hang: _abort(hang, stop)) if opts.hang else None
-    monitor = Monitor(reader, world, [*watchers, *([watchdog] if watchdog else []), *([exporter] if exporter else [])])
+    restarted = bool(opts.max_restarts and show_output)  # a script's workers, restarted: their exits are peeked
+    exits = _ExitWatch(agent_tid=threading.get_native_id() if restarted else None)  # this thread runs the agent
+    loop = _StartupLoop(exits, world, stop) if restarted else None
+    monitor = Monitor(reader, world, [*watchers, *([watchdog] if watchdog else []), *([exporter] if exporter else []),
+                                      *([loop] if loop else [])])
     if opts.deadline_s:
         monitor.stop_at(opts.deadline_s, stop)
     if opts.max_restarts:  # a worker that knows a restart cannot help (bad checkpoint, crash loop)
@@ -207,7 +300,6 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
             forkserver.start()
             args = (*args, True, forkserver.Environ())
     monitor.start()
-    exits = _ExitWatch()
     try:
         try:
             results = elastic_launch(config, entrypoint)(*args)
@@ -222,16 +314,18 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         return results
     except ChildFailedError as e:
         _raise_hang(watchdog)
-        _raise_no_restart(monitor, reader, run_dir, world)
+        _raise_no_restart(monitor, reader, run_dir, world, show_output)
         exitcodes = {r: f.exitcode for r, f in e.failures.items()}  # the agent's: one failure, the first it found
         ranks = {**reader.all(world, "status"), **{r: b for r, b in reader.all(world, HEARTBEAT).items() if b}}
         exitcodes.update({r: c for r, c in exits.first_killed(ranks).items() if r not in exitcodes})
-        raise _diagnose(reader, run_dir, world, exitcodes) from None
+        raise _said(_diagnose(reader, run_dir, world, exitcodes), show_output) from None
     except (SignalException, _Stopped):
         _raise_hang(watchdog)
-        _raise_no_restart(monitor, reader, run_dir, world)
+        _raise_no_restart(monitor, reader, run_dir, world, show_output)
+        if loop is not None and loop.found is not None:
+            raise _said(_repeated(_diagnose(reader, run_dir, world, dict([loop.found]))), show_output) from None
         if monitor.deadline_expired:
-            raise _diagnose(reader, run_dir, world, {}, deadline_s=opts.deadline_s) from None
+            raise _said(_diagnose(reader, run_dir, world, {}, deadline_s=opts.deadline_s), show_output) from None
         raise KeyboardInterrupt from None
     finally:
         for key, value in saved_env.items():
@@ -259,16 +353,37 @@ def _raise_hang(watchdog: Watchdog | None) -> None:
                             Status.ERROR if hang.hung else Status.FAIL)
 
 
-def _raise_no_restart(monitor: Monitor, reader: channels.ChannelReader, run_dir: str, nproc: int) -> None:
+def _raise_no_restart(monitor: Monitor, reader: channels.ChannelReader, run_dir: str, nproc: int,
+                      show_output: bool) -> None:
     """A worker's note that restarting cannot help: a usage error (exit 2, one line), a finding
-    about the training itself (exit 1: `--on-nan stop`) or a failure naming the cause (exit 3)."""
+    about the training itself (exit 1: `--on-nan stop`) or a failure naming the cause (exit 3); a
+    script's rank that died during start-up is named as the diagnosis names it (with every rank
+    that died the same way)."""
     note = monitor.note or reader.no_restart_note(nproc)
     if note is None:
         return
     if note.get("exit_code") == 2:
         raise ValueError(note["no_restart"])
-    raise WorkerFailure(note.get("rank"), note["no_restart"], "", _diagnose(reader, run_dir, nproc, {}).details,
-                        status=Status.FAIL if note.get("exit_code") == 1 else Status.ERROR)
+    found = _diagnose(reader, run_dir, nproc, {})
+    if not (note.get("startup") and "startup" in found.details):
+        found = WorkerFailure(note.get("rank"), note["no_restart"], "", found.details,
+                              status=Status.FAIL if note.get("exit_code") == 1 else Status.ERROR)
+    raise _said(found, show_output)
+
+
+def _repeated(failure: WorkerFailure) -> WorkerFailure:
+    """The same start-up death in two attempts running (_StartupLoop): the verdict says why no
+    restart followed."""
+    return WorkerFailure(failure.rank, failure.message, failure.last_status, failure.details, failure.hint,
+                         failure.status, f"{failure}; the same in the attempt before: not restarted again")
+
+
+def _said(failure: WorkerFailure, show_output: bool) -> WorkerFailure:
+    """A launched script's verdict as one line after its output on this terminal (before the
+    report; a hang's verdict was said as it was found). distval's own jobs: in the report only."""
+    if show_output:
+        print(f"distval: {failure}", file=sys.stderr, flush=True)
+    return failure
 
 
 def _diagnose(reader: channels.ChannelReader, run_dir: str, world: int, exitcodes: dict[int, int],

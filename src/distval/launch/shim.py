@@ -8,21 +8,30 @@ process groups issue — its own dist.* calls, DDP's and FSDP's from C++ — is 
 heartbeat thread starts publishing this rank's progress on the rank channel of distval's
 launcher, which runs the hang watchdog, and a step clock follows the script's optimizer steps
 for the straggler rule (health/steps.py). The script runs as `__main__` with its own argv; an
-exception it raises is published as this rank's `state` (for the failure diagnosis), then the
-worker exits as Python would. Under `distval launch --trace SKIP:N` a profiler records N of the
-script's optimizer steps after SKIP (trace/capture.py).
+exception it raises (or a script's sys.exit with a non-zero code) is published as this rank's
+`state` for the failure diagnosis, with the optimizer steps it had finished (none: it died during
+start-up); an exception's traceback is printed from the script's own first frame, and the worker
+exits 1 as Python would. An exception of its own raised before the first optimizer step, where
+the agent would restart the workers, also asks the launcher not to (a `note`): the script would
+raise it again in every attempt. Under `distval launch --trace SKIP:N` a profiler records N of
+the script's optimizer steps after SKIP (trace/capture.py).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import runpy
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
+from types import TracebackType
+from typing import Any, Callable
 
+from distval.health.diagnose import secondary
 from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives
 from distval.health.probe import Probe
 from distval.health.probe import from_env as probe_settings
@@ -32,11 +41,15 @@ from distval.rank import state_payload
 from distval.trace.capture import from_env
 
 TERM_GRACE_S = 1.0  # a SIGTERM the main thread cannot take (blocked in C) is answered from a thread after this
+# a rank that asked not to be restarted waits this long for the launcher to stop the job, so that
+# the agent, which sees the exit and not the note, does not restart every worker first
+NO_RESTART_WAIT_S = 5.0
 
 
 class LastWords:
-    """This rank's `state`, published once, as it fails: the error, the traceback, and the
-    fingerprints of its last collectives (the Flight Recorder's, a few ms).
+    """This rank's `state`, published once, as it fails: the error, the traceback, the script's
+    optimizer steps so far (`script_step`: 0 is a death during start-up) and the fingerprints of
+    its last collectives (the Flight Recorder's, a few ms).
 
     SIGTERM (torch's agent stopping the job after another rank failed) is taken by a handler
     that publishes and exits 128 + 15, as the default action would. A Python handler runs on
@@ -45,8 +58,8 @@ class LastWords:
     so a thread woken by the signal (the interpreter's wakeup fd) answers for it after
     TERM_GRACE_S. A script that installs its own SIGTERM handler keeps it: then neither acts."""
 
-    def __init__(self, channel: channels.RankChannel, rank: int, status: str):
-        self.channel, self.rank, self.status = channel, rank, status
+    def __init__(self, channel: channels.RankChannel, rank: int, status: str, steps: StepClock):
+        self.channel, self.rank, self.status, self.steps = channel, rank, status, steps
         self._lock = threading.Lock()
         self._said = False
 
@@ -56,7 +69,8 @@ class LastWords:
             if self._said:
                 return
             self._said = True
-        state = {**state_payload(self.rank, self.status, [], error, traceback_text), "recent": last_collectives()}
+        state = {**state_payload(self.rank, self.status, [], error, traceback_text), "recent": last_collectives(),
+                 "script_step": self.steps.step}
         self.channel.publish("state", state, flush=True)
 
     def install(self) -> LastWords:
@@ -92,10 +106,14 @@ def main(argv: list[str]) -> None:
     enable_flight_recorder()
     channel = channels.for_worker(rank)
     status = f"running {script if module else os.path.basename(script)}"
-    channel.publish("status", {"status": status}, flush=True)
-    last_words = LastWords(channel, rank, status).install()
+    # `script`: this rank runs a launched script (a death before its first optimizer step is one
+    # during start-up: health/diagnose.py); pid and host name it
+    said = {"status": status, "pid": os.getpid(), "host": socket.gethostname(), "script": True}
+    channel.publish("status", said, flush=True)
+    _say_first_step(channel, said)
     # the script's optimizer steps: stragglers, memory (health/steps.py); NaN/Inf, replicas (health/probe.py)
     steps = StepClock(channel, probe=Probe(*probe_settings())).start()
+    last_words = LastWords(channel, rank, status, steps).install()
     # the step in the heartbeat tells the watchdog the script's loop runs (health/hang.py Watchdog)
     heartbeat = Heartbeat(channel, lambda: (status, {"step": steps.step})).start()
     _beat_before_destroy(heartbeat)
@@ -112,9 +130,14 @@ def main(argv: list[str]) -> None:
     except SystemExit as e:
         if e.code in (None, 0):
             _finished(channel, status)
+        elif not module:  # a script's sys.exit(2) or sys.exit("no data"), named as its error
+            last_words.say(f"SystemExit: {e.code}")  # (under -m, a distval job has said its own)
         raise
-    except BaseException as e:
-        last_words.say(f"{type(e).__name__}: {e}".strip(), traceback.format_exc(limit=8))
+    except Exception as e:
+        _failed(e, last_words, steps.step)
+        sys.exit(1)  # as Python exits on an uncaught exception, its traceback printed already
+    except BaseException as e:  # KeyboardInterrupt: Python's own exit (the status of SIGINT)
+        last_words.say(f"{type(e).__name__}: {e}".strip(), _format(e, e.__traceback__))
         raise
     finally:
         if tracer:
@@ -122,6 +145,67 @@ def main(argv: list[str]) -> None:
         steps.close()
         heartbeat.close()
         channel.close()
+
+
+def _say_first_step(channel: channels.RankChannel, said: dict[str, Any]) -> None:
+    """The script's first optimizer step, written at once (`stepped`): a rank killed soon after it
+    did not die during start-up, though its last heartbeat (every 0.5 s, not flushed) says step 0."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    first = threading.Event()
+
+    def stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not first.is_set():  # the hook stays: torch iterates its hooks as it calls them, so none may go
+            first.set()
+            channel.publish("status", {**said, "stepped": True}, flush=True)
+
+    register_optimizer_step_post_hook(stepped)
+
+
+def _failed(e: Exception, last_words: LastWords, step: int) -> None:
+    """The script raised: its state, a note where a restart could only raise it again (an error
+    of its own before the first optimizer step), then its traceback as Python prints it, from
+    the script's own first frame."""
+    error = f"{type(e).__name__}: {e}".strip()
+    tb = _script_frames(e.__traceback__)
+    last_words.say(error, _format(e, tb))
+    asked = step == 0 and not secondary(error) and _restarts_left()
+    if asked:  # the launcher stops the job at this note (launch/local.py): no attempt raises it again
+        last_words.channel.publish("note", {"no_restart": f"died during start-up: {error}", "exit_code": 3,
+                                            "rank": last_words.rank, "startup": True}, flush=True)
+    _excepthook()(type(e), e.with_traceback(tb), tb)  # Python's hook prints the exception's own traceback
+    sys.stderr.flush()
+    if asked:
+        time.sleep(NO_RESTART_WAIT_S)  # ended sooner by the launcher's SIGTERM (LastWords: exit 143)
+
+
+def _format(e: BaseException, tb: TracebackType | None) -> str:
+    return "".join(traceback.format_exception(type(e), e, tb, limit=-8))  # its last frames: where it was raised
+
+
+def _script_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the script's first frame: the frames above it (this module's, runpy's)
+    are distval's, not the user's."""
+    first = tb
+    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
+        tb = tb.tb_next
+    return tb or first
+
+
+def _excepthook() -> Callable[..., Any]:
+    """sys.excepthook, without the wrapper torch's init_process_group puts around it to prefix
+    each line with `[rankN]:`: the agent prefixes every line of a worker's output already."""
+    hook = sys.excepthook
+    while getattr(hook, "__name__", "") == "_distributed_excepthook":
+        hook = inspect.getclosurevars(hook).nonlocals.get("old_hook", sys.__excepthook__)
+    return hook
+
+
+def _restarts_left() -> bool:
+    """Whether torch's agent would restart the workers after this one fails (it tells every worker
+    its limit and the attempt it runs)."""
+    env = os.environ
+    return int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) > int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 def _finished(channel: channels.RankChannel, status: str) -> None:
