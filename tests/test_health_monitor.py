@@ -19,10 +19,11 @@ from conftest import run_cli
 
 CASES = {  # name: (fault, ranks, steps)
     "clean": ("", "2", "100"),
-    # onset: within 15 steps (5 jobs share 2 cores); named once its window's median has held for 50 steps: at
-    # step 90 in one suite, after step 100 in another, so 140 steps
-    "slow": ("step=30,rank=1,action=slow,percent=100", "2", "140"),
-    "throttled": ("step=30,rank=1,action=throttle,percent=100", "2", "100"),  # stopped 50 of every 100 ms
+    # onset: within 15 steps (5 jobs share 2 cores); named once its window's median has held for 50 steps
+    # and 8 s: 15-60 ms steps (alone, shared), named by step 190-600, so 650 steps
+    "slow": ("step=30,rank=1,action=slow,percent=100", "2", "650"),
+    # stopped 50 of every 100 ms; named ~10 s after (the lost-time rule's 9 s window held 6 s): 400 steps
+    "throttled": ("step=30,rank=1,action=throttle,percent=100", "2", "400"),
     "desync": ("step=20,rank=2,action=perturb", "3", "40"),
     "grad_desync": ("step=15,rank=0,action=grad_drift", "3", "30"),  # figures read one step late, as on a GPU
     "nan_leak": ("step=15,rank=1,action=nan;step=10,rank=0,action=leak,mib=8", "2", "80"),  # two faults, one job

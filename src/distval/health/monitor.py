@@ -50,6 +50,8 @@ from distval.health.config import HealthConfig
 MIB = 1 << 20
 WARMUP_STEPS = 10  # steps not judged by the straggler rule: allocation, warm caches, the first collectives
 PERSIST_S = 8.0  # a straggler's window must have met the rule this long (and `window` steps) in a row
+HISTORY_STEPS = 4000  # steps of ratios kept to find a straggler's onset in (8 s of 2 ms steps, with room)
+ONSET_POINTS = 150  # the onset is searched over at most this many blocks of those steps
 RANK_WINDOW = 1000  # steps of each rank's compute and waiting kept for the per-rank table
 STRAGGLER_HINT = ("the straggler's host: thermal throttling, another process on its cores (top, taskset), a CPU quota "
                   "(its cgroup's cpu.max or cpu.cfs_quota_us), a slower device or link, its data loader; its compute "
@@ -73,14 +75,19 @@ class Finding:
 
 class Stragglers:
     """Each step's figures per rank are taken once, as the step arrives (its compute over its
-    peers' median, its excess compute, the peers' wait; the slowest's step time), so a rule over a
-    window costs a few medians per step, not a pass over the window's rows."""
+    peers' median, its excess compute, the peers' wait; the slowest's step time), into windows of
+    their own, so the rule costs a few sorts of `window` numbers per step (~20 µs at 2 ranks), not
+    a pass over the window's rows."""
 
     def __init__(self, cfg: HealthConfig):
         self.cfg = cfg
         self.seen = 0  # steps fed, the warm-up's included
-        self.steps: collections.deque[tuple[int, float, list[tuple[float, float, float]]]] = collections.deque(
-            maxlen=3 * cfg.window)  # (step, slowest step_s, per rank (ratio, excess, peers' wait share))
+        self.step_s: collections.deque[float] = collections.deque(maxlen=cfg.window)  # the slowest's
+        self.ratio: list[collections.deque[float]] = []  # per rank, over the window
+        self.excess: list[collections.deque[float]] = []
+        self.waiting: list[collections.deque[float]] = []
+        self.history: collections.deque[tuple[int, list[float]]] = collections.deque(
+            maxlen=HISTORY_STEPS)  # (step, every rank's ratio): the onset's
         self.current: dict[int, Finding] = {}  # rank -> its finding while it is a straggler
         self.streak: dict[int, list[float]] = {}  # rank -> [steps in a row its window met the rule, their seconds]
         self.findings: list[Finding] = []
@@ -90,31 +97,39 @@ class Stragglers:
         self.seen += 1
         if len(ranks) < 2 or self.seen <= WARMUP_STEPS:  # the first steps (allocation, warm caches) are not judged
             return None
-        self.steps.append((step, max(x["step_s"] for x in ranks), [_figures(ranks, r) for r in range(len(ranks))]))
-        window = list(self.steps)[-self.cfg.window:]
-        if len(window) < self.cfg.window // 2:
+        if len(self.ratio) != len(ranks):
+            self.ratio, self.excess, self.waiting = ([collections.deque(maxlen=self.cfg.window) for _ in ranks]
+                                                     for _ in range(3))
+        figures = [_figures(ranks, r) for r in range(len(ranks))]
+        for r, (ratio, excess, waiting) in enumerate(figures):
+            self.ratio[r].append(ratio)
+            self.excess[r].append(excess)
+            self.waiting[r].append(waiting)
+        self.step_s.append(max(x["step_s"] for x in ranks))
+        self.history.append((step, [f[0] for f in figures]))
+        if len(self.step_s) < self.cfg.window // 2:
             return None
-        step_s = statistics.median(s for _, s, _ in window)  # the slowest's
+        step_s = _median(self.step_s)
         new = None
         for r in range(len(ranks)):
-            slowdown, excess = (statistics.median(figs[r][i] for _, _, figs in window) for i in (0, 1))
+            slowdown, excess = _median(self.ratio[r]), _median(self.excess[r])
             if slowdown < self.cfg.slow_ratio or excess < self.cfg.min_loss * step_s:
                 self.streak.pop(r, None)
                 if r in self.current:
                     self.current.pop(r).details["until_step"] = step
                 continue
             streak = self.streak.setdefault(r, [0, 0.0])
-            streak[0], streak[1] = streak[0] + 1, streak[1] + window[-1][1]
+            streak[0], streak[1] = streak[0] + 1, streak[1] + self.step_s[-1]
             if (streak[0] < self.cfg.window or streak[1] < PERSIST_S) and r not in self.current:
                 continue  # not yet lasting: a streak of a busy host's scheduling is not a straggler
             since = self.current[r].step if r in self.current else self._onset(r)
-            waiting = statistics.median(figs[r][2] for _, _, figs in window)
+            waiting = _median(self.waiting[r])
             work, unit = (tokens, "tokens/s") if tokens is not None else (1.0, "steps/s")  # a script: no tokens
             now, fixed = work / step_s, work / max(step_s - max(excess, 0.0), 1e-9)
             rate = "tokens_per_s" if tokens is not None else "steps_per_s"
             details = {"slowdown": round(slowdown, 3), "since_step": since, "others_waiting_share": round(waiting, 3),
                        rate: round(now, 2), f"{rate}_at_median": round(fixed, 2),
-                       "throughput_lost": round(1 - now / fixed, 3), "window": len(window),
+                       "throughput_lost": round(1 - now / fixed, 3), "window": len(self.step_s),
                        "held_s": round(streak[1], 1)}
             text = (f"rank {r} is a straggler: {slowdown:.2f}x the compute time of its peers since step {since}; "
                     f"the others wait {waiting:.0%} of each step for it; {_rate(now)} {unit} instead of "
@@ -133,33 +148,42 @@ class Stragglers:
     def scores(self) -> dict[int, float]:
         """Each rank's compute over its peers' median, as the window's median (what the rule compares
         with `slow_ratio`)."""
-        window = list(self.steps)[-self.cfg.window:]
-        if not window:
-            return {}
-        return {r: statistics.median(figs[r][0] for _, _, figs in window) for r in range(len(window[-1][2]))}
+        return {r: _median(ratios) for r, ratios in enumerate(self.ratio) if ratios}
 
     def _onset(self, r: int) -> int:
         """The step rank r's slowness began: the change point of its compute ratio over the history
-        (three windows, so it reaches back past the streak's start), the split whose two sides sit
-        closest to their own medians. Unlike counting steps over the threshold, a stretch of a busy
-        host's scheduling (ratios a little over it) sides with the healthy level, not the slow one."""
-        ratios = [figs[r][0] for _, _, figs in self.steps]
+        (back past the streak's start: a streak lasts `window` steps and `PERSIST_S`), the split
+        whose two sides sit closest to their own medians, over the medians of blocks of steps
+        (`ONSET_POINTS` at most: exact to a block). Unlike counting steps over the threshold, a
+        stretch of a busy host's scheduling (ratios a little over it) sides with the healthy
+        level, not the slow one."""
+        block = -(-len(self.history) // ONSET_POINTS)
+        steps = [s for s, _ in self.history]
+        ratios = [_median(all_ranks[r] for _, all_ranks in list(self.history)[i:i + block])
+                  for i in range(0, len(self.history), block)]
 
         def spread(xs: list[float]) -> float:
-            mid = statistics.median(xs)
+            mid = _median(xs)
             return sum(abs(x - mid) for x in xs)
 
         split = min(range(1, len(ratios)), key=lambda i: (spread(ratios[:i]) + spread(ratios[i:]), i))
-        return self.steps[split][0]
+        return steps[split * block]
+
+
+def _median(xs: Iterable[float]) -> float:
+    """statistics.median without its checks (a hot path: every step, every rank)."""
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def _figures(rows: list[dict[str, float]], r: int) -> tuple[float, float, float]:
     """Rank r in one step: its compute over its peers' median, its compute beyond that median (s),
     and the mean share of the step its peers waited in collectives."""
     peers = [x for k, x in enumerate(rows) if k != r]
-    median = statistics.median(x["compute_s"] for x in peers)
+    median = _median(x["compute_s"] for x in peers)
     return (rows[r]["compute_s"] / max(median, 1e-9), rows[r]["compute_s"] - median,
-            statistics.mean(x["blocked_s"] / max(x["step_s"], 1e-9) for x in peers))
+            sum(x["blocked_s"] / max(x["step_s"], 1e-9) for x in peers) / len(peers))
 
 
 def _rate(x: float) -> str:
@@ -223,10 +247,11 @@ class Memory:
         self.current: collections.deque[tuple[int, list[float]]] = collections.deque(maxlen=max(cfg.window, 30))
         self.findings: list[Finding] = []
         self._flagged: set[tuple[str, int]] = set()
+        self._seen = 0
 
     def update(self, step: int, current: list[float], peak: list[float]) -> Finding | None:
         new = None
-        median = statistics.median(peak)
+        median = _median(peak)
         for r, p in enumerate(peak):
             if len(peak) > 1 and p > median * (1 + self.cfg.imbalance) and p - median > 64 * MIB \
                     and ("imbalance", r) not in self._flagged:
@@ -236,13 +261,14 @@ class Memory:
                     f"rank {r} peaks at {p / MIB:,.0f} MiB, {p / median - 1:.0%} above the ranks' median "
                     f"({median / MIB:,.0f} MiB)", {"peak_bytes": peak}))
         self.current.append((step, current))
-        if len(self.current) < self.current.maxlen:
-            return new
+        self._seen += 1
+        if len(self.current) < self.current.maxlen or self._seen % 10:
+            return new  # growth is judged every 10 steps: a leak takes tens of steps to show
         third = len(self.current) // 3
         first, last = list(self.current)[:third], list(self.current)[-third:]
-        steps = statistics.median(s for s, _ in last) - statistics.median(s for s, _ in first)
+        steps = _median(s for s, _ in last) - _median(s for s, _ in first)
         for r in range(len(current)):
-            growth = statistics.median(c[r] for _, c in last) - statistics.median(c[r] for _, c in first)
+            growth = _median(c[r] for _, c in last) - _median(c[r] for _, c in first)
             per_step = growth / max(steps, 1)
             if per_step > MIB and growth > 64 * MIB and ("growth", r) not in self._flagged:
                 self._flagged.add(("growth", r))
