@@ -128,7 +128,7 @@ def test_a_scripts_late_arrivals_make_the_straggler_and_gaps_and_hosts_are_handl
     reader, found = _Reader(2), []
     watch = ScriptMonitor(2, on_finding=found.append, read_every_s=0)
     rng = random.Random(0)
-    for step in range(200):
+    for step in range(300):  # 15 s of steps: the rule needs 8 s of them in a row
         late = 0.02 if step >= 30 else 0.0
         t0 = 1000.0 + step * 0.05 + rng.gauss(0, 0.0005)
         for rank, t in ((0, t0), (1, t0 + late + rng.gauss(0, 0.0005))):
@@ -142,7 +142,7 @@ def test_a_scripts_late_arrivals_make_the_straggler_and_gaps_and_hosts_are_handl
     assert len(found) == 1 and found[0].ranks == [1] and 28 <= found[0].step <= 34, found
     check = _checks(watch)["health stragglers"]
     assert check.status.value == "WARN" and check.where["rank"] == 1 and "steps/s" in check.summary
-    assert watch.steps_seen == 199  # step 77 skipped once every rank had moved past it
+    assert watch.steps_seen == 299  # step 77 skipped once every rank had moved past it
     assert _checks(watch)["health memory"].status.value == "OK"
     assert aligned_rows([{5: [5, 0.05, "0", 11, 10**9]}, {5: [5, 0.05, "0", 12, 10**9]}], 5) is None  # desync
     short = _Reader(2)

@@ -29,7 +29,7 @@ from distval.health.report import add_health
 from distval.health.steps import KEEP, KIND, PROBE_KIND, PROBE_NAMES, aligned_rows
 from distval.results import Report
 
-READ_EVERY_S = 0.25
+READ_EVERY_S = 0.5  # as often as the ranks publish their steps
 NAN_WAIT_S = 3.0  # the longest a non-finite finding waits for every rank's checks to be read back
 
 
@@ -56,7 +56,7 @@ class ScriptMonitor:
         self.singles = False  # a sharded model with a rank alone in its shard group
 
     def tick(self, reader: Any) -> None:
-        """Every `read_every_s` (the ranks publish every 0.5 s): the launcher shares the ranks' host."""
+        """Every `read_every_s` (as often as the ranks publish): the launcher shares the ranks' host."""
         now = time.monotonic()
         if now - self._read_at < self.read_every_s:
             return
