@@ -12,10 +12,12 @@ on 2 and 3 ranks, several seeds. The rank is slowed one of two ways (`--how`):
   cgroup   from outside: the rank's process moved into a cpu cgroup (v1 `cpu` or v2) whose
            quota is its CPU use before the onset over (1+P/100): needs root and a mounted
            cpu controller
-  taskset  from outside: the rank's threads pinned onto the last core, which a busy process
-           (pinned there too) holds P/(100+P) of every 10 ms, and its peers' threads onto the
-           other cores (a noisy neighbour on one rank's core; pinning only the rank would, on a
-           2-core host, squeeze its peers onto the one other core and slow them all alike)
+  taskset  from outside: the rank's threads pinned onto the last core and its peers' onto the
+           other cores from the job's start, and from the onset a busy process pinned on the
+           rank's core holds it P/(100+P) of every 10 ms (a noisy neighbour arriving on one
+           rank's core; pinning only at the onset would, on a 2-core host, squeeze its peers
+           onto the one other core and slow them all alike, which the effective slowdown would
+           then count as the neighbour's)
 
 The rank's pid is the one its heartbeat publishes on the job's rank channel (the channel's
 address is in the workers' environment, DISTVAL_CHANNEL); the onset is the step rank 0 had
@@ -58,22 +60,41 @@ def med(xs: list) -> str:
     return f"{statistics.median(xs):g}" if xs else "-"
 
 
+def listening_ports(pid: int) -> list[int]:
+    """The TCP ports process `pid` listens on (its sockets' inodes in /proc/net/tcp, state LISTEN)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    except OSError:
+        return []
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def worker_channel(launcher: int, timeout_s: float = 60.0) -> str | None:
-    """The rank channel's address, from the environment of the launcher's first spawned worker."""
+    """The rank channel's address: the launcher's listening port whose store holds rank 0's
+    heartbeat (workers started from the fork server get the address in-process, not in their
+    environment)."""
+    from distval.launch.channel import ChannelReader
+
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
-        except OSError:
+        if not Path(f"/proc/{launcher}").exists():
             return None  # the launcher ended
-        for child in children:
-            try:
-                text = Path(f"/proc/{child}/environ").read_text()
-                env = dict(kv.split("=", 1) for kv in text.split("\0") if "=" in kv)
-            except OSError:
-                continue
-            if "DISTVAL_CHANNEL" in env:
-                return env["DISTVAL_CHANNEL"]
+        for port in listening_ports(launcher):
+            with contextlib.suppress(Exception):
+                if ChannelReader(f"127.0.0.1:{port}").latest(0, "heartbeat") is not None:
+                    return f"127.0.0.1:{port}"
         time.sleep(0.2)
     return None
 
@@ -97,11 +118,14 @@ class Slower(threading.Thread):
         if address is None:
             self.note = "no worker channel"
             return
-        reader, pid = ChannelReader(address), None
+        reader, pid, pinned = ChannelReader(address), None, False
         while self.proc.poll() is None:
             beat, step = reader.latest(self.rank, "heartbeat"), reader.latest(0, "step")
             pid = pid or (beat or {}).get("pid")
             self.peers = [b["pid"] for r in range(self.rank) if (b := reader.latest(r, "heartbeat"))]
+            if self.how == "taskset" and not pinned and pid and len(self.peers) == self.rank:
+                self.pin(pid)  # from the start: the onset adds the neighbour, not the pinning
+                pinned = True
             if pid and step and step["step"] >= self.fault_step:
                 self.onset = step["step"]
                 break
@@ -117,18 +141,25 @@ class Slower(threading.Thread):
         if step:
             self.onset = step["step"]
 
+    def pin(self, pid: int) -> None:
+        """The rank's threads on the last core, its peers' on the others (on 2 cores: each rank a
+        core of its own), from before the onset."""
+        core = os.cpu_count() - 1
+        for p, cores in [(pid, {core}), *((peer, set(range(core)) or {core}) for peer in self.peers)]:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(tid), cores)
+
     def taskset(self, pid: int) -> None:
-        """A process busy `P/(100+P)` of every 10 ms on the last core, and the rank's threads moved there."""
+        """From the onset, a process busy `P/(100+P)` of every 10 ms on the rank's core (pinned
+        there since the start: `pin`)."""
         core = os.cpu_count() - 1
         busy = 0.010 * self.percent / (100 + self.percent)
         code = (f"import os, time\nos.sched_setaffinity(0, {{{core}}})\nwhile True:\n    t = time.perf_counter()\n"
                 f"    while time.perf_counter() - t < {busy}: pass\n    time.sleep({0.010 - busy})\n")
         spinner = subprocess.Popen([sys.executable, "-c", code])
         try:
-            for p, cores in [(pid, {core}), *((peer, set(range(core)) or {core}) for peer in self.peers)]:
-                for tid in os.listdir(f"/proc/{p}/task"):
-                    with contextlib.suppress(OSError):
-                        os.sched_setaffinity(int(tid), cores)
+            self.pin(pid)  # threads started since (a restart of a thread pool) join it too
             self.note = f"pinned on core {core} with a process busy {busy * 1e3:.1f} of every 10 ms"
             self.proc.wait()
         finally:
@@ -204,6 +235,8 @@ def run(model: str, nproc: int, seed: int, steps: int, percent: int, fault_step:
     if slower:
         slower.join(timeout=10)
     onset = fault_step if slower is None else slower.onset
+    if slower is not None and onset is None:  # a run never slowed is no measurement of a slowed rank
+        raise SystemExit(f"straggler_detection: the {how} slowing never began ({slower.note or 'the job ended first'})")
     doc = json.load(open(out))
     start = onset if onset is not None else fault_step
     times = [(row["step"], row["step_time_s"]) for row in doc.get("tables", {}).get("steps", {}).get("rows", [])]
