@@ -24,8 +24,9 @@ the other (the monitors are timing-sensitive), styles and step lengths interleav
 style's runs alternate over the --nproc values. A run trains about --seconds of steps (a step
 counted as 15 ms at least, which is what a 5 ms step costs on a 2-core host; and at least 90 steps:
 the compute straggler rule skips 10 steps and needs its 50-step window to tip (25) and hold 50
-steps and 8 s before it can fire, at step 85, so a 500 ms run trains 45 s), and is killed past 10x that plus 3 minutes. `--runs` runs of a
-style cycle over the step lengths and, in turn, the rank counts.
+steps and 8 s before it can fire, at step 85, so a 500 ms run trains 45 s), and is killed past
+10x that plus 3 minutes. `--runs` runs of a style cycle over the step lengths and, in turn, the
+rank counts.
 
     python benchmarks/healthy_corpus.py --runs 20 --nproc 2,3 --step-ms 5,50,500 --seconds 10 \\
         --out results.jsonl

@@ -65,6 +65,7 @@ SAMPLE_STOPPED_S = (0.01, 0.04)  # ... and ~40 a second for `STOPPED_FOR_S` afte
 STOPPED_FOR_S = 30.0
 STARTUP_S = 30.0  # where the job's steps are unknown, judging begins this long after the first bucket
 HOST_QUEUE = 0.2  # every rank queued this share of its runnable time: the host is oversubscribed (said once)
+HOST_HISTORY = 3600  # buckets the host note is the median of (the last hour)
 
 
 def read_state(fd: int) -> str:
@@ -183,7 +184,8 @@ class Slowed:
         self.streak: dict[int, list] = {}  # rank -> [buckets in a row over the threshold, the step it began]
         self.current: dict[int, Finding] = {}
         self.findings: list[Finding] = []
-        self.host: list[tuple[float, float | None]] = []  # per judged bucket: the ranks' median queue ratio, foreign
+        self.host: collections.deque[tuple[float, float | None]] = collections.deque(
+            maxlen=HOST_HISTORY)  # per judged bucket: the ranks' median queue ratio, the foreign CPUs
 
     def update(self, step: int | None, shares: dict[int, dict[str, float]],
                foreign: float | None = None) -> Finding | None:
