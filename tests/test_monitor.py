@@ -215,3 +215,22 @@ def test_a_scripts_probe_notes_name_the_first_nonfinite_and_the_replica_outside_
     hsdp.tick(four)
     check = _checks(hsdp)["health replicas"]
     assert check.status.value == "OK" and "within each of 2 replica groups at 2 check(s)" in check.summary
+
+
+def test_memory_that_jumps_once_is_not_a_leak_but_steady_growth_is():
+    """An evaluation at step 50 of a 500 ms-step script left 80 MiB more resident on every rank (the
+    allocator keeps it): one jump inside the growth window, once named "a leak?" on a healthy run."""
+    from distval.health.config import HealthConfig
+    from distval.health.monitor import MIB, Memory
+
+    jump, leak = Memory(HealthConfig()), Memory(HealthConfig())
+    found = {"jump": [], "leak": []}
+    for step in range(90):
+        base = 500 * MIB
+        for name, rule, now in (("jump", jump, base + (80 * MIB if step >= 50 else 0)),
+                                ("leak", leak, base + 4 * MIB * step)):
+            f = rule.update(step, [now, base], [now, base])
+            if f is not None:
+                found[name].append(f)
+    assert found["jump"] == []
+    assert [f.ranks for f in found["leak"] if f.kind == "memory_growth"] == [[0]], found["leak"]

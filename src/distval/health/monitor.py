@@ -28,7 +28,8 @@ new `Finding` per step (a live line on the terminal) and keeps its findings for 
                rank(s) outside the majority and the tensors
   memory       a rank whose peak exceeds the ranks' median by `imbalance` (and 64 MiB): a WARN; a
                rank whose current memory grows steadily (its median over the last third of the
-               window above that over the first third by over 1 MiB per step and 64 MiB in all):
+               window above that over the first third by over 1 MiB per step and 64 MiB in all,
+               with a quarter of that growth or more in each half: one jump is not a leak):
                a WARN with the growth per step
 """
 
@@ -265,12 +266,17 @@ class Memory:
         if len(self.current) < self.current.maxlen or self._seen % 10:
             return new  # growth is judged every 10 steps: a leak takes tens of steps to show
         third = len(self.current) // 3
-        first, last = list(self.current)[:third], list(self.current)[-third:]
+        rows = list(self.current)
+        first, middle, last = rows[:third], rows[third:-third], rows[-third:]
         steps = _median(s for s, _ in last) - _median(s for s, _ in first)
         for r in range(len(current)):
-            growth = _median(c[r] for _, c in last) - _median(c[r] for _, c in first)
+            early, mid, late = (_median(c[r] for _, c in part) for part in (first, middle, last))
+            growth = late - early
             per_step = growth / max(steps, 1)
-            if per_step > MIB and growth > 64 * MIB and ("growth", r) not in self._flagged:
+            # steady: it grew in both halves of the window. One jump (an evaluation's or a
+            # checkpoint's buffers, kept by the allocator) is not a leak.
+            steady = min(mid - early, late - mid) >= growth / 4
+            if per_step > MIB and growth > 64 * MIB and steady and ("growth", r) not in self._flagged:
                 self._flagged.add(("growth", r))
                 new = new or self._add(Finding(
                     "memory_growth", "WARN", step, [r],
