@@ -148,7 +148,8 @@ def table(records: list[dict]) -> str:
         kinds = collections.Counter(f"{f['kind']} {f['status']}" for f in found)
         texts = sorted({_cell(f["summary"])[:300] for f in found})
         measured = [r["step_ms_measured"] for r in rs if r["step_ms_measured"] is not None]
-        lines.append(f"| {style} | {nproc} | {ms:g} | {round(statistics.median(measured), 1) if measured else '-'} | {len(rs)} "
+        step = round(statistics.median(measured), 1) if measured else "-"
+        lines.append(f"| {style} | {nproc} | {ms:g} | {step} | {len(rs)} "
                      f"| {len(found)} | {sum(1 for r in rs if r['findings'])} "
                      f"| {', '.join(f'{k} ×{n}' for k, n in kinds.items()) or '-'} | {'<br>'.join(texts) or '-'} "
                      f"| {statistics.median(r['wall_s'] for r in rs):.1f} |")
