@@ -130,7 +130,9 @@ class Checker:
                                "-b", "8", "-e", "64M", "-f", "8", "--timing", "burst", "--min-ratio", "0.95"],
                               capture_output=True, text=True, timeout=900)
         ratios = [line.split()[4] for line in proc.stdout.splitlines() if line[:6].strip()[:1].isdigit()]
-        parts.append(f"bench/bare burst busbw ratio per size (8 B..64 MiB): {', '.join(ratios) or proc.stderr[-200:]}")
+        if not ratios:
+            raise Item("FAIL", "; ".join(parts) + f"; overhead_vs_bare.py exit {proc.returncode}: {proc.stderr[-300:]}")
+        parts.append(f"bench/bare burst busbw ratio per size (8 B..64 MiB): {', '.join(ratios)}")
         return "; ".join(parts)
 
     def harness(self) -> str:
@@ -142,7 +144,9 @@ class Checker:
                                    "--precision", "bf16", "--micro-batch", "8", "--steps", "20", "--rounds", "2",
                                    *flags], capture_output=True, text=True, timeout=1800)
             last = [line for line in proc.stdout.splitlines() if line.strip()]
-            out.append(f"{label}: " + " | ".join(last[-3:]) if last else proc.stderr[-300:])
+            if not any(line.startswith("ratio") for line in last):  # exit 1 is a goal not met; no ratio: it broke
+                raise Item("FAIL", "; ".join(out) + f"; {label}: exit {proc.returncode}: {proc.stderr[-300:]}")
+            out.append(f"{label}: " + " | ".join(last[-3:]))
         return "; ".join(out)
 
     def train(self, strategy: str) -> str:

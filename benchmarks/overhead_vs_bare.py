@@ -69,8 +69,7 @@ def paired_times(ctx: RankContext, size: int, iters: int, warmup: int) -> torch.
                 coll()
                 synchronize(ctx.device)
             times[side, i] = time.perf_counter() - start
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return times
+    return slowest(ctx, times)
 
 
 def paired_bursts(ctx: RankContext, size: int, bursts: int, ops: int, warmup: int) -> torch.Tensor:
@@ -94,8 +93,14 @@ def paired_bursts(ctx: RankContext, size: int, bursts: int, ops: int, warmup: in
                 times[0, i] = clock.stop() / ops
             else:
                 times[1, i] = burst_times(ctx, coll, ops, 1, clock=clock)[0]
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return times
+    return slowest(ctx, times)
+
+
+def slowest(ctx: RankContext, times: torch.Tensor) -> torch.Tensor:
+    """Each iteration's time as its slowest rank's, reduced on the job's device (NCCL takes no CPU tensor)."""
+    on_device = times.to(ctx.device)
+    dist.all_reduce(on_device, op=dist.ReduceOp.MAX)
+    return on_device.cpu()
 
 
 def wrapper_overhead_s(ctx: RankContext, calls: int = 20000) -> float:
@@ -103,7 +108,7 @@ def wrapper_overhead_s(ctx: RankContext, calls: int = 20000) -> float:
     groups = [dist.new_group([r]) for r in range(ctx.world_size)]  # every rank creates every group
     mine = groups[ctx.rank]
     comm = Comm(group=mine, name="self")
-    t = torch.ones(1)
+    t = torch.ones(1, device=ctx.device)
     diffs = np.empty(calls)
     for i in range(calls):
         start = time.perf_counter()

@@ -20,6 +20,7 @@ import pytest
 
 from distval.health import fingerprints
 from distval.health.diagnose import diagnose, fewer_collectives
+from distval.health.heartbeat import Compiles
 from distval.health.hang import Hang, HangPolicy, Watchdog, compiling, decide, diagnose_hang, process_state, where
 from distval.health.pauses import Pause, Sites, kill_limit, site_of
 
@@ -109,6 +110,16 @@ def test_without_a_majority_every_side_is_named():
 def test_every_rank_in_the_same_collective_blames_no_rank():
     beats = {0: beat(48, 47, pending(48)), 1: beat(48, 47, pending(48))}
     assert decide(beats, {})[:2] == ([], "network")
+
+
+def test_no_rank_waiting_is_a_pause_of_every_rank_not_the_transport():
+    """A single rank's long compile (seen on an H200 without py-spy: "the transport is stuck"),
+    or every rank in a long phase: nobody waits, so nothing blames the network; a pause."""
+    culprits, kind, verdict = decide({0: beat(12, 12, status="train step 1")}, {})
+    assert (culprits, kind) == ([0], "outside") and verdict.startswith("rank 0 runs outside any collective")
+    hang = Hang(culprits, kind, verdict, ranks=[{"rank": 0, "pid": 1, "blocked_in": None}])
+    assert not hang.certain
+    assert decide({0: beat(12, 12), 1: beat(12, 12)}, {})[:2] == ([0, 1], "outside")
 
 
 def test_a_rank_that_ended_early_is_named_with_what_it_skipped():
@@ -374,6 +385,26 @@ def test_a_rank_inside_torch_compile_is_compiling_not_hung():
         """)
     hang = Hang([1], "outside", "", stacks={0: stack.replace("torch/_inductor", "mylib"), 1: stack})
     assert compiling(hang) == [1]
+
+
+def test_a_heartbeat_is_busy_while_torch_compile_runs_without_reading_stacks():
+    """Dynamo's compile callbacks mark the rank busy (py-spy may be missing, as on the GPU
+    machine where a compiled first step was taken for a hang); asked first in mid-compile, the
+    tracker reads Dynamo's count of compiles under way."""
+    import torch
+    import torch._dynamo  # noqa: F401 (what torch.compile imports)
+
+    compiles, late, seen = Compiles(), Compiles(), []
+    assert compiles() is False
+
+    def backend(gm, example_inputs):
+        seen.append((compiles(), late()))
+        return gm.forward
+
+    fn = torch.compile(lambda x: x * 2 + 1, backend=backend)
+    assert fn(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
+    assert seen == [(True, True)]
+    assert compiles() is False and late() is False
 
 
 def test_where_is_the_innermost_frame_outside_torch_and_the_collective_layer():

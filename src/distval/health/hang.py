@@ -293,6 +293,10 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
                     parts.append(f"rank {r} has not issued {what} and waits in no collective: it is at "
                                  f"{_statuses(beats, [r])}")
             return absent, "outside", "; ".join(parts)
+    if not _groups_waited(live):  # nobody waits: every rank works outside the collectives (a compile,
+        # a long step, a single-rank job's loop) or is stuck there: a pause, never the transport
+        return ranks, "outside", (f"{ranks_text(ranks)} {'runs' if len(ranks) == 1 else 'run'} outside any collective, "
+                                  f"none waiting: at {_statuses(beats, ranks)}")
     # every rank waits: do they wait in the same collective?
     for pg in _groups_waited(live):
         prints = {r: _fingerprint(live[r], pg) for r in ranks}
@@ -532,7 +536,7 @@ class Watchdog:
             waits = sorted({row["waiting_in"] for row in rows if row["waiting_in"]})
             verb = "waits" if len(rows) == 1 else "wait"
             waiting = (f"{ranks_text([row['rank'] for row in rows])} {verb} in {', '.join(waits)}" if waits
-                       else "the others wait")
+                       else "the others wait" if rows else "no rank waits in a collective")
             pause = self.pause = Pause(hang.culprits, waiting, self._changed, time.time() - stalled)
         culprit = hang.culprits[0]
         stack = hang.stacks.get(culprit)

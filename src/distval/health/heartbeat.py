@@ -13,6 +13,10 @@ Every `every` collectives completed on a group, the thread also takes their fing
 the recorder (health/fingerprints.py): their digests ride in the heartbeat (`windows`), the
 fingerprints themselves go out under their own kind, for the watchdog to compare across ranks.
 
+A rank inside torch.compile (Dynamo tracing, Inductor's code generation: tens of seconds for a
+first step) is `busy`, not hung: `Compiles` follows Dynamo's own compile-start/-end callbacks, so
+the watchdog knows without reading the rank's stack (py-spy may not be installed).
+
 Payload: {pid, host, status, busy, step, groups: {pg: [enqueued, completed]}, pending: [{pg,
 seq, op, sizes, dtypes}], windows: {pg: {window: digest}}, cpu_s, time}.
 """
@@ -37,6 +41,28 @@ def enable_flight_recorder(env: dict[str, str] | Any = os.environ) -> None:
     """Record collectives from the next process group on (the user's own setting wins)."""
     if not env.get(FR_ENV) and not env.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
         env[FR_ENV] = FR_ENTRIES
+
+
+class Compiles:
+    """Whether this process is compiling now, from Dynamo's compile callbacks. Dynamo is imported
+    by the first torch.compile (about 1 s): the callbacks are registered once it is there, never
+    importing it here; a compile already under way at that moment is read from Dynamo's own count."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self._handler: Any = None
+
+    def __call__(self) -> bool:
+        import sys
+
+        if self._handler is None and (module := sys.modules.get("torch._dynamo.callback")) is not None:
+            handler = getattr(module, "callback_handler", None)
+            if handler is not None and hasattr(handler, "register_start_callback"):
+                handler.register_start_callback(lambda *_: setattr(self, "active", True))
+                handler.register_end_callback(lambda *_: setattr(self, "active", False))
+                self.active = getattr(handler, "_CompilationCallbackHandler__pending_callbacks_counter", 0) > 0
+                self._handler = handler
+        return self.active
 
 
 def group_progress() -> dict[str, list[int]]:
@@ -100,6 +126,7 @@ class Heartbeat:
     def __init__(self, channel: Any, status: Callable[[], tuple[str, dict[str, Any]]], interval_s: float = 0.5,
                  stall_s: float = 1.0, every: int = fingerprints.EVERY):
         self.channel, self.status, self.interval_s, self.stall_s = channel, status, interval_s, stall_s
+        self.compiling = Compiles()
         self.every = every
         self._prints: dict[str, dict[int, dict[str, list]]] = {}  # the last KEEP windows per group
         self._digests: dict[str, dict[str, str]] = {}
@@ -158,7 +185,7 @@ class Heartbeat:
         entries = recorded() if stalled or due else []
         if due:
             self._take_windows(entries, completed)
-        beat = {"pid": os.getpid(), "host": socket.gethostname(), "status": text, "busy": bool(fields.get("busy")),
+        beat = {"pid": os.getpid(), "host": socket.gethostname(), "status": text, "busy": bool(fields.get("busy")) or self.compiling(),
                 "step": fields.get("step"), "groups": groups,
                 "pending": pending_collectives(groups, entries) if stalled else [], "windows": self._digests,
                 "cpu_s": round(time.process_time(), 2)}
