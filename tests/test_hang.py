@@ -20,8 +20,8 @@ import pytest
 
 from distval.health import fingerprints
 from distval.health.diagnose import diagnose, fewer_collectives
-from distval.health.heartbeat import Compiles
 from distval.health.hang import Hang, HangPolicy, Watchdog, compiling, decide, diagnose_hang, process_state, where
+from distval.health.heartbeat import Compiles
 from distval.health.pauses import Pause, Sites, kill_limit, site_of
 
 from conftest import free_port, run_cli

@@ -14,6 +14,7 @@ patterns. Comparison is on the raw bits: exact, except `avg` (2 ulp, as in nccl-
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[dtype_key(name)]
 
 
+@functools.lru_cache(maxsize=None)
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

@@ -39,6 +39,7 @@ from distval.comm.inputs import dtype_name
 _REDUCE_OPS = dict(zip(REDUCE_OPS, (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX,
                                     dist.ReduceOp.AVG), strict=True))
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__))
+_SITES: dict[tuple[Any, int], str] = {}  # (code, line) -> "file:line:function"
 
 
 # torch 2.13 renamed the tensor forms (the old names warn); torch >= 2.6 has only the old ones.
@@ -145,7 +146,11 @@ class Comm:
             frame = frame.f_back
         if frame is None:
             return "?"
-        return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
+        key = (frame.f_code, frame.f_lineno)
+        site = _SITES.get(key)
+        if site is None:  # formatted once per call site: this runs on every collective
+            site = _SITES[key] = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
+        return site
 
     def _start(self, op: str, t: torch.Tensor, size_bytes: int, peer: int | None = None) -> OpRecord:
         rec = OpRecord(
@@ -161,7 +166,8 @@ class Comm:
         )
         self._seq += 1
         self.records.append(rec)
-        rec.skipped = any([hook(rec) is False for hook in self.on_issue])  # a hook returning False vetoes
+        if self.on_issue:
+            rec.skipped = any([hook(rec) is False for hook in self.on_issue])  # a hook returning False vetoes
         return rec
 
     def _finish(self, rec: OpRecord, outputs: Sequence[torch.Tensor], blocking: bool = False) -> None:

@@ -185,7 +185,8 @@ class Heartbeat:
         entries = recorded() if stalled or due else []
         if due:
             self._take_windows(entries, completed)
-        beat = {"pid": os.getpid(), "host": socket.gethostname(), "status": text, "busy": bool(fields.get("busy")) or self.compiling(),
+        busy = bool(fields.get("busy")) or self.compiling()
+        beat = {"pid": os.getpid(), "host": socket.gethostname(), "status": text, "busy": busy,
                 "step": fields.get("step"), "groups": groups,
                 "pending": pending_collectives(groups, entries) if stalled else [], "windows": self._digests,
                 "cpu_s": round(time.process_time(), 2)}
