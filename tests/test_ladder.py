@@ -120,6 +120,17 @@ def test_a_corrupting_collective_stops_the_ladder_at_the_check_inside_the_job(tm
     assert "bench" not in doc["tables"] and not (out / "bench.json").exists()
 
 
+def test_one_rank_climbs_bench_and_plan_without_a_calibration(tmp_path):
+    """One GPU (as on a single-H200 machine): a bench of one rank crosses no link, so it is no
+    calibration; the plan says so instead of stopping the ladder with --calibration's error."""
+    out = tmp_path / "report"
+    res = run_cli("run", "--quick", "--nproc", "1", "--only", "bench,plan", "--out", str(out), timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    ladder = _ladder(json.loads((out / "report.json").read_text()))
+    assert ladder["bench"]["status"] == "OK" and (out / "bench.json").exists()
+    assert ladder["plan"]["status"] == "OK" and "no communication on one rank" in ladder["plan"]["headline"]
+
+
 def test_stage_selection():
     assert select(None, None) == STAGES
     assert select(["trace", "doctor"], None) == ("doctor", "trace")  # ladder order, whatever the flag's

@@ -237,8 +237,10 @@ class Ladder:
             return StageResult.skipped("bench", "not run: the check found wrong results on this fabric",
                                        "mend the check first; bandwidth of wrong results means nothing")
         report = bench.build_report(_stage_job(job, "bench"), self.cfg.bench)
-        self.calibration = str(self.out / "bench.json")
-        write_json(report, self.calibration)  # `distval plan --calibration` reads it too
+        path = str(self.out / "bench.json")
+        write_json(report, path)  # `distval plan --calibration` reads it too
+        if job.world_size >= 2:  # one rank crosses no link: nothing to calibrate compare's plan with
+            self.calibration = path
         return _in_job(job, StageResult.of("bench", report.checks, report.tables, _bench_line(report)))
 
     # -- compare, plan, drills ---------------------------------------------------------------------------
@@ -259,6 +261,8 @@ class Ladder:
         step = report.table("plan_step").rows[0]
         comm = (f"comm {step['comm_time_s'] * 1e3:.2f} ms per step with the measured α–β" if step["comm_time_s"]
                 is not None else "no link to plan the communication with (no bench ran)")
+        if self.world < 2:
+            comm = "no communication on one rank"
         total = f"step {step['step_time_s'] * 1e3:.2f} ms, " if step["step_time_s"] is not None else ""
         mfu = next(r for r in report.table("plan_assumptions").rows if r["input"] == "MFU")
         compute = (f"compute at the {mfu['value']:.0%} MFU and step costs compare measured"
@@ -273,7 +277,7 @@ class Ladder:
 
         report = run_compare(TrainConfig(model=self.cfg.model, steps=self.cfg.compare_steps),
                              list(COMPARE_STRATEGIES), self.opts, calibration=self.calibration)
-        return StageResult.of("compare", report.checks, report.tables, _compare_line(report))
+        return StageResult.of("compare", report.checks, report.tables, _compare_line(report, self.world))
 
     def _scale(self) -> StageResult:
         """The quick form of `distval scale`: one rank and all of them, planned with the bench's
@@ -424,14 +428,14 @@ def _bench_line(report: Report) -> str:
     return f"all_reduce {top['busbw_gbps']:.2f} GB/s busbw at {top['bytes'] / 2**20:g} MiB{alpha}"
 
 
-def _compare_line(report: Report) -> str:
+def _compare_line(report: Report, world: int) -> str:
     table = report.table("strategies")
     rows = table.rows if table else []
     if not rows:
         return ""
     ratios = [r["step_time_p50_s"] / r["predicted_step_time_s"] for r in rows if r.get("predicted_step_time_s")]
     plan = (f"; measured/planned step time {min(ratios):.2f}–{max(ratios):.2f}" if ratios else
-            "; no plan to compare with (no bench ran)")
+            f"; no plan to compare with ({'one rank: no link measured' if world < 2 else 'no bench ran'})")
     return (f"{len(rows)} strategies match the reference; step {min(r['step_time_p50_s'] for r in rows) * 1e3:.1f}–"
             f"{max(r['step_time_p50_s'] for r in rows) * 1e3:.1f} ms{plan}")
 
