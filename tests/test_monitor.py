@@ -72,7 +72,7 @@ def test_the_first_nonfinite_loss_names_the_rank_and_a_grad_spike_warns():
 def test_memory_imbalance_and_growth_name_the_rank():
     monitor = HealthMonitor(HealthConfig())
     found = []
-    for step in range(60):
+    for step in range(120):  # a small share of what the rank holds: judged over two windows
         found += monitor.update(step, rows([0.1, 0.1], mem=[1e9, 1e9 + step * 4 * 2**20]), 1.0, None, 1e4)
     kinds = {f.kind: f for f in found}
     assert kinds["memory_growth"].ranks == [1] and 3.5 < kinds["memory_growth"].details["bytes_per_step"] / 2**20 < 4.5
@@ -217,20 +217,31 @@ def test_a_scripts_probe_notes_name_the_first_nonfinite_and_the_replica_outside_
     assert check.status.value == "OK" and "within each of 2 replica groups at 2 check(s)" in check.summary
 
 
-def test_memory_that_jumps_once_is_not_a_leak_but_steady_growth_is():
-    """An evaluation at step 50 of a 500 ms-step script left 80 MiB more resident on every rank (the
-    allocator keeps it): one jump inside the growth window, once named "a leak?" on a healthy run."""
+def test_memory_growth_must_last_a_jump_or_an_allocator_settling_is_no_leak():
+    """Healthy 500 ms-step scripts of the corpus: an evaluation at step 50 left 80 MiB more resident
+    (the allocator keeps it), and host RSS crept 2 MiB a step (69 MiB over 50 steps, about 12% of the
+    ~560 MiB a rank held, with +-30 MiB of noise): both were once named "a leak?". A leak holds
+    over two windows, or is a large share of the rank's memory within one."""
+    import random
+
     from distval.health.config import HealthConfig
     from distval.health.monitor import MIB, Memory
 
-    jump, leak = Memory(HealthConfig()), Memory(HealthConfig())
-    found = {"jump": [], "leak": []}
-    for step in range(90):
-        base = 500 * MIB
-        for name, rule, now in (("jump", jump, base + (80 * MIB if step >= 50 else 0)),
-                                ("leak", leak, base + 4 * MIB * step)):
-            f = rule.update(step, [now, base], [now, base])
-            if f is not None:
-                found[name].append(f)
-    assert found["jump"] == []
-    assert [f.ranks for f in found["leak"] if f.kind == "memory_growth"] == [[0]], found["leak"]
+    noise = random.Random(0)
+    base = 500 * MIB
+    cases = {  # name: (memory at step, steps run)
+        "jump": (lambda step: base + (80 * MIB if step >= 50 else 0), 200),
+        "creep": (lambda step: 560 * MIB + 2 * MIB * min(step, 90) + noise.uniform(-30, 30) * MIB, 90),
+        "slow leak": (lambda step: base + 4 * MIB * step, 130),
+        "fast leak": (lambda step: 300 * MIB + 8 * MIB * step, 70),
+    }
+    found = {}
+    for name, (memory, steps) in cases.items():
+        rule = Memory(HealthConfig())
+        found[name] = [f for step in range(steps) if (f := rule.update(step, [memory(step), base], [0, 0]))]
+    assert found["jump"] == [] and found["creep"] == [], found
+    for name in ("slow leak", "fast leak"):
+        (leak,) = found[name]
+        assert leak.kind == "memory_growth" and leak.ranks == [0], leak
+    assert found["fast leak"][0].step < 70 and "over the last 50 steps" in found["fast leak"][0].summary
+    assert "over the last 100 steps" in found["slow leak"][0].summary

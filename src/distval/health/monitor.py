@@ -243,9 +243,22 @@ class Numerics:
 
 
 class Memory:
+    """Peak imbalance across ranks, and growth of a rank's current memory that lasts.
+
+    Growth is judged every 10 steps, from the end of the warm-up, over thirds of a window: the
+    last third's median over the first's, grown in both halves (one jump, an evaluation's or a
+    checkpoint's buffers kept by the allocator, is no leak). It is a leak when it holds over two
+    windows (> 1 MiB a step and 64 MiB in all), or sooner when one window's growth is a large share
+    (`FAST_SHARE`) of what the rank held at its start: an allocator that settles (host RSS creeping
+    a few per cent over the first hundred steps) is neither.
+    """
+
+    FAST_SHARE = 0.25
+
     def __init__(self, cfg: HealthConfig):
         self.cfg = cfg
-        self.current: collections.deque[tuple[int, list[float]]] = collections.deque(maxlen=max(cfg.window, 30))
+        self.window = max(cfg.window, 30)
+        self.current: collections.deque[tuple[int, list[float]]] = collections.deque(maxlen=2 * self.window)
         self.findings: list[Finding] = []
         self._flagged: set[tuple[str, int]] = set()
         self._seen = 0
@@ -261,32 +274,47 @@ class Memory:
                     "memory_imbalance", "WARN", step, [r],
                     f"rank {r} peaks at {p / MIB:,.0f} MiB, {p / median - 1:.0%} above the ranks' median "
                     f"({median / MIB:,.0f} MiB)", {"peak_bytes": peak}))
-        self.current.append((step, current))
         self._seen += 1
-        if len(self.current) < self.current.maxlen or self._seen % 10:
-            return new  # growth is judged every 10 steps: a leak takes tens of steps to show
-        third = len(self.current) // 3
+        if self._seen <= WARMUP_STEPS:  # allocation and the allocator's first growth are not judged
+            return new
+        self.current.append((step, current))
+        if len(self.current) < self.window or self._seen % 10:
+            return new  # a leak takes tens of steps to show
         rows = list(self.current)
-        first, middle, last = rows[:third], rows[third:-third], rows[-third:]
-        steps = _median(s for s, _ in last) - _median(s for s, _ in first)
         for r in range(len(current)):
-            early, mid, late = (_median(c[r] for _, c in part) for part in (first, middle, last))
-            growth = late - early
-            per_step = growth / max(steps, 1)
-            # steady: it grew in both halves of the window. One jump (an evaluation's or a
-            # checkpoint's buffers, kept by the allocator) is not a leak.
-            steady = min(mid - early, late - mid) >= growth / 4
-            if per_step > MIB and growth > 64 * MIB and steady and ("growth", r) not in self._flagged:
+            if ("growth", r) in self._flagged:
+                continue
+            per_step, growth, early = _growth(rows[-self.window:], r)
+            fast = growth >= self.FAST_SHARE * early
+            if len(rows) == self.current.maxlen and not fast:
+                per_step, growth, early = _growth(rows, r)  # held over both windows
+            elif not fast:
+                continue
+            if per_step > MIB and growth > 64 * MIB:
                 self._flagged.add(("growth", r))
                 new = new or self._add(Finding(
                     "memory_growth", "WARN", step, [r],
                     f"rank {r}'s memory grows {per_step / MIB:.1f} MiB per step ({growth / MIB:,.0f} MiB over the "
-                    f"last {len(self.current)} steps): a leak?", {"bytes_per_step": round(per_step)}))
+                    f"last {len(rows) if not fast else self.window} steps): a leak?",
+                    {"bytes_per_step": round(per_step)}))
         return new
 
     def _add(self, found: Finding) -> Finding:
         self.findings.append(found)
         return found
+
+
+def _growth(rows: list[tuple[int, list[float]]], r: int) -> tuple[float, float, float]:
+    """Rank r's (bytes per step, growth, early level) over `rows`: the last third's median over the
+    first third's; no growth unless it grew by a quarter of it in each half."""
+    third = len(rows) // 3
+    first, middle, last = rows[:third], rows[third:-third], rows[-third:]
+    early, mid, late = (_median(c[r] for _, c in part) for part in (first, middle, last))
+    growth = late - early
+    if min(mid - early, late - mid) < growth / 4:
+        return 0.0, 0.0, early
+    steps = _median(st for st, _ in last) - _median(st for st, _ in first)
+    return growth / max(steps, 1), growth, early
 
 
 def replica_checksums(named: Iterable[tuple[str, torch.Tensor]], host: bool = True) -> tuple[list[str], torch.Tensor]:
