@@ -1,4 +1,4 @@
-"""What a host cannot run is said before any worker starts (issue 14): more NCCL ranks than GPUs,
+"""What a host cannot run is said before any worker starts: more NCCL ranks than GPUs,
 more workers than the memory holds; a one-rank bench says bus bandwidth is not defined there."""
 
 from __future__ import annotations

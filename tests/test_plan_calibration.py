@@ -210,7 +210,7 @@ def test_files_that_are_not_bench_reports_are_rejected(capsys, tmp_path, content
 
 
 def test_compare_warns_when_the_plan_misses_and_names_the_category():
-    """Issue 28's figures: fsdp2 3.6x off (its forward+backward and collectives cannot be split:
+    """Figures measured on this host: fsdp2 3.6x off (its forward+backward and collectives cannot be split:
     torch's own; its optimizer is near), zero2 1.19x (OK); a counted strategy whose exposed
     communication carries the error is named as such; an optimizer step far off is named."""
     from distval.report.html import _step_time_figure
@@ -256,7 +256,7 @@ CALLS = [{"op": op, "compute_s": c, "back_to_back": b, "overhead_us": us * scale
 
 
 def test_step_costs_and_call_costs_enter_the_plan(tmp_path):
-    """Issue 28's terms: the strategy's own cost per unit and micro-batch, the optimizer step (its
+    """The calibrated terms: the strategy's own cost per unit and micro-batch, the optimizer step (its
     per-parameter part divided by sharding, its per-tensor part not), the sharded strategies'
     gradient-norm all_reduce, the measured per-call cost after compute (from the back-to-back figure
     at none, interpolated through the probe's points, flat beyond), and the measured MFU and peak."""

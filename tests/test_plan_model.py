@@ -1,6 +1,7 @@
-"""The planner's figures against independent computations: published parameter counts, seed 001's
-bandwidth table, the ring/tree/hierarchical formulas, the ZeRO memory and traffic formulas,
-Korthikanti's activation count, PaLM's FLOPs, and the levers' own promises. Pure computation."""
+"""The planner's figures against independent computations: published parameter counts, the
+all-reduce time table of a 760M-parameter model over 1/10/400 Gbit links, the ring/tree/hierarchical
+formulas, the ZeRO memory and traffic formulas, Korthikanti's activation count, PaLM's FLOPs, and
+the levers' own promises. Pure computation."""
 
 import dataclasses
 import math
@@ -58,21 +59,21 @@ def test_preset_lookup_ignores_case_and_separators_and_lists_known_names():
         presets.model("gpt5")
 
 
-# -- seed 001: 760M params, bf16 grads, 2 ranks, ring all-reduce at 85% of the link --------------
+# -- a published table: 760M params, bf16 grads, 2 ranks, ring all-reduce at 85% of the link ------
 
 @pytest.mark.parametrize(
-    "link, gbit, seed_figure_s", [("1GbE", 1, 14.0), ("10GbE", 10, 1.4), ("400G-RoCE", 400, 0.036)]
+    "link, gbit, table_s", [("1GbE", 1, 14.0), ("10GbE", 10, 1.4), ("400G-RoCE", 400, 0.036)]
 )
-def test_seed_001_table(link, gbit, seed_figure_s):
+def test_ring_all_reduce_time_table(link, gbit, table_s):
     r = evaluate(PlanConfig(params=760e6, grad_dtype="bf16", world_size=2, link=link, **H100))
     size = 760e6 * 2
-    seed = 2 * (2 - 1) / 2 * size / (gbit * 1e9 / 8 * 0.85)  # seed 001's comm_cost.py
-    assert r.comm_time_s == pytest.approx(seed, rel=0.02)  # the plan adds 2α per bucket
-    assert r.comm_time_s == pytest.approx(seed_figure_s, rel=0.05)  # the seed prints rounded figures
+    ring = 2 * (2 - 1) / 2 * size / (gbit * 1e9 / 8 * 0.85)  # the table's formula: 2(N-1)/N S / (B * 0.85)
+    assert r.comm_time_s == pytest.approx(ring, rel=0.02)  # the plan adds 2α per bucket
+    assert r.comm_time_s == pytest.approx(table_s, rel=0.05)  # the table prints rounded figures
     # exactly: S/B plus 2(N-1)α for each of DDP's buckets (1 MiB first, then 25 MiB)
     spec = presets.link(link)
     num_buckets = 1 + math.ceil((size - 2**20) / (25 * 2**20))
-    assert r.comm_time_s == pytest.approx(seed + num_buckets * 2 * spec.latency_us * 1e-6, rel=1e-9)
+    assert r.comm_time_s == pytest.approx(ring + num_buckets * 2 * spec.latency_us * 1e-6, rel=1e-9)
     assert sum(row["count"] for row in collectives_rows(r)) == num_buckets
 
 

@@ -127,7 +127,7 @@ def test_a_busy_metrics_port_is_one_line_and_exit_2(tmp_path):
         res = run_cli("launch", "--nproc", "2", "--metrics-port", str(s.getsockname()[1]), str(tmp_path / "user.py"),
                       "5", env={"TMPDIR": str(tmp_path / "tmp")})
     assert res.returncode == 2 and "--metrics-port" in res.stderr and "Traceback" not in res.stderr, res.stderr
-    assert not list((tmp_path / "tmp").iterdir())  # nothing left behind (the agent's run folder was, until session 24)
+    assert not list((tmp_path / "tmp").iterdir())  # nothing left behind, not even the agent's run folder
 
 
 class _Reader:

@@ -105,7 +105,7 @@ def test_what_counts_as_unsupported():
 @pytest.mark.parametrize("gpus", [1, 3, 8])
 def test_compare_trains_its_reference_on_the_strategies_global_batch(monkeypatch, gpus):
     """Without --nproc the strategies run on default_nproc() ranks (one per GPU): the one-process
-    reference must train on that many micro-batches, not on 2 (issue 25)."""
+    reference must train on that many micro-batches, not on 2."""
     from distval import device as devices
     from distval.launch import LaunchOptions
     from distval.results import Report
