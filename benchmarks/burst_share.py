@@ -2,11 +2,11 @@
 
 The planner slows every local rank's compute by the cores' share when the ranks' threads outnumber
 the cores (3 ranks on 2: ×1.5; docs/plan.md "Step costs", `at_rank_speed`). zero3 on `tiny` at 3
-ranks is measured below that in every sitting (docs/plan-accuracy-history.md, session 24): its compute comes in
-bursts of a millisecond or two between blocking collectives. This times the same burst, a fixed
-count of 64×64 matmuls, on N ranks that meet in a 4-byte all_reduce after each burst (as a
-strategy's ranks meet in its collectives), against the same burst on one rank alone, for bursts of
-0.5 to 20 ms; per burst length the median burst on the median rank and on the slowest rank, and the
+ranks was measured below that (docs/results/2026-11-27-host-pace.md, "zero3 at 3 ranks"): its
+compute comes in bursts of a millisecond or two between blocking collectives. This times the same
+burst, a fixed count of 64×64 matmuls, on N ranks that meet in a 4-byte all_reduce after each
+burst (as a strategy's ranks meet in its collectives), against the same burst on one rank alone,
+for bursts of 0.5 to 20 ms; per burst length the median burst on the median rank and on the slowest rank, and the
 median wait in the all_reduce, each over the one-rank figures.
 
     python benchmarks/burst_share.py                 # 3 ranks, one thread each

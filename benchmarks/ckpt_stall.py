@@ -12,7 +12,7 @@ async saves every `--every` steps. Per save (medians over repeats):
                           steps of the run without checkpoints (the background writer competes
                           for the same cores), per save; the last save (after the last step) is
                           excluded as it slows no step
-Goal (issue 6): async stall ≤ 15% of the sync save time.
+Goal: async stall ≤ 15% of the sync save time.
 
 Recovery: `--kills` jobs with --max-restarts 1 where rank 1 is SIGKILLed at the start of step
 `--kill-step`; recovery = from that step's start in the failed attempt (the kill) to the end of the

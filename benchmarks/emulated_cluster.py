@@ -1,4 +1,4 @@
-"""An emulated cluster against the numbers it was built to deliver (issue 7, "Numbers").
+"""An emulated cluster against the numbers it was built to deliver (docs/multinode.md, "Numbers").
 
 For each node count (default 2 and 4, one rank per node), `--repeats` times:
 
@@ -15,7 +15,7 @@ and from each X:
   `plan.network.Network.time` (what `distval plan --calibration X` uses for every all_reduce),
   against the bench's measured p50 at 64 MiB; plus, across node counts, the plan calibrated on
   the 2-node run predicting the 4-node time (the ring formula's extrapolation), and the
-  uncalibrated plan (`--bandwidth rate/8 --efficiency 0.85`, seed 001's bandwidth math), and
+  uncalibrated plan (`--bandwidth rate/8 --efficiency 0.85`, the usual back-of-envelope), and
   `distval plan --calibration X` itself on a DDP step with a 64 MiB gradient.
 
 Medians over repeats are reported (the 2 cores are shared: single runs are noisy). Needs root

@@ -1,7 +1,7 @@
 """FSDP2's step on torch's fake process group of 2 against a real Gloo group of 2, with
-torch.profiler's table of each (issue 28: 2-rank fsdp2 was measured above the plan while its
-world-2 part came from a fake group; since session 24 compare times it on a real local group,
-train/worldcost.py; docs/plan.md "Step costs").
+torch.profiler's table of each: what a real group costs FSDP2 beyond the fake one, which is why
+compare times fsdp2's world-N work on a real local group (train/worldcost.py; docs/plan.md "Step
+costs").
 
     PYTHONPATH=src python benchmarks/fsdp2_fake_vs_real.py                                         # fake
     PYTHONPATH=src OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/fsdp2_fake_vs_real.py  # real
@@ -10,9 +10,9 @@ Prints the median of 60 unprofiled steps (after 5): forward+backward, collective
 part spent waiting in them (distval's layer's `blocked_s`) and the rest, and the optimizer phase
 (the gradient norm with clipping, the update), then the profiler's top ops by self CPU time over 10
 more (rank 0's). Alternating the two commands a few times in one sitting compares the real group's
-work with the fake one's (session 23: forward+backward less waits +3.5 ms at the median of six
-pairs). The model is `tiny` under distval's fsdp2 strategy, micro-batch 2, one thread, AdamW as on
-CPU, the loss as train/worldcost.py takes it.
+work with the fake one's (docs/results/2026-11-27-fsdp2-world-n.md). The model is `tiny` under
+distval's fsdp2 strategy, micro-batch 2, one thread, AdamW as on CPU, the loss as
+train/worldcost.py takes it.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ runs the same items on CPU ranks: a dry run of this script itself where no GPU i
 Items: check, bench, timing (all_reduce latency by each timing method: blocking, burst, burst
 from a CUDA graph; and comm bench's burst against a bare torch.distributed burst loop), harness
 (distval train against a bare loop of the same model, eager and compiled), train (every
-strategy), compare (every strategy and dp), plan (issue 28's table on this machine: a bench with
-its per-call cost, then compare --calibration of benchmarks/plan_accuracy.py's strategies: measured
-against predicted step time per strategy, and the category carrying the error; FAIL outside
-compare's 0.67-1.5x), resume (SIGKILL after the first checkpoint, restart, losses bitwise equal to
+strategy), compare (every strategy and dp), plan (docs/plan.md "How close" on this machine: a bench
+with its per-call cost, then compare --calibration of benchmarks/plan_accuracy.py's strategies:
+measured against predicted step time per strategy, and the category carrying the error; FAIL
+outside compare's 0.67-1.5x), resume (SIGKILL after the first checkpoint, restart, losses bitwise equal to
 an uninterrupted run: a full-form and a sharded-form strategy), drill (needs 2 ranks), doctor, run.
 Exit 0 when nothing FAILed.
 """
@@ -106,8 +106,8 @@ class Checker:
                 f"beta {fit['beta_gbps']:.2f} GB/s; {counts(report)}")
 
     def timing(self) -> str:
-        """all_reduce p50 per op at 8 B and 1 MiB by each method (the issue: 55-70 us blocking vs 25 us
-        as a burst between CUDA events on one H100), then the bench's burst against a bare loop."""
+        """all_reduce p50 per op at 8 B and 1 MiB by each method (blocking pays a host round trip per op
+        that a burst timed between CUDA events does not), then the bench's burst against a bare loop."""
         methods = [("blocking", ["--timing", "blocking"]), ("burst", ["--timing", "burst"])]
         if self.args.backend == "nccl":
             methods.append(("graph", ["-G"]))

@@ -1,16 +1,15 @@
 """`distval train` against a bare training loop of the same model, side by side in one process.
 
-One worker by default (a world of one, as the issue measured on a GPU; `--nproc N`: N ranks, the
-bare loop a user's DDP, or `fully_shard` per block and on the root for `--strategy fsdp2`, each
-step the slowest rank's as the harness's): the same decoder (distval's), the
-same synthetic batches, the same AdamW implementation the harness picks for the device (fused on
-CUDA, single-tensor on CPU), bf16 autocast with --precision bf16, torch.compile of the forward on
-both sides with --compile. The bare loop is what a user writes: forward, loss, backward, clip,
-step, zero_grad, timed per step to the device's completion. The harness is `train_rank` itself
-(strategy --strategy, default pytorch_ddp as `distval train`), with its per-step bookkeeping,
-health monitor and metrics. Rounds alternate bare, harness, bare, harness... so drift hits both;
-the first --warmup steps of each round are dropped. Prints median step times and the ratio
-bare / harness (goal: >= 0.95).
+One worker by default (a world of one; `--nproc N`: N ranks, the bare loop a user's DDP, or
+`fully_shard` per block and on the root for `--strategy fsdp2`, each step the slowest rank's as
+the harness's): the same decoder (distval's), the same synthetic batches, the same AdamW
+implementation the harness picks for the device (fused on CUDA, single-tensor on CPU), bf16
+autocast with --precision bf16, torch.compile of the forward on both sides with --compile. The
+bare loop is what a user writes: forward, loss, backward, clip, step, zero_grad, timed per step to
+the device's completion. The harness is `train_rank` itself (strategy --strategy, default
+pytorch_ddp as `distval train`), with its per-step bookkeeping, health monitor and metrics. Rounds
+alternate bare, harness, bare, harness... so drift hits both; the first --warmup steps of each
+round are dropped. Prints median step times and the ratio bare / harness (goal: >= 0.95).
 
     python benchmarks/harness_vs_bare.py --model small --steps 20 --rounds 3
     python benchmarks/harness_vs_bare.py --model tiny --strategy fsdp2 --nproc 2 --steps 30

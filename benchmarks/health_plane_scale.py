@@ -1,4 +1,4 @@
-"""The health plane's stores at 64 to 4,096 simulated ranks (issue 26), flat against node digests.
+"""The health plane's stores at 64 to 4,096 simulated ranks, flat against node digests.
 
 Simulated ranks (8 a node) publish a heartbeat and a status of the real size every 0.5 s; the
 real watchdog code watches them, and a fault is injected into the live ranks after a steady

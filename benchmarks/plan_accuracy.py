@@ -11,7 +11,7 @@ to the next: three repeats of one sitting leave one pair or so of 21 outside the
 one each sitting). Per strategy the median over repeats of measured p50 step time, the prediction,
 their ratio (and the repeats' lowest and highest ratio: a miss whose repeats straddle the band is
 the host's draw), and per category (forward+backward, optimizer, exposed communication) measured vs
-predicted. Goal (issue 28): measured/predicted in 0.8-1.25 for every strategy and setting. Prints a
+predicted. Goal: measured/predicted in 0.8-1.25 for every strategy and setting. Prints a
 markdown table (docs/plan.md "How close").
 
 Setting `2:tiny:emulated` (root): two emulated nodes joined by a `--rate` link (`distval emulate`,

@@ -8,7 +8,7 @@
    measures (blocking per op after a barrier, iteration time = max over ranks, p50 over many
    iterations), by `comm bench`'s own code in the same worker processes right after the sweep.
 
-Prints predicted vs measured and their ratio per size. Goal (issue 3): within 15% at 3 MiB;
+Prints predicted vs measured and their ratio per size. Goal: within 15% at 3 MiB;
 exit 1 if not. Gloo on a shared 2-core host is noisy: raise --iters / --measure-iters for a
 steadier figure.
 

@@ -4,8 +4,8 @@ All strategies train in the same worker processes one after the other (same mach
 start-up), each for --steps optimizer steps; the first two steps are warm-up and excluded.
 Prints step time p50 (max over ranks), tokens/s, collectives per step, the bytes each rank sends,
 the share of communication hidden behind compute, the model state the largest rank holds against
-the strategy's formula, and bucket_ddp_async's step time relative to pytorch_ddp (goal of issue 4:
-within 5%).
+the strategy's formula, and bucket_ddp_async's step time relative to pytorch_ddp (goal: within
+5%).
 
     python benchmarks/strategies_speed.py --nproc 2 --model small --steps 12
     python benchmarks/strategies_speed.py --strategies zero1,zero2,zero3,pytorch_zero1,fsdp2,pytorch_ddp

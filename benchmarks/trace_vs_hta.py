@@ -1,4 +1,4 @@
-"""`distval trace analyze` against Holistic Trace Analysis 0.5.0 on the same traces (issue 13): the
+"""`distval trace analyze` against Holistic Trace Analysis 0.5.0 on the same traces: the
 wall time and peak memory of each, and whether their figures agree.
 
 Inputs: every folder of HTA's own test traces (`--traces`, ../shared/traces/hta: its README.md
@@ -26,7 +26,7 @@ Agreement: HTA's idle, compute and non-compute percentages and its overlap again
 hta_temporal and hta_overlap tables, rank by rank: the largest absolute difference, in percentage
 points. HTA fails on cpu_only (no GPU kernels); that row says so.
 
-Goal (issue 13): on the large set, distval in <= 1/3 of HTA's time and <= 1/3 of its peak memory;
+Goal: on the large set, distval in <= 1/3 of HTA's time and <= 1/3 of its peak memory;
 exit 1 when missed.
 
     python benchmarks/trace_vs_hta.py                       # HTA's folders and the large set

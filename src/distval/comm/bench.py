@@ -360,7 +360,7 @@ def build_tables(per_rank: list[dict[str, Any]], cfg: BenchConfig) -> tuple[Tabl
 def call_table(per_rank: list[dict[str, Any]], fits: Table) -> Table | None:
     """Per op and compute time: the mean of a call issued after compute (a step of ten or twenty
     calls pays about their mean each, stalls included: with the median the plan fell short of the
-    measured waits in a sitting of session 25), the sweep's fit at that size, and the difference
+    measured waits; docs/results/2026-11-27-plan-accuracy.md), the sweep's fit at that size, and the difference
     (the per-call cost training pays beyond the fit, per op: negative where the sweep's α, timed
     after a barrier, is above the op in training's rhythm); the row "norm": the gradient norm's
     4-byte all_reduce right after a reduce_scatter, against all_reduce's fit."""

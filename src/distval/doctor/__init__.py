@@ -7,7 +7,7 @@ Torch-free modules other code may import (the launcher's pre-flight, `distval em
   system.py    versions, devices, /dev/shm, memlock and open-file limits
   topo.py      `nvidia-smi topo -m` parsed into a matrix; GPU pair paths and NIC affinity
   nccl_log.py  an NCCL_DEBUG=INFO log: transports per channel, rings/trees, GDR, chosen interface,
-               and seed 002's hang pattern (P2P between GPUs whose path is SYS)
+               and the P2P-over-SYS hang pattern (P2P between GPUs whose path is SYS)
 Torch-backed, used by the command only:
   ranks.py     the per-rank probe (facts, bound addresses) and the comparison across ranks
   report.py    one Report from all of the above

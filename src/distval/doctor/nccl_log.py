@@ -304,7 +304,7 @@ def check_network(log: NcclLog) -> Check:
 
 
 def check_p2p_paths(log: NcclLog, topo: "Topo | AmdTopology | None") -> Check:
-    """Seed 002: P2P (CUMEM, IPC or direct) between GPUs whose topology path is SYS: NCCL's kernels
+    """The P2P-over-SYS hang: P2P (CUMEM, IPC or direct) between GPUs whose topology path is SYS: NCCL's kernels
     spin-wait on data that never arrives; both GPUs at 100%, no progress, no error."""
     name = "doctor.nccl p2p-paths"
     p2p = [c for c in log.connections if c.transport.startswith("P2P")]

@@ -7,11 +7,12 @@ The matrix names the path between every pair of devices (legend of nvidia-smi, b
 (older drivers print SOC for SYS). Rows and columns are GPUs and NICs (`NIC0`, legend `NIC0: mlx5_2`;
 old drivers print the HCA name itself), followed by CPU affinity, NUMA affinity and GPU NUMA ID.
 
-P2P between GPUs whose path is SYS is the classic single-node hang (seed 002: two L4s on different
-sockets, NCCL picks P2P/CUMEM, the kernels spin forever); PHB/NODE pairs go through the CPU. The
-fix is NCCL_P2P_DISABLE=1, or NCCL_P2P_LEVEL at most NODE/PHB so P2P stops short of the socket
-boundary. A GPU whose nearest NIC is SYS sends its network traffic across the socket: pin
-NCCL_IB_HCA to the NICs next to the GPUs.
+P2P between GPUs whose path is SYS is the classic single-node hang (two L4s on different sockets,
+NCCL picks P2P/CUMEM, the kernels spin forever, no error: the "NCCL Hang" section of dudeperf3ct's
+distributed-training experiments, written up at dudeperf3ct.github.io); PHB/NODE pairs go through
+the CPU. The fix is NCCL_P2P_DISABLE=1, or NCCL_P2P_LEVEL at most NODE/PHB so P2P stops short of
+the socket boundary. A GPU whose nearest NIC is SYS sends its network traffic across the socket:
+pin NCCL_IB_HCA to the NICs next to the GPUs.
 """
 
 from __future__ import annotations

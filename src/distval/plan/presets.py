@@ -18,7 +18,7 @@ Links: the per-rank, per-direction data rate in decimal GB/s (1e9 B/s) and an as
 latency α. Rates are line rates (Ethernet/IB/RoCE: Gbit/s ÷ 8; PCIe x16: 16 or 32 GT/s × 16 lanes
 × 128/130 ÷ 8; NVLink3 600 GB/s and NVLink4 900 GB/s bidirectional per GPU → 300 and 450 per
 direction; MI300X xGMI 7 links × 64 GB/s = 448). The planner multiplies the rate by an efficiency
-(default 0.85, seed 001's "~85% effective"). The latencies are typical orders of magnitude (TCP
+(default 0.85, the usual back-of-envelope "~85% effective"). The latencies are typical orders of magnitude (TCP
 through the kernel ~30-50 µs; RDMA ~5 µs; NVLink/xGMI/PCIe a few µs), not facts: calibrate them
 with `distval comm bench` and `plan --calibration`.
 

@@ -11,7 +11,7 @@ from distval.units import format_size, parse_size
 
 # a node, link or rank is named when its figure is under this share of its peers' median (docs/scaling.md)
 OUTLIER_SHARE = 0.7
-# measured efficiency within this share of the planned one is as planned (the issue's ±20%)
+# measured efficiency within this share of the planned one is as planned (±20%, the planner's accuracy goal)
 PLAN_BAND = 0.2
 
 

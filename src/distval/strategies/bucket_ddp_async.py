@@ -6,7 +6,8 @@ so it is the same on every rank. During backward of the last micro-batch a post-
 hook marks the parameter ready; when every member of the next bucket in line is ready, its
 gradients are copied into one flat buffer and all-reduced asynchronously (SUM). Buckets are
 launched strictly in order, so every rank issues the same collectives in the same order even if
-hooks fire in a different order (the silent gradient mix-up seed 002's version warned about).
+hooks fire in a different order (launched as they fill, ranks would pair one bucket's all_reduce
+with another's and mix gradients silently).
 `sync_gradients` launches what is left, waits, divides and copies the slices back.
 Communication: one all_reduce per bucket per optimizer step, total = the gradient bytes.
 """

@@ -1,5 +1,5 @@
-"""dp: torch.nn.DataParallel, one process driving every local GPU (seed 000 §5.7), for `compare`
-to set against the one-process-per-GPU strategies.
+"""dp: torch.nn.DataParallel, one process driving every local GPU (the path older code still takes),
+for `compare` to set against the one-process-per-GPU strategies.
 
 At every forward DataParallel copies the module from GPU 0 to the others, splits the batch along
 dim 0, runs the replicas in threads, gathers the outputs on GPU 0; backward sums the replicas'

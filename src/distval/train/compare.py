@@ -475,7 +475,7 @@ def run_compare(cfg: TrainConfig, strategy_names: list[str], opts: LaunchOptions
 
 
 def add_bucket_sweep(report: Report, sweep: dict[str, list[dict[str, Any]]]) -> None:
-    """Seed 003's exercise 5: step time and exposed communication per bucket size, the best named."""
+    """A bucket-size sweep: step time and exposed communication per bucket size, the best named."""
     table = Table("bucket_sweep", ["strategy", "bucket_mb", "step_time_p50_s", "exposed_comm_s", "comm_calls_per_step"],
                   title="bucket size sweep (exposed communication: from the trace with --trace, else the time the "
                         "strategy waited on its collectives)", units={"bucket_mb": "MiB", "step_time_p50_s": "s",

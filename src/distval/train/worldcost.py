@@ -15,10 +15,9 @@ and prints one JSON line {"fb_s": {"1": s, "N": s}, "optimizer_s": {"1": s, "N":
 norm, clipping, update), the real group's 4-byte all_reduce (the gradient norm's, which the plan
 predicts apart), and the share of the parameters a rank held. The differences are the work the
 strategy adds at N beyond its one-rank step (`world_cost`), which compare adds to its step costs.
-A fake group of N in one process misses part of it: FSDP2's forward+backward less its waits on two
-real ranks was 1.4-3.7 ms above the fake group of 2 on `tiny`, its optimizer phase 0.8-3.5 ms
-(docs/plan-accuracy-history.md, session 24). All N ranks take both turns at once, so where their
-threads outnumber the cores both sides share them alike.
+A fake group of N in one process misses part of it (docs/results/2026-11-27-fsdp2-world-n.md). All N
+ranks take both turns at once, so where their threads outnumber the cores both sides share them
+alike.
 """
 
 from __future__ import annotations
