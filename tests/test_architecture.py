@@ -114,3 +114,34 @@ def _imports_of(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.append(node.module)
     return names
+
+
+def test_every_distval_environment_variable_is_declared_once_and_documented():
+    """envvars.py declares each DISTVAL_* variable; no other module spells one as a value (a
+    docstring may name it), every name used anywhere in the repository's code is declared, and
+    docs/architecture.md lists each with its meaning."""
+    import re
+
+    from distval import envvars
+
+    declared = {v.name for v in envvars.ALL}
+    assert len(declared) == len(envvars.ALL)
+    spelled: dict[str, list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "envvars.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                    and re.fullmatch(r"DISTVAL_[A-Z_]+", node.value):
+                spelled.setdefault(node.value, []).append(str(path.relative_to(SRC)))
+    assert not spelled, f"use distval.envvars instead of spelling these: {spelled}"
+    repo = SRC.parents[1]
+    used = {m for folder in ("src", "benchmarks", "examples") for p in (repo / folder).rglob("*.py")
+            for m in re.findall(r"DISTVAL_[A-Z][A-Z_]*[A-Z]", p.read_text())}
+    assert used <= declared, f"undeclared: {sorted(used - declared)}"
+    doc = (repo / "docs" / "architecture.md").read_text()
+    assert all(f"`{name}`" in doc for name in declared), sorted(n for n in declared if f"`{n}`" not in doc)

@@ -13,6 +13,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import distval
+from distval import envvars
 
 if TYPE_CHECKING:
     from distval.results import JobResult
@@ -69,8 +70,8 @@ def collect(job: "JobResult | None", config: Any = None, **extra: Any) -> dict[s
     if job is not None:
         meta.update(world_size=job.world_size, backend=job.backend, launch=job.mode, hosts=job.hosts,
                     devices=sorted({r["device"] for r in job.ranks}))
-    if os.environ.get("DISTVAL_EMULATED"):  # set by `distval emulate` on every node: the emulated topology
-        meta["emulated"] = json.loads(os.environ["DISTVAL_EMULATED"])
+    if os.environ.get(envvars.EMULATED.name):  # set by `distval emulate` on every node: the emulated topology
+        meta["emulated"] = json.loads(os.environ[envvars.EMULATED.name])
     if config is not None and dataclasses.is_dataclass(config):
         meta["config"] = dataclasses.asdict(config)
     meta.update(extra)

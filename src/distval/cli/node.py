@@ -18,6 +18,8 @@ import os
 import socket
 import sys
 
+from distval import envvars
+
 
 def main() -> None:
     from distval import cli
@@ -31,7 +33,7 @@ def main() -> None:
         if code != 1:
             raise
     finally:
-        folder = os.environ.get("DISTVAL_EMULATE_DIR")
+        folder = os.environ.get(envvars.EMULATE_DIR.name)
         if folder:
             rank = os.environ.get("RANK", "x")
             note = {"rank": int(rank) if rank.isdigit() else None, "code": code, "host": socket.gethostname()}

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from distval import envvars
 from distval.knobs import comma_list, knob
 from distval.results import Check, Report, Status, Table
 
@@ -143,9 +144,9 @@ class Driller:
                self.cfg.model, "--strategy", self.cfg.strategy, "--steps", str(steps or self.cfg.steps),
                "--ckpt-dir", str(ckpt_dir),
                "--ckpt-every", str(self.cfg.ckpt_every), "--timeout", "30s", "--json", str(out), *extra]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTVAL_FAULT", "TORCHELASTIC"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith((envvars.FAULT.name, "TORCHELASTIC"))}
         if fault:
-            env["DISTVAL_FAULT"] = fault
+            env[envvars.FAULT.name] = fault
         before = set((ckpt_dir / "runs").glob("*.json")) if (ckpt_dir / "runs").exists() else set()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                 start_new_session=new_session)

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from distval import envvars
 from distval.emulate import cgroup, netns
 from distval.emulate.netns import Cluster, Topology
 
@@ -67,8 +68,8 @@ def torchrun_argv(cluster: Cluster, i: int, inner: list[str], run_dir: str, cgro
 
 def node_env(cluster: Cluster, run_dir: str, latency_emulated: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_OUTER)}
-    env["DISTVAL_EMULATED"] = json.dumps(cluster.topo.meta(latency_emulated))
-    env["DISTVAL_EMULATE_DIR"] = run_dir
+    env[envvars.EMULATED.name] = json.dumps(cluster.topo.meta(latency_emulated))
+    env[envvars.EMULATE_DIR.name] = run_dir
     env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun and the local launcher do: workers share the cores
     if cluster.topo.decoy:
         env.pop("GLOO_SOCKET_IFNAME", None)  # the drill: let Gloo pick the interface itself

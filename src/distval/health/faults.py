@@ -65,12 +65,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 import torch.distributed as dist
 
+from distval import envvars
 from distval.comm.inputs import BITS_OF_SIZE
 
 if TYPE_CHECKING:
     from distval.comm.layer import OpRecord
 
-ENV = "DISTVAL_FAULT"
+ENV = envvars.FAULT.name
 ACTIONS = {"corrupt": ("op",), "raise": ("op", "step"), "hang": ("op", "step"), "kill": ("op", "step"),
            "sigterm": ("step",), "sigterm_job": ("step",), "kill_in_save": ("step",), "stop": ("op", "step"),
            "spin": ("op", "step"), "skip": ("op", "step"), "slow_save": ("step",), "reshape": ("op", "step"),

@@ -39,10 +39,11 @@ from typing import Any, NamedTuple
 import torch
 
 from distval import device as devices
+from distval import envvars
 from distval.health.monitor import replica_checksums
 from distval.readback import Readback, lag_for, to_host
 
-ENV = "DISTVAL_PROBE"  # "NAN_EVERY:REPLICAS_EVERY" (0: off), set by `distval launch` for every worker
+ENV = envvars.PROBE.name  # "NAN_EVERY:REPLICAS_EVERY" (0: off), set by `distval launch` for every worker
 CHECKS_KEPT = 4  # replica checksums kept per publication: ranks publish at their own pace
 
 

@@ -34,7 +34,9 @@ import threading
 import time
 from typing import Any, Iterable
 
-ENV = "DISTVAL_CHANNEL"
+from distval import envvars
+
+ENV = envvars.CHANNEL.name
 CLOSE_TIMEOUT_S = 5.0  # a rank's end waits at most this for a write in flight
 
 

@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
+from distval import envvars
 from distval.netaddr import (
     family_of,
     hostname_address,
@@ -131,7 +132,7 @@ def preflight(env: Mapping[str, str] | None = None, timeout_s: float = 5.0, warn
     cannot reach MASTER_ADDR; print a warning line when it sits on another interface than the
     route to MASTER_ADDR but answers (it may still be unreachable from other peers)."""
     env = dict(os.environ if env is None else env)
-    if env.get("DISTVAL_NETCHECK", "1").lower() in ("0", "off", "no", "false") or not multi_node(env):
+    if env.get(envvars.NETCHECK.name, "1").lower() in ("0", "off", "no", "false") or not multi_node(env):
         return
     master, port = env.get("MASTER_ADDR"), int(env.get("MASTER_PORT", "0") or 0)
     if not master or not port:

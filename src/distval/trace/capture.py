@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+from distval import envvars
 from distval.trace.config import TraceConfig
 
 
@@ -70,7 +71,7 @@ class Tracer:
         return follow_first_optimizer(lambda optimizer: self.step())
 
 
-ENV = "DISTVAL_TRACE"  # `distval launch --trace`: SKIP:N:DIR for the shim of every worker
+ENV = envvars.TRACE.name  # `distval launch --trace`: SKIP:N:DIR for the shim of every worker
 
 
 def from_env(rank: int) -> Tracer | None:

@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any
 
+from distval import envvars
+
 
 class ProgressView:
     """A monitor-loop watcher (launch/monitor.py). `every_s` (default: $DISTVAL_PROGRESS_EVERY,
@@ -22,7 +24,7 @@ class ProgressView:
 
     def __init__(self, total: int, label: str, every_s: float | None = None):
         self.total, self.label = total, label
-        self.every_s = float(os.environ.get("DISTVAL_PROGRESS_EVERY", "10")) if every_s is None else every_s
+        self.every_s = float(os.environ.get(envvars.PROGRESS_EVERY.name, "10")) if every_s is None else every_s
         self._view: _Bar | _Lines | None = None
         self._seen: float | None = None
         self._health_seen: float | None = None
