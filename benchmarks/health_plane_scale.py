@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d's warning per client socket without a host name
 
-from distval.health.hang import cpu_seconds  # noqa: E402 (after the path)
+from distval.health.procs import cpu_seconds  # noqa: E402 (after the path)
 from distval.stats import percentile  # noqa: E402
 
 PERIOD_S = 0.5  # the heartbeat's interval_s, the watchdog's every_s, a simulated step
@@ -214,7 +214,8 @@ def watch(design: str, port: int, world: int, nodes: int, fault: str | None, rea
     ticking every PERIOD_S; reports its tick times in the steady window, its requests then, and the
     verdict with the seconds from the fault."""
     from distval.health import digest
-    from distval.health.hang import HangPolicy, Watchdog
+    from distval.health.config import HangPolicy
+    from distval.health.watchdog import Watchdog
     from distval.launch.channel import ChannelReader, put
 
     central = Counting(client(port))

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from distval.health.hang import HangPolicy
+from distval.health.config import HangPolicy
 from distval.launch import LaunchOptions, run
 from distval.train.config import TrainConfig
 from distval.train.loop import train_rank

@@ -145,3 +145,43 @@ def test_every_distval_environment_variable_is_declared_once_and_documented():
     assert used <= declared, f"undeclared: {sorted(used - declared)}"
     doc = (repo / "docs" / "architecture.md").read_text()
     assert all(f"`{name}`" in doc for name in declared), sorted(n for n in declared if f"`{n}`" not in doc)
+
+
+def module_graph() -> dict[str, dict[str, str]]:
+    """distval module -> {module it imports at run time: that file}; `from pkg import name` counts
+    as importing pkg.name where that is a module, else pkg."""
+    modules = {".".join(p.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in SRC.rglob("*.py")}
+    graph: dict[str, dict[str, str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        targets: list[str] = []
+
+        def visit(node: ast.AST) -> None:
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+                for child in node.orelse:
+                    visit(child)
+                return
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("distval"):
+                targets.extend(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                               for a in node.names)
+            elif isinstance(node, ast.Import):
+                targets.extend(a.name for a in node.names if a.name.startswith("distval"))
+            for child in ast.iter_child_nodes(node):
+                visit(child)
+
+        visit(tree)
+        for target in targets:
+            if target in modules and target != module:
+                graph.setdefault(module, {}).setdefault(target, str(path.relative_to(SRC)))
+    return graph
+
+
+def test_no_import_circle_between_modules_of_a_package():
+    """Inside a package too, a module's imports (at run time, in functions as well) never lead back
+    to it: what two modules share lives below both."""
+    graph = module_graph()
+    for package in sorted({m.rsplit(".", 1)[0] for m in graph}):
+        inside = {m: {t: f for t, f in targets.items() if t.rsplit(".", 1)[0] == package}
+                  for m, targets in graph.items() if m.rsplit(".", 1)[0] == package}
+        assert find_cycle(inside) is None, f"{package}: {find_cycle(inside)}"

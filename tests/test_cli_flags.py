@@ -117,8 +117,7 @@ def test_every_config_is_frozen_and_normalised_at_construction():
     import dataclasses
 
     from distval.ckpt.config import CheckpointConfig
-    from distval.health.config import HealthConfig
-    from distval.health.hang import HangPolicy
+    from distval.health.config import HangPolicy, HealthConfig
     from distval.strategies.config import StrategyConfig
     from distval.trace.config import TraceConfig
     from distval.train.config import OptimConfig

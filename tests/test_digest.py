@@ -14,9 +14,11 @@ import pytest
 import torch.distributed as dist
 
 from distval.health import digest, fingerprints
+from distval.health.config import HangPolicy
 from distval.health.digest import DigestReader, NodeWatch, expand, node_digest
-from distval.health.hang import HangPolicy, Watchdog, decide, diagnose_hang
+from distval.health.hang import decide, diagnose_hang
 from distval.health.heartbeat import KIND as HEARTBEAT
+from distval.health.watchdog import Watchdog
 from distval.launch.channel import ChannelReader, RankChannel, put
 
 WORLD = 8

@@ -9,7 +9,8 @@ import pytest
 from distval.doctor import net, ranks
 from distval.doctor.nccl_log import load_nccl_log, nccl_checks, parse_nccl_log
 from distval.doctor.net import Interface
-from distval.doctor.topo import load_topo, parse_topo, topo_checks
+from distval.doctor.topo import parse_topo, topo_checks
+from distval.doctor.topofile import load_topo
 from distval.results import Status
 
 DATA = Path(__file__).parent / "data"

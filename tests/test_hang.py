@@ -19,10 +19,13 @@ from pathlib import Path
 import pytest
 
 from distval.health import fingerprints
+from distval.health.config import HangPolicy
 from distval.health.diagnose import diagnose, fewer_collectives
-from distval.health.hang import Hang, HangPolicy, Watchdog, compiling, decide, diagnose_hang, process_state, where
+from distval.health.hang import Hang, compiling, decide, diagnose_hang
 from distval.health.heartbeat import Compiles
 from distval.health.pauses import Pause, Sites, kill_limit, site_of
+from distval.health.procs import process_state, where
+from distval.health.watchdog import Watchdog
 
 from conftest import free_port, run_cli
 

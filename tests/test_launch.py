@@ -230,7 +230,7 @@ def test_under_torchrun_rank_0_names_the_rank_that_failed(torchrun_runs):
 
 
 def test_node_watcher_plans_from_torchrun_and_slurm_variables():
-    from distval.health.hang import HangPolicy
+    from distval.health.config import HangPolicy
     from distval.launch.watcher import plan
 
     policy = HangPolicy(floor_s=3.0)

@@ -15,7 +15,7 @@ from distval import device as devices
 from distval import meta
 from distval.doctor import amd
 from distval.doctor.nccl_log import nccl_checks, parse_nccl_log
-from distval.doctor.topo import load_topo
+from distval.doctor.topofile import load_topo
 from distval.plan import presets
 from distval.plan.config import PlanConfig
 from distval.plan.model import build_network

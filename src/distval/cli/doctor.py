@@ -46,7 +46,7 @@ def doctor(
 ) -> int:
     """Environment, interfaces, routes, hostname, socket-interface variables, topology and NCCL log, with fix hints."""
     from distval.doctor.nccl_log import load_nccl_log
-    from distval.doctor.topo import load_topo
+    from distval.doctor.topofile import load_topo
 
     # Input first: a bad file or flag ends here, before anything runs or is written.
     check_outputs({"--json": json})

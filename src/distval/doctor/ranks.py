@@ -101,22 +101,6 @@ def rank_facts(cfg: Any) -> dict[str, Any]:
     }
 
 
-def rank_probe(ctx: Any, cfg: Any) -> dict[str, Any]:
-    """The per-rank function: runs on every rank after rendezvous."""
-    from distval.doctor.report import host_checks
-
-    ctx.status("doctor: rendezvous probe")
-    seen = ctx.exchange(ctx.rank)  # every rank's rank number, over the control group
-    store_port = int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT", "").isdigit() else None
-    out = {"facts": rank_facts(cfg), "bound": bound_sockets(store_port), "seen": seen, "world_size": ctx.world_size,
-           "host": None}
-    if ctx.local_rank == 0:
-        ctx.status("doctor: host checks")
-        checks, facts = host_checks(cfg)
-        out["host"] = {"checks": checks, "facts": facts}
-    return out
-
-
 # -- comparison on rank 0 -------------------------------------------------------------------------
 
 

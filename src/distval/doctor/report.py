@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distval import meta
-from distval.doctor import amd, net, system
+from distval.doctor import amd, net, ranks, system
 from distval.doctor.nccl_log import NcclLog, nccl_checks, nccl_table
 from distval.doctor.topo import Topo, topo_checks, topo_tables
 from distval.knobs import knob, normalise
@@ -163,8 +163,6 @@ def add_amd_table(report: Report, *hosts_facts: dict[str, Any]) -> None:
 
 
 def build_ranks_report(job: Any, cfg: DoctorConfig) -> Report:
-    from distval.doctor import ranks
-
     hosts: dict[str, dict[str, Any]] = {}
     for res in job.results:
         if res["host"] is not None and res["host"]["facts"]["hostname"] not in hosts:

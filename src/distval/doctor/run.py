@@ -5,18 +5,34 @@ workers / every worker of torchrun or Slurm, then the topology and NCCL-log chec
 from __future__ import annotations
 
 import dataclasses
+import os
+from typing import Any
 
 from distval import launch
 from distval.doctor import amd
 from distval.doctor import report as doctor_report
 from distval.doctor.nccl_log import NcclLog
-from distval.doctor.ranks import rank_probe
+from distval.doctor.ranks import bound_sockets, rank_facts
 from distval.doctor.topo import Topo, parse_topo, run_nvidia_smi
 from distval.health.diagnose import WorkerFailure
 from distval.launch.execute import execute
 from distval.launch.job import LaunchOptions
 from distval.results import Check, Report, Status
 from distval.rocm.smi import AmdTopology
+
+
+def rank_probe(ctx: Any, cfg: doctor_report.DoctorConfig) -> dict[str, Any]:
+    """The per-rank function: runs on every rank after rendezvous."""
+    ctx.status("doctor: rendezvous probe")
+    seen = ctx.exchange(ctx.rank)  # every rank's rank number, over the control group
+    store_port = int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT", "").isdigit() else None
+    out = {"facts": rank_facts(cfg), "bound": bound_sockets(store_port), "seen": seen, "world_size": ctx.world_size,
+           "host": None}
+    if ctx.local_rank == 0:
+        ctx.status("doctor: host checks")
+        checks, facts = doctor_report.host_checks(cfg)
+        out["host"] = {"checks": checks, "facts": facts}
+    return out
 
 
 def run_doctor(cfg: doctor_report.DoctorConfig, opts: LaunchOptions, probe: bool,

@@ -22,13 +22,12 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from distval.results import Check, Status, Table
 
 if TYPE_CHECKING:
-    from distval.rocm.smi import AmdTopology
+    pass
 
 LINK_RANK = {"X": 0, "NV": 1, "PIX": 2, "PXB": 3, "PHB": 4, "NODE": 5, "SYS": 6}
 _CELL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
@@ -132,23 +131,6 @@ def _labels(tokens: list[str]) -> list[str]:
         if label in text:
             out.append(label.lower().replace(" ", "_"))
     return out
-
-
-def load_topo(path: str | Path) -> "Topo | AmdTopology":
-    """--topo-file: `nvidia-smi topo -m`, `rocm-smi --showtopo` or `amd-smi topology` (text or JSON)."""
-    from distval.doctor.amd import load_topology_file
-
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(
-            f"--topo-file {str(p)!r} does not exist" if not p.exists() else f"--topo-file {str(p)!r} is not a file"
-        )
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"--topo-file {str(p)!r} cannot be read as text ({e})") from None
-    source = f"--topo-file {str(p)!r}"
-    return load_topology_file(text, source) or parse_topo(text, source)
 
 
 def run_nvidia_smi() -> str | None:

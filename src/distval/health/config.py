@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distval.knobs import knob
+from distval.stats import percentile
+from distval.units import parse_duration
 
 
 @dataclass(frozen=True)
@@ -36,3 +38,57 @@ class HealthConfig:
             raise ValueError(f"--check-replicas-every must be 0 (off) or more (got {self.every})")
         if self.on_nan not in ("warn", "stop"):
             raise ValueError(f"--on-nan must be warn or stop (got {self.on_nan!r})")
+
+
+HANG_AFTER_HELP = (
+    "Look for a hang when no rank progresses for this long (at least; learned from the gaps between progress, "
+    "x10), then name the culprit with every rank's stack. A stopped or dead rank, a skipped or mismatched "
+    "collective, every rank waiting: ended at once. Ranks running outside any collective while the others wait (an "
+    "evaluation or a save on rank 0 looks the same): named live, ended only past --hang-kill-after. off: no "
+    "watchdog (local workers).")
+HANG_KILL_HELP = (
+    "End a job whose ranks have run outside any collective while the others waited for this long (default 10m, "
+    "NCCL's own collective timeout: a healthy job's evaluation or save on one rank must not be killed; raised where "
+    "this job already survived a longer pause at the same line).")
+
+
+def _duration_or_off(text: str, flag: str) -> float | None:
+    return None if text == "off" else parse_duration(text, flag)
+
+
+@dataclass(frozen=True)
+class HangPolicy:
+    floor_s: float = knob(8.0, "--hang-after", parse=_duration_or_off, text="8s",
+                          help=HANG_AFTER_HELP)
+    factor: float = 10.0
+    startup_s: float = 120.0
+    busy_s: float = 600.0
+    # a pause (ranks outside any collective while the others wait: health/pauses.py) is ended
+    # past this (--hang-kill-after): NCCL's default collective timeout, after which the backend
+    # would end the job anyway
+    kill_after_s: float = knob(600.0, "--hang-kill-after", parse=parse_duration, text="10m", help=HANG_KILL_HELP)
+
+    def __post_init__(self) -> None:
+        if not self.floor_s > 0:
+            raise ValueError(f"--hang-after must be positive (got {self.floor_s:g} s), e.g. 30s")
+        if not self.kill_after_s >= self.floor_s:
+            raise ValueError(f"--hang-kill-after must be at least --hang-after ({self.floor_s:g} s; got "
+                             f"{self.kill_after_s:g} s), e.g. 10m")
+
+    @classmethod
+    def from_knobs(cls, **values: float | None) -> HangPolicy | None:
+        """The policy the flags ask for; None (no watchdog) for `--hang-after off`."""
+        if "floor_s" in values and values["floor_s"] is None:
+            return None
+        return cls(**values)
+
+    def threshold(self, gaps: list[float], busy: bool, slop_s: float = 1.0, running: bool = False) -> float:
+        """`gaps`: seconds between progress seen lately, each up to `slop_s` longer than the real
+        gap (progress is sampled: the heartbeat's and the watchdog's intervals). `running`: progress
+        was seen with every rank's process group up, though no gap could be measured yet (the
+        watchdog came late): the floor, not the start-up allowance."""
+        if not gaps:
+            limit = self.floor_s + slop_s if running else self.startup_s
+        else:
+            limit = max(self.floor_s, self.factor * max(0.0, percentile(gaps, 90) - slop_s)) + slop_s
+        return max(limit, self.busy_s) if busy else limit

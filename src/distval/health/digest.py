@@ -27,8 +27,9 @@ import socket
 from typing import Any, Callable, Iterable
 
 from distval.health import fingerprints
-from distval.health.hang import Hang, process_state
+from distval.health.hang import Hang
 from distval.health.heartbeat import KIND as HEARTBEAT
+from distval.health.procs import process_state
 
 KIND = "node"
 VERDICT = "verdict"

@@ -55,6 +55,7 @@ import time
 from typing import Any, Callable
 
 from distval.health.monitor import Finding, HealthConfig
+from distval.health.procs import stat_fields
 
 BUCKET_S = 1.0  # the unit of the rule: lost shares per second
 WINDOW = 9  # buckets the median excess is taken over (9 s): a burst under 6 s never holds it for PERSIST
@@ -71,8 +72,7 @@ HOST_HISTORY = 3600  # buckets the host note is the median of (the last hour)
 def read_state(fd: int) -> str:
     """The state letter of an open /proc/<pid>/stat ("" once the process is gone)."""
     try:
-        text = os.pread(fd, 512, 0).decode(errors="replace")
-        return text.rsplit(")", 1)[1].split()[0]
+        return stat_fields(os.pread(fd, 512, 0))[0].decode()
     except (OSError, IndexError):
         return ""
 
@@ -350,7 +350,7 @@ def _cpu_ticks(pid: int) -> int | None:
     """A process's CPU time (utime + stime, every thread), in ticks; None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+            fields = stat_fields(f.read())
         return int(fields[11]) + int(fields[12])
     except (OSError, ValueError, IndexError):
         return None
@@ -365,7 +365,7 @@ def _family(pids: set[int]) -> set[int]:
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/stat", "rb") as f:
-                    parent[int(name)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+                    parent[int(name)] = int(stat_fields(f.read())[1])
             except (OSError, ValueError, IndexError):
                 continue
     family = set(pids) | {parent[p] for p in pids if parent.get(p, 1) > 1} | {os.getpid()}

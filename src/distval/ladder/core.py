@@ -76,7 +76,7 @@ class StageResult:
 def job_a_rank(ctx: RankContext, cfg: RunConfig) -> dict[str, Any]:
     """Doctor's rank probe, then the check, then the bench, in one set of workers. The ranks
     agree whether the check found a wrong result; if it did, no rank runs the bench."""
-    from distval.doctor.ranks import rank_probe
+    from distval.doctor.run import rank_probe
 
     out: dict[str, Any] = {"seconds": {}}
     began = time.monotonic()

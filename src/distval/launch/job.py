@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from distval.health.hang import HangPolicy
+from distval.health.config import HangPolicy
 from distval.knobs import knob, normalise
 from distval.results import JobResult  # noqa: F401 (re-exported: what run() returns)
 from distval.units import parse_duration

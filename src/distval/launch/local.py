@@ -30,11 +30,12 @@ from typing import Any, Callable
 
 from distval import device as devices
 from distval.health.diagnose import TEARDOWN_EXITS, WorkerFailure, diagnose, in_startup
-from distval.health.hang import HINTS, Hang, Watchdog, stop_ranks, summary
+from distval.health.hang import HINTS, Hang, summary
 from distval.health.heartbeat import FR_ENV, enable_flight_recorder
 from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.health.metrics import exporter_for
 from distval.health.pauses import Pause
+from distval.health.watchdog import Watchdog, stop_ranks
 from distval.launch import channel as channels
 from distval.launch import forkserver
 from distval.launch.job import JobResult, LaunchOptions, RankFn

@@ -25,7 +25,10 @@ import time
 from typing import Any
 
 from distval.health import digest, ranks_text
-from distval.health.hang import Hang, HangPolicy, Watchdog, process_state, stop_pids, summary
+from distval.health.config import HangPolicy
+from distval.health.hang import Hang, summary
+from distval.health.procs import process_state, stop_pids
+from distval.health.watchdog import Watchdog
 from distval.launch import channel
 
 TICK_S = 0.5

@@ -1,6 +1,6 @@
 """Terminal views of tables, by table name: the same table reads the same in every command and in
 the ladder. A view takes the table and the report's meta and returns something rich can print;
-a table without a view is printed as a plain grid (terminal.render_table). The JSON and HTML
+a table without a view is printed as a plain grid (grid.render_table). The JSON and HTML
 reports always keep every row and column; views only choose what the terminal shows."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from distval.meta import stack_text
+from distval.report.grid import render_table
 from distval.results import Table
 from distval.trace.views import VIEWS as TRACE_VIEWS
 from distval.units import format_bytes, format_seconds
@@ -94,8 +95,6 @@ def _num(value: float | None, spec: str) -> str:
 
 def steps_view(table: Table, meta: dict[str, Any]) -> Any:
     """A short run's steps in full; a long run's first and last step, the rest in the JSON."""
-    from distval.report.terminal import render_table
-
     if len(table.rows) <= MAX_STEP_ROWS:
         return render_table(table)
     first, last = table.rows[0], table.rows[-1]
@@ -106,8 +105,6 @@ def steps_view(table: Table, meta: dict[str, Any]) -> Any:
 def scaling_view(table: Table, meta: dict[str, Any]) -> Any:
     """scale's table in 100-odd columns: * marks a point whose ranks outnumber its cores (the
     planner's own table of that name, without a planned efficiency, prints as it is)."""
-    from distval.report.terminal import render_table
-
     if "planned_efficiency" not in table.columns:
         return render_table(table)
     t = RichTable(title=table.title, header_style="bold")
