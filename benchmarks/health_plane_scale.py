@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d's warning per client socket without a host name
 
 from distval.health.procs import cpu_seconds  # noqa: E402 (after the path)
+from distval.protocol import Kind
 from distval.stats import percentile  # noqa: E402
 
 PERIOD_S = 0.5  # the heartbeat's interval_s, the watchdog's every_s, a simulated step
@@ -229,7 +230,7 @@ def watch(design: str, port: int, world: int, nodes: int, fault: str | None, rea
     def on_hang(hang):
         found.append((time.time(), hang))
         if design == "digests":
-            put(central, digest.VERDICT, 0, digest.verdict(hang))
+            put(central, Kind.VERDICT, 0, digest.verdict(hang))
 
     dog = Watchdog(world, HangPolicy(), on_hang, every_s=PERIOD_S, say=lambda line: None)
     gc.freeze()  # as launch/watcher.py does: torch's objects out of the collector's full passes

@@ -185,3 +185,28 @@ def test_no_import_circle_between_modules_of_a_package():
         inside = {m: {t: f for t, f in targets.items() if t.rsplit(".", 1)[0] == package}
                   for m, targets in graph.items() if m.rsplit(".", 1)[0] == package}
         assert find_cycle(inside) is None, f"{package}: {find_cycle(inside)}"
+
+
+def test_the_rank_channel_speaks_only_the_declared_protocol():
+    """Every message kind is distval.protocol's `Kind`: no call that publishes or reads the channel
+    spells one as a string; a kind or a payload field not declared there is refused at publish."""
+    from distval import protocol
+
+    names = {k.value for k in protocol.Kind}
+    calls = ("publish", "latest", "all", "of", "clear", "put")
+    spelled = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            on_class = getattr(getattr(node.func, "value", None), "id", "a")[:1].isupper()  # StageResult.of(...)
+            if getattr(node.func, "attr", getattr(node.func, "id", None)) in calls and not on_class:
+                spelled += [f"{path.relative_to(SRC)}:{node.lineno} {a.value!r}" for a in node.args
+                            if isinstance(a, ast.Constant) and a.value in names]
+    assert not spelled, spelled
+    assert set(protocol.PAYLOADS) == set(protocol.Kind)
+    assert protocol.check(protocol.Kind.NOTE, {"no_restart": "x", "exit_code": 3}) == "note"
+    with pytest.raises(ValueError, match="has no kind 'notes'"):
+        protocol.check("notes", {})
+    with pytest.raises(ValueError, match="'status' has no field"):
+        protocol.check(protocol.Kind.STATUS, {"status": "x", "stauts": 1})

@@ -17,9 +17,9 @@ from distval.health import digest, fingerprints
 from distval.health.config import HangPolicy
 from distval.health.digest import DigestReader, NodeWatch, expand, node_digest
 from distval.health.hang import decide, diagnose_hang
-from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.health.watchdog import Watchdog
 from distval.launch.channel import ChannelReader, RankChannel, put
+from distval.protocol import Kind
 
 WORLD = 8
 
@@ -135,7 +135,7 @@ def test_the_leader_names_a_stopped_rank_on_another_node_and_every_node_learns_i
 
     def on_hang(hang):
         found.append((time.monotonic(), hang))
-        put(central, digest.VERDICT, 0, digest.verdict(hang))
+        put(central, Kind.VERDICT, 0, digest.verdict(hang))
 
     leader = Watchdog(WORLD, HangPolicy(floor_s=1.0), on_hang, every_s=0.1, say=lambda line: None)
     reader = DigestReader(ChannelReader(counted), 2, ChannelReader)
@@ -144,7 +144,7 @@ def test_the_leader_names_a_stopped_rank_on_another_node_and_every_node_learns_i
         for r, ch in channels.items():
             frozen = stopped_at is not None
             b = (beat(r, 47, 47) if r == 5 else waiting(r)) if frozen else beat(r, tick + 1, tick + 1)
-            ch.publish(HEARTBEAT, b, flush=True)
+            ch.publish(Kind.HEARTBEAT, b, flush=True)
             ch.publish("status", {"status": b["status"], "step": tick}, flush=True)
         if tick == 6:
             stopped_at = time.monotonic()
@@ -179,8 +179,8 @@ def test_a_fingerprint_mismatch_is_read_from_the_nodes_stores():
         ch = RankChannel(r, nodes[r // 4][0])
         b = beat(r, 128, 128)
         b["windows"] = {"0": {"1": "odd" if r == 6 else "9f2c4e1d"}}
-        ch.publish(HEARTBEAT, b, flush=True)
-        ch.publish(fingerprints.KIND, odd if r == 6 else prints, flush=True)
+        ch.publish(Kind.HEARTBEAT, b, flush=True)
+        ch.publish(Kind.FINGERPRINTS, odd if r == 6 else prints, flush=True)
     for n in range(2):
         NodeWatch(n, list(range(4 * n, 4 * n + 4)), ChannelReader(nodes[n][0]), ChannelReader(central),
                   lambda kind, d, n=n: put(central, kind, n, d), store=nodes[n][1], host=f"node{n}",

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from distval.protocol import Kind
+
 if TYPE_CHECKING:
     from distval.comm.layer import Comm
     from distval.health.faults import Faults
@@ -92,7 +94,7 @@ class RankContext:
         checkpoint save: the hang watchdog allows it more time)."""
         self.last_status, self.status_fields = text, fields
         # pid and host: the launcher's record of its workers' deaths names the rank by them
-        self.channel.publish("status", {"status": text, "pid": os.getpid(), "host": self.hostname, **fields},
+        self.channel.publish(Kind.STATUS, {"status": text, "pid": os.getpid(), "host": self.hostname, **fields},
                              flush=True)
 
     def exchange(self, value: int) -> list[int]:
@@ -108,7 +110,7 @@ class RankContext:
         comms = [c for c in (self.comm, self.control_comm) if c is not None]
         state = {**state_payload(self.rank, self.last_status, comms, error, traceback_text),
                  "recent": self.last_collectives()}
-        self.channel.publish("state", state, flush=True)
+        self.channel.publish(Kind.STATE, state, flush=True)
 
 
 def state_payload(

@@ -45,11 +45,11 @@ from distval.ckpt import state as ckpt_state
 from distval.ckpt import store
 from distval.ckpt.config import CheckpointConfig
 from distval.health.faults import attempt_number
+from distval.protocol import Kind
 from distval.results import atomic_write_text
 
 GRACE_S = 20.0  # after SIGTERM, a rank that reaches no step boundary in this time exits as before
 MODEL_FILE = "model.safetensors"
-POSITION = "position"  # the channel kind: {"attempt", "step"} of the step rank 0 is in
 DCP_DIR = "dcp"  # the sharded form: torch.distributed.checkpoint's files, each rank its own shards
 
 
@@ -214,7 +214,7 @@ class Checkpointer:
             return
         last = self.journal.current
         reader = self.ctx.channel.reader()
-        position = reader.latest(0, POSITION) if reader is not None else None
+        position = reader.latest(0, Kind.POSITION) if reader is not None else None
         if position and position.get("attempt") == last["attempt"] and last["outcome"] == "running":
             last.update(last_step=position["step"], last_step_time=position["time"])
 
@@ -229,7 +229,7 @@ class Checkpointer:
     def _no_restart(self, message: str, exit_code: int) -> None:
         """Ask distval's agent (local mode) to stop instead of restarting into the same error."""
         if self.rank == 0:
-            self.ctx.channel.publish("note", {"no_restart": message, "exit_code": exit_code}, flush=True)
+            self.ctx.channel.publish(Kind.NOTE, {"no_restart": message, "exit_code": exit_code}, flush=True)
 
     def _load(self, path: Path) -> int:
         self.ctx.status(f"loading checkpoint {path.name}", busy=True)
@@ -257,7 +257,7 @@ class Checkpointer:
     def before_step(self, step: int) -> None:
         self._step, self._step_time = step, time.time()
         if self.rank == 0:  # where this attempt is: on the channel, at once (a killed rank cannot flush)
-            self.ctx.channel.publish(POSITION, {"attempt": self.attempt, "step": step}, flush=True)
+            self.ctx.channel.publish(Kind.POSITION, {"attempt": self.attempt, "step": step}, flush=True)
         self.ctx.faults.at_step(step)
         # every rank learns whether any rank got SIGTERM, so all stop at the same boundary
         if max(self.ctx.exchange(int(self.stop_requested))):

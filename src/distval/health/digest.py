@@ -26,13 +26,10 @@ import json
 import socket
 from typing import Any, Callable, Iterable
 
-from distval.health import fingerprints
 from distval.health.hang import Hang
-from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.health.procs import process_state
+from distval.protocol import Kind
 
-KIND = "node"
-VERDICT = "verdict"
 NOT_RUNNING = ("T", "t", "Z", "gone")  # process states a digest reports: stopped, traced, zombie, gone
 _PER_RANK = ("pid", "host", "cpu_s", "time")  # differ between ranks in step; no verdict reads them
 
@@ -108,13 +105,13 @@ class NodeWatch:
         self.last: dict[str, Any] | None = None
 
     def tick(self) -> dict[str, Any] | None:
-        beats = self.local.of(self.ranks, HEARTBEAT)
-        statuses = self.local.of(self.ranks, "status")
+        beats = self.local.of(self.ranks, Kind.HEARTBEAT)
+        statuses = self.local.of(self.ranks, Kind.STATUS)
         digest = node_digest(self.node, self.ranks, beats, statuses, self.states(beats), self.host, self.store)
         if digest != self.last:
-            self.publish(KIND, digest)
+            self.publish(Kind.NODE, digest)
             self.last = digest
-        return self.central.latest(0, VERDICT)
+        return self.central.latest(0, Kind.VERDICT)
 
 
 class DigestReader:
@@ -129,13 +126,13 @@ class DigestReader:
         self._node_readers: dict[str, Any] = {}
 
     def digests(self) -> list[dict[str, Any] | None]:
-        return list(self.central.all(self.nodes, KIND).values())
+        return list(self.central.all(self.nodes, Kind.NODE).values())
 
     def all(self, world_size: int, kind: str) -> dict[int, dict[str, Any] | None]:
-        if kind in (HEARTBEAT, "status"):
+        if kind in (Kind.HEARTBEAT, Kind.STATUS):
             beats, statuses = expand(self.digests(), world_size)
-            return beats if kind == HEARTBEAT else statuses
-        if kind == fingerprints.KIND:
+            return beats if kind == Kind.HEARTBEAT else statuses
+        if kind == Kind.FINGERPRINTS:
             found: dict[int, dict[str, Any] | None] = dict.fromkeys(range(world_size))
             for d in self.digests():
                 if d and d.get("store"):
@@ -146,5 +143,5 @@ class DigestReader:
 
 
 def verdict(hang: Hang) -> dict[str, Any]:
-    """What the leader publishes (kind VERDICT) for every node to act on."""
+    """What the leader publishes (kind `verdict`) for every node to act on."""
     return {"kind": hang.kind, "culprits": hang.culprits, "verdict": hang.verdict, "hung": hang.hung}

@@ -37,7 +37,6 @@ from distval.health import ranks_text
 
 EVERY = 64  # K: collectives per window
 KEEP = 4  # windows per group each rank keeps published
-KIND = "fingerprints"
 
 
 def fingerprint(entry: dict[str, Any]) -> str:

@@ -31,10 +31,10 @@ import time
 from typing import Any, Callable
 
 from distval.health import fingerprints
+from distval.protocol import Kind
 
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_ENTRIES = "256"  # enough to hold what a stalled rank is waiting in; small enough to read in a few ms
-KIND = "heartbeat"
 
 
 def enable_flight_recorder(env: dict[str, str] | Any = os.environ) -> None:
@@ -191,7 +191,7 @@ class Heartbeat:
                 "pending": pending_collectives(groups, entries) if stalled else [], "windows": self._digests,
                 "cpu_s": round(time.process_time(), 2)}
         if beat != self._last:
-            self.channel.publish(KIND, beat)
+            self.channel.publish(Kind.HEARTBEAT, beat)
             self._last = beat
         return beat
 
@@ -209,7 +209,7 @@ class Heartbeat:
         self._digests = {pg: {str(w): fingerprints.digest(f["prints"]) for w, f in ws.items()}
                          for pg, ws in self._prints.items()}
         published = {pg: {str(w): f for w, f in ws.items()} for pg, ws in self._prints.items()}
-        self.channel.publish(fingerprints.KIND, {"windows": published})
+        self.channel.publish(Kind.FINGERPRINTS, {"windows": published})
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

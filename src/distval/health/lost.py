@@ -56,6 +56,7 @@ from typing import Any, Callable
 
 from distval.health.monitor import Finding, HealthConfig
 from distval.health.procs import stat_fields
+from distval.protocol import Kind
 
 BUCKET_S = 1.0  # the unit of the rule: lost shares per second
 WINDOW = 9  # buckets the median excess is taken over (9 s): a burst under 6 s never holds it for PERSIST
@@ -413,7 +414,7 @@ class LostTime:
         if now < self.next_bucket:
             return
         self.next_bucket = max(self.next_bucket + BUCKET_S, now)
-        self._follow(reader.all(self.world_size, "heartbeat"))
+        self._follow(reader.all(self.world_size, Kind.HEARTBEAT))
         with self.lock:
             shares = {r: s for r, proc in self.ranks.items() if (s := proc.take()) is not None}
             pids = {proc.pid for proc in self.ranks.values()}

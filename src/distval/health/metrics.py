@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any
 
+from distval.protocol import Kind
+
 PREFIX = "distval"
 RANK_FIELDS = {  # per-rank gauge: (field of a rank row, help)
     "step_seconds": ("step_s", "The rank's last optimizer step, wall time (s)"),
@@ -76,10 +78,10 @@ class MetricsExporter:
         snap: dict[str, Any] = {"ranks": {r: {} for r in range(self.world_size)}, "findings": {},
                                 "tokens_per_s": None, "step": None}
         wall = time.time()
-        for r, beat in reader.all(self.world_size, "heartbeat").items():
+        for r, beat in reader.all(self.world_size, Kind.HEARTBEAT).items():
             if beat:
                 snap["ranks"][r]["heartbeat_age"] = max(0.0, wall - beat.get("time", wall))
-        row = reader.latest(0, "step")  # distval train: rank 0's finished step
+        row = reader.latest(0, Kind.STEP)  # distval train: rank 0's finished step
         if row:
             snap["step"], snap["tokens_per_s"] = row.get("step"), row.get("tokens_per_s")
             for r, fields in enumerate(row.get("ranks") or []):

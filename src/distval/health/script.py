@@ -26,7 +26,8 @@ from typing import Any, Callable
 from distval.health.config import HealthConfig
 from distval.health.monitor import Finding, HealthMonitor, compare_replicas, nonfinite_in_script
 from distval.health.report import add_health
-from distval.health.steps import KEEP, KIND, PROBE_KIND, PROBE_NAMES, aligned_rows
+from distval.health.steps import KEEP, aligned_rows
+from distval.protocol import Kind
 from distval.results import Report
 
 READ_EVERY_S = 0.5  # as often as the ranks publish their steps
@@ -64,17 +65,17 @@ class ScriptMonitor:
         self._read(reader)
 
     def _read(self, reader: Any) -> None:
-        for rank, payload in reader.all(self.world_size, KIND).items():
+        for rank, payload in reader.all(self.world_size, Kind.STEPS).items():
             if payload:
                 self.hosts.add(payload["host"])
                 for row in payload["rows"]:
                     self.rows[rank][row[0]] = row
         self.feed()
-        for rank, payload in reader.all(self.world_size, PROBE_KIND).items():
+        for rank, payload in reader.all(self.world_size, Kind.PROBE).items():
             if payload:
                 self.probes[rank] = payload
                 if payload["replicas"] and rank not in self.names:
-                    self.names[rank] = (reader.latest(rank, PROBE_NAMES) or {}).get("names", [])
+                    self.names[rank] = (reader.latest(rank, Kind.PROBE_NAMES) or {}).get("names", [])
         self._nonfinite()
         self._replicas()
 

@@ -31,9 +31,8 @@ import time
 from typing import Any, Callable
 
 from distval.health.heartbeat import group_progress, recorded
+from distval.protocol import Kind
 
-KIND = "steps"
-PROBE_KIND, PROBE_NAMES = "probe", "probe_names"  # health/probe.py's notes, published by the clock's thread
 KEEP = 64  # rows each publication carries
 
 
@@ -98,16 +97,16 @@ class StepClock:
             pg, (seq, _) = max(groups.items(), key=lambda kv: kv[1][0])  # the busiest group
             if (pg, seq) in by_key:
                 self.rows.append([step, step_s, pg, seq, by_key[(pg, seq)], *memory])
-        self.channel.publish(KIND, {"host": socket.gethostname(), "rows": list(self.rows)})
+        self.channel.publish(Kind.STEPS, {"host": socket.gethostname(), "rows": list(self.rows)})
 
     def _publish_probe(self) -> None:
         version, payload = self.probe.payload()
         if version == self._probed:
             return
         if not self._probed:  # the names, once: the checksums come in their order
-            self.channel.publish(PROBE_NAMES, self.probe.names_payload())
+            self.channel.publish(Kind.PROBE_NAMES, self.probe.names_payload())
         self._probed = version
-        self.channel.publish(PROBE_KIND, payload)
+        self.channel.publish(Kind.PROBE, payload)
 
     def close(self) -> None:
         self._stop.set()

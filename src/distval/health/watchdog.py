@@ -14,9 +14,9 @@ from typing import Any, Callable
 from distval.health import fingerprints, ranks_text
 from distval.health.config import HangPolicy
 from distval.health.hang import Hang, compiling, diagnose_hang, mismatch_found
-from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.health.pauses import LOOK_EVERY_S, Pause, Sites, due, kill_limit, user_frames
 from distval.health.procs import main_frames, process_state, stop_pids
+from distval.protocol import Kind
 
 COMPILE_RECHECK_S = 30.0  # a rank in torch.compile at a would-be hang: the stacks are looked at again this much later
 
@@ -55,7 +55,7 @@ class Watchdog:
         if self.hang is not None or now - self._checked < self.every_s:
             return
         self._checked, self._reader = now, reader
-        beats = reader.all(self.world_size, HEARTBEAT)
+        beats = reader.all(self.world_size, Kind.HEARTBEAT)
         if self._mismatch(beats, reader):
             self.on_hang(self.hang)
             return
@@ -86,14 +86,14 @@ class Watchdog:
             return
         if self._suspected is not None and now - self._suspected < LOOK_EVERY_S:
             return
-        statuses = reader.all(self.world_size, "status")  # written at once: fresher than a heartbeat
+        statuses = reader.all(self.world_size, Kind.STATUS)  # written at once: fresher than a heartbeat
         if all((statuses.get(r) or {}).get("done") for r in range(self.world_size)):
             return  # every rank's script has returned: the workers are exiting, not hung
         for r, b in beats.items():
             if b and statuses.get(r):
                 b.update(status=statuses[r].get("status", b["status"]), step=statuses[r].get("step", b["step"]))
         hang = diagnose_hang(beats, stalled)
-        if _progress(reader.all(self.world_size, HEARTBEAT)) != progress:
+        if _progress(reader.all(self.world_size, Kind.HEARTBEAT)) != progress:
             return  # the ranks moved on while their stacks were taken: starved of CPU (a stale heartbeat), not hung
         if hang.kind not in ("stopped", "dead") and compiling(hang) and stalled < self.policy.busy_s:
             self._compiling_until = self._looked = now + COMPILE_RECHECK_S  # real work: look again later
@@ -185,7 +185,7 @@ class Watchdog:
             return False
         self._compared = digests
         found = fingerprints.compare(digests, fingerprints.EVERY,
-                                     lambda: reader.all(self.world_size, fingerprints.KIND))
+                                     lambda: reader.all(self.world_size, Kind.FINGERPRINTS))
         if found is None:
             return False
         self.hang = mismatch_found(beats, *found)
@@ -198,7 +198,7 @@ class Watchdog:
         if self.pause is not None:
             self._pause_ended(time.monotonic())
         if self.hang is None and self._reader is not None:
-            self._mismatch(self._reader.all(self.world_size, HEARTBEAT), self._reader)
+            self._mismatch(self._reader.all(self.world_size, Kind.HEARTBEAT), self._reader)
 
 
 def _progress(beats: dict[int, dict[str, Any] | None]) -> dict[int, tuple]:

@@ -5,17 +5,8 @@ put in a latest-value slot and a daemon thread writes it to the store), so train
 on the network; `flush=True` writes at once (a rank that is about to die). Monitor side,
 `ChannelReader.latest(rank, kind)`: the last payload a rank published of that kind, or None.
 
-Kinds (the payload is a JSON object, with "time" added):
-  status   what the rank is about to do ("train zero2 step 41"): named when it dies or hangs there
-           (written at once by `RankContext.status`: a killed rank cannot flush); also `pid`, `host`,
-           and from `distval launch`'s shim `script: true`, then `stepped: true` once at its first
-           optimizer step
-  step     rank 0's metrics of the step it just finished (the live progress view)
-  state    what a rank was doing when it failed or was stopped: error, status, collectives issued
-           and pending, traceback, and from the shim `script_step` (optimizer steps finished; 0:
-           it died during start-up) (read by health/diagnose.py)
-  note     a request to distval's agent: {"no_restart": message, "exit_code": 1|2|3, "rank": the culprit},
-           `startup: true` from the shim (an error of the script's own before its first step)
+The kinds and their payloads' fields are declared in distval/protocol.py (`Kind`, one TypedDict
+per kind), which checks every publish; the payload is a JSON object, with "time" added.
 
 The store: in local mode the launching process serves a TCPStore and hands its address to the
 workers (`DISTVAL_CHANNEL=host:port`); under torchrun, Slurm or mpirun the job's own store at
@@ -35,13 +26,14 @@ import time
 from typing import Any, Iterable
 
 from distval import envvars
+from distval.protocol import Kind, check
 
 ENV = envvars.CHANNEL.name
 CLOSE_TIMEOUT_S = 5.0  # a rank's end waits at most this for a write in flight
 
 
-def _key(kind: str, rank: int) -> str:
-    return f"distval/{kind}/{rank}"
+def _key(kind: Kind | str, rank: int) -> str:
+    return f"distval/{Kind(kind).value}/{rank}"
 
 
 def connect(address: str, timeout_s: float = 30.0) -> Any:
@@ -65,10 +57,10 @@ def _encode(payload: dict[str, Any]) -> bytes:
     return json.dumps({**payload, "time": time.time()}, default=str).encode()
 
 
-def put(store: Any, kind: str, index: int, payload: dict[str, Any]) -> None:
+def put(store: Any, kind: Kind, index: int, payload: dict[str, Any]) -> None:
     """Write one payload now under `distval/<kind>/<index>`, as a rank's flushed publish would,
     for a writer that is not a rank (a node's digest, the leader's verdict: health/digest.py)."""
-    store.set(_key(kind, index), _encode(payload))
+    store.set(_key(check(kind, payload), index), _encode(payload))
 
 
 class RankChannel:
@@ -92,23 +84,24 @@ class RankChannel:
         """Start writing to `store`; this rank's failure note of an earlier attempt is removed."""
         with self._cond:
             self._store = store
-            self.clear("state")
+            self.clear(Kind.STATE)
             self._cond.notify()
 
-    def clear(self, kind: str) -> None:
+    def clear(self, kind: Kind) -> None:
         if self._store is not None:
             try:
                 self._store.delete_key(_key(kind, self.rank))
             except Exception:  # noqa: BLE001 (best effort, see the module docstring)
                 self.errors += 1
 
-    def publish(self, kind: str, payload: dict[str, Any], flush: bool = False) -> None:
+    def publish(self, kind: Kind, payload: dict[str, Any], flush: bool = False) -> None:
+        name = check(kind, payload)
         data = _encode(payload)
         if flush:
-            self._write({kind: data})
+            self._write({name: data})
             return
         with self._cond:
-            self._slot[kind] = data
+            self._slot[name] = data
             self._cond.notify()
 
     def reader(self) -> ChannelReader | None:
@@ -169,7 +162,7 @@ class ChannelReader:
                 return None
         return self._store
 
-    def latest(self, rank: int, kind: str) -> dict[str, Any] | None:
+    def latest(self, rank: int, kind: Kind) -> dict[str, Any] | None:
         key = _key(kind, rank)
         try:
             if self._connected() is None or not self._store.check([key]):
@@ -178,21 +171,21 @@ class ChannelReader:
         except Exception:  # noqa: BLE001 (an unreachable store reads as "nothing published")
             return None
 
-    def all(self, world_size: int, kind: str) -> dict[int, dict[str, Any] | None]:
+    def all(self, world_size: int, kind: Kind) -> dict[int, dict[str, Any] | None]:
         """Every rank's latest payload of a kind (`of` ranks 0 .. world_size - 1)."""
         return self.of(range(world_size), kind)
 
-    def of(self, ranks: Iterable[int], kind: str) -> dict[int, dict[str, Any] | None]:
+    def of(self, ranks: Iterable[int], kind: Kind) -> dict[int, dict[str, Any] | None]:
         """These ranks' latest payloads of a kind. Once each of them has published it, two requests
         (a `check` of all the keys, then one `multi_get`) instead of two per rank: a watchdog's
         tick at 1,024 ranks goes from 2,048 round trips to 2 (benchmarks/health_plane_scale.py).
         Only for kinds whose keys are never deleted (`state` is: a get of a deleted key would
         wait out the store's timeout)."""
         ranks = list(ranks)
-        batched = self._at_once(ranks, kind) if kind != "state" and len(ranks) > 1 else None
+        batched = self._at_once(ranks, kind) if Kind(kind) is not Kind.STATE and len(ranks) > 1 else None
         return batched if batched is not None else {r: self.latest(r, kind) for r in ranks}
 
-    def _at_once(self, ranks: list[int], kind: str) -> dict[int, dict[str, Any] | None] | None:
+    def _at_once(self, ranks: list[int], kind: Kind) -> dict[int, dict[str, Any] | None] | None:
         """The ranks' payloads in one check and one multi_get; None when some rank has not
         published yet, the store is unreachable or a payload is bad (the per-rank reads say)."""
         keys = [_key(kind, r) for r in ranks]
@@ -206,7 +199,7 @@ class ChannelReader:
 
     def no_restart_note(self, world_size: int) -> dict[str, Any] | None:
         """The first rank's note asking distval's agent not to restart the job, if any."""
-        return next((n for n in self.all(world_size, "note").values() if n and n.get("no_restart")), None)
+        return next((n for n in self.all(world_size, Kind.NOTE).values() if n and n.get("no_restart")), None)
 
 
 def for_worker(rank: int) -> RankChannel:

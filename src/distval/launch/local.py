@@ -32,7 +32,6 @@ from distval import device as devices
 from distval.health.diagnose import TEARDOWN_EXITS, WorkerFailure, diagnose, in_startup
 from distval.health.hang import HINTS, Hang, summary
 from distval.health.heartbeat import FR_ENV, enable_flight_recorder
-from distval.health.heartbeat import KIND as HEARTBEAT
 from distval.health.metrics import exporter_for
 from distval.health.pauses import Pause
 from distval.health.watchdog import Watchdog, stop_ranks
@@ -41,6 +40,7 @@ from distval.launch import forkserver
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.modes import planned_world_size
 from distval.launch.monitor import Monitor, Watcher
+from distval.protocol import Kind
 from distval.results import Status
 
 
@@ -180,7 +180,7 @@ class _StartupLoop:
         if not new or self.found is not None:
             return
         self._seen += len(new)
-        statuses, beats = reader.all(self.world, "status"), reader.all(self.world, HEARTBEAT)
+        statuses, beats = reader.all(self.world, Kind.STATUS), reader.all(self.world, Kind.HEARTBEAT)
         here = socket.gethostname()  # read within 0.05 s of the death: its rank's status is still that attempt's
         ranks = {s["pid"]: r for r, s in statuses.items() if s and s.get("pid") and s.get("host") == here}
         for pid, code in new:
@@ -317,7 +317,7 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         _raise_hang(watchdog)
         _raise_no_restart(monitor, reader, run_dir, world, show_output)
         exitcodes = {r: f.exitcode for r, f in e.failures.items()}  # the agent's: one failure, the first it found
-        ranks = {**reader.all(world, "status"), **{r: b for r, b in reader.all(world, HEARTBEAT).items() if b}}
+        ranks = {**reader.all(world, Kind.STATUS), **{r: b for r, b in reader.all(world, Kind.HEARTBEAT).items() if b}}
         exitcodes.update({r: c for r, c in exits.first_killed(ranks).items() if r not in exitcodes})
         raise _said(_diagnose(reader, run_dir, world, exitcodes), show_output) from None
     except (SignalException, _Stopped):
@@ -392,8 +392,8 @@ def _diagnose(reader: channels.ChannelReader, run_dir: str, world: int, exitcode
     """`exitcodes`: of this node's workers, by global rank (the agent's). The log tails are kept
     by local rank: read on one node only."""
     tails = {r: _log_tail(run_dir, r) for r in range(world)} if world == len(_local_logs(run_dir)) else {}
-    return diagnose(reader.all(world, "state"), reader.all(world, "status"), exitcodes, tails, deadline_s,
-                    reader.all(world, HEARTBEAT))
+    return diagnose(reader.all(world, Kind.STATE), reader.all(world, Kind.STATUS), exitcodes, tails, deadline_s,
+                    reader.all(world, Kind.HEARTBEAT))
 
 
 def _local_logs(run_dir: str) -> set[str]:

@@ -37,6 +37,7 @@ from distval.health.probe import Probe
 from distval.health.probe import from_env as probe_settings
 from distval.health.steps import StepClock
 from distval.launch import channel as channels
+from distval.protocol import Kind
 from distval.rank import state_payload
 from distval.trace.capture import from_env
 
@@ -71,7 +72,7 @@ class LastWords:
             self._said = True
         state = {**state_payload(self.rank, self.status, [], error, traceback_text), "recent": last_collectives(),
                  "script_step": self.steps.step}
-        self.channel.publish("state", state, flush=True)
+        self.channel.publish(Kind.STATE, state, flush=True)
 
     def install(self) -> LastWords:
         signal.signal(signal.SIGTERM, self._on_term)
@@ -109,7 +110,7 @@ def main(argv: list[str]) -> None:
     # `script`: this rank runs a launched script (a death before its first optimizer step is one
     # during start-up: health/diagnose.py); pid and host name it
     said = {"status": status, "pid": os.getpid(), "host": socket.gethostname(), "script": True}
-    channel.publish("status", said, flush=True)
+    channel.publish(Kind.STATUS, said, flush=True)
     _say_first_step(channel, said)
     # the script's optimizer steps: stragglers, memory (health/steps.py); NaN/Inf, replicas (health/probe.py)
     steps = StepClock(channel, probe=Probe(*probe_settings())).start()
@@ -157,7 +158,7 @@ def _say_first_step(channel: channels.RankChannel, said: dict[str, Any]) -> None
     def stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
         if not first.is_set():  # the hook stays: torch iterates its hooks as it calls them, so none may go
             first.set()
-            channel.publish("status", {**said, "stepped": True}, flush=True)
+            channel.publish(Kind.STATUS, {**said, "stepped": True}, flush=True)
 
     register_optimizer_step_post_hook(stepped)
 
@@ -171,7 +172,7 @@ def _failed(e: Exception, last_words: LastWords, step: int) -> None:
     last_words.say(error, _format(e, tb))
     asked = step == 0 and not secondary(error) and _restarts_left()
     if asked:  # the launcher stops the job at this note (launch/local.py): no attempt raises it again
-        last_words.channel.publish("note", {"no_restart": f"died during start-up: {error}", "exit_code": 3,
+        last_words.channel.publish(Kind.NOTE, {"no_restart": f"died during start-up: {error}", "exit_code": 3,
                                             "rank": last_words.rank, "startup": True}, flush=True)
     _excepthook()(type(e), e.with_traceback(tb), tb)  # Python's hook prints the exception's own traceback
     sys.stderr.flush()
@@ -211,7 +212,7 @@ def _restarts_left() -> bool:
 def _finished(channel: channels.RankChannel, status: str) -> None:
     """The script returned: what is left is the interpreter's exit, which the watchdog must not
     take for a hang when it is slow (a busy host)."""
-    channel.publish("status", {"status": f"{status}: finished, exiting", "done": True}, flush=True)
+    channel.publish(Kind.STATUS, {"status": f"{status}: finished, exiting", "done": True}, flush=True)
 
 
 def _beat_before_destroy(heartbeat: Heartbeat) -> None:

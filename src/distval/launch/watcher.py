@@ -30,6 +30,7 @@ from distval.health.hang import Hang, summary
 from distval.health.procs import process_state, stop_pids
 from distval.health.watchdog import Watchdog
 from distval.launch import channel
+from distval.protocol import Kind
 
 TICK_S = 0.5
 STORE_TIMEOUT_S = 2.0
@@ -89,7 +90,7 @@ def run(spec: dict[str, Any]) -> Hang | dict[str, Any] | None:
 
     def declared(hang: Hang) -> None:
         found.append(hang)
-        put(digest.VERDICT, 0, {**digest.verdict(hang), "attempt": spec["attempt"]})
+        put(Kind.VERDICT, 0, {**digest.verdict(hang), "attempt": spec["attempt"]})
 
     leader = None
     if spec["node"] == 0:

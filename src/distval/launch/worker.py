@@ -31,6 +31,7 @@ from distval.launch import channel as channels
 from distval.launch import watcher
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.monitor import Monitor, Watcher
+from distval.protocol import Kind
 from distval.rank import RankContext, state_payload
 
 PEER_STATES_WAIT_S = 3.0  # rank 0, after a failure under an outer launcher: how long to wait for the others' states
@@ -95,7 +96,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         error = f"{type(e).__name__}: {e}".strip()
         tb = traceback.format_exc(limit=8)
         if ctx is None:  # failed before the process group was up
-            channel.publish("state", state_payload(rank, "initialising", [], error, tb), flush=True)
+            channel.publish(Kind.STATE, state_payload(rank, "initialising", [], error, tb), flush=True)
             raise WorkerFailure(rank, error, "initialising") from e
         ctx.signals.on(signal.SIGTERM, lambda signum: True)  # the agent stopping us must not cut the report short
         ctx.publish_state(error=error, traceback_text=tb)
@@ -134,11 +135,11 @@ def _diagnose_peers(world_size: int, reader: channels.ChannelReader) -> WorkerFa
     """Rank 0 under an outer launcher: every rank's state from the job's store (each failed rank
     publishes one; a killed rank none), then the culprit."""
     deadline = time.monotonic() + PEER_STATES_WAIT_S
-    states = reader.all(world_size, "state")
+    states = reader.all(world_size, Kind.STATE)
     while any(s is None for s in states.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-        states = reader.all(world_size, "state")
-    return diagnose(states, reader.all(world_size, "status"))
+        states = reader.all(world_size, Kind.STATE)
+    return diagnose(states, reader.all(world_size, Kind.STATUS))
 
 
 _JOBS_STARTED = [0]  # jobs this process has joined (`distval run` under torchrun joins several in turn)

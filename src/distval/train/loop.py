@@ -34,6 +34,7 @@ from distval.comm.ops import busbw_factor
 from distval.health.monitor import FIELDS, HealthMonitor, NonFiniteStop, nonfinite_text, replica_checksums
 from distval.health.probe import param_names, unwrap
 from distval.plan import presets
+from distval.protocol import Kind
 from distval.rank import RankContext
 from distval.readback import Readback, StepMarks, lag_for, to_host
 from distval.trace.capture import Tracer, phase
@@ -87,7 +88,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
         logger.log(steps[-1], pending.step)
         if ctx.rank == 0:  # the live progress view (train/progress.py) and metrics (health/metrics.py)
             live = health.metrics() if health is not None else {}
-            ctx.channel.publish("step", {"step": pending.step, "loss": steps[-1]["loss"],
+            ctx.channel.publish(Kind.STEP, {"step": pending.step, "loss": steps[-1]["loss"],
                                          "step_time_s": steps[-1]["step_time_s"],
                                          "tokens_per_s": steps[-1]["tokens_per_s"],
                                          "ranks": [live["ranks"][r] for r in sorted(live.get("ranks", {}))],
@@ -244,7 +245,7 @@ def finish_step(ctx: RankContext, cfg: TrainConfig, pending: PendingStep, tokens
     began = time.perf_counter()
     found = health.update(step, ranks, norm, pending.bad_param, tokens) if health is not None else []
     for f in found:
-        ctx.channel.publish("health", {"status": f.status, "summary": f.summary}, flush=True)
+        ctx.channel.publish(Kind.HEALTH, {"status": f.status, "summary": f.summary}, flush=True)
     return {
         **({"health": [f"{f.status}: {f.summary}" for f in found]} if found else {}),  # into the JSONL sink too
         "step": step,
@@ -282,8 +283,8 @@ def stop_on_nonfinite(ctx: RankContext, step: int, loss: float, grad_norm: float
     bad, text = nonfinite_text(step, losses.tolist(), grad_norm, bad_param)
     message = f"{text} (--on-nan stop: stopped before the update; nothing non-finite was saved)"
     if ctx.rank == 0:
-        ctx.channel.publish("note", {"no_restart": message, "exit_code": 1, "rank": bad[0] if len(bad) == 1 else None},
-                            flush=True)
+        culprit = bad[0] if len(bad) == 1 else None
+        ctx.channel.publish(Kind.NOTE, {"no_restart": message, "exit_code": 1, "rank": culprit}, flush=True)
     raise NonFiniteStop(message)
 
 
@@ -320,7 +321,7 @@ def check_replicas(ctx: RankContext, strategy: strategies.Strategy, step: int, h
     if health is not None:
         found = health.replicas_checked(step, names, list(everyone.view(ctx.world_size, -1)))
         if found:
-            ctx.channel.publish("health", {"status": found.status, "summary": found.summary}, flush=True)
+            ctx.channel.publish(Kind.HEALTH, {"status": found.status, "summary": found.summary}, flush=True)
 
 
 def forward_backward(cfg: TrainConfig, strategy: strategies.Strategy, loader: Any, device: torch.device,

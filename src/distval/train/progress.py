@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from distval import envvars
+from distval.protocol import Kind
 
 
 class ProgressView:
@@ -30,11 +31,11 @@ class ProgressView:
         self._health_seen: float | None = None
 
     def tick(self, reader: Any) -> None:
-        found = reader.latest(0, "health")  # a finding of the health monitor: one line, at once
+        found = reader.latest(0, Kind.HEALTH)  # a finding of the health monitor: one line, at once
         if found is not None and found.get("time") != self._health_seen:
             self._health_seen = found.get("time")
             print(f"distval: health {found.get('status')}: {found.get('summary')}", file=sys.stderr, flush=True)
-        row = reader.latest(0, "step")
+        row = reader.latest(0, Kind.STEP)
         if row is None or row.get("time") == self._seen:
             return
         self._seen = row.get("time")

@@ -14,6 +14,7 @@ from distval.health.lost import LostTime
 from distval.health.report import add_health as report_health
 from distval.launch import JobResult, LaunchOptions, Watcher
 from distval.launch.execute import execute, known_world_size, say_finding
+from distval.protocol import Kind
 from distval.results import Check, Report, Status, Table
 from distval.train.config import TrainConfig
 from distval.train.loop import train_rank
@@ -79,7 +80,7 @@ def run_train(cfg: TrainConfig, opts: LaunchOptions, watchers: list[Watcher] | t
 
 
 def _latest_step(reader: Any) -> int | None:
-    row = reader.latest(0, "step")
+    row = reader.latest(0, Kind.STEP)
     return row.get("step") if row else None
 
 
