@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.distval-installed
 TORCH ?= torch==2.13.0
 
-.PHONY: setup browser run test bench clean
+.PHONY: setup browser run test test-fast jobs-list bench clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,17 @@ test: setup browser
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m compileall -q src
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+
+# The fast tier: every test that starts no process, and one smoke job per command (tests/tiers.py);
+# a test that starts a process without being recorded as a job fails here and says so.
+test-fast: setup
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(PY) -m compileall -q src
+	DISTVAL_TEST_TIER=fast $(PY) -m pytest -q -p no:cacheprovider -m "not job or smoke" --durations=10
+
+# Record which tests and fixtures start processes (tests/jobs.txt): a whole run of the suite.
+jobs-list: setup
+	DISTVAL_TEST_RECORD=tests/jobs.txt $(PY) -m pytest -q -p no:cacheprovider
 
 bench: setup
 	$(PY) benchmarks/overhead_vs_bare.py --nproc 2 -b 1M -e 64M

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ("tiers",)  # the fast tier and the `job` marker (tests/tiers.py)
 
 
 def run_cli(*args: str, timeout: float = 180, env: dict[str, str] | None = None, cwd: str | Path | None = None,

@@ -157,7 +157,7 @@ PAYLOADS: dict[Kind, type] = {
     Kind.HEARTBEAT: Heartbeat, Kind.FINGERPRINTS: Fingerprints, Kind.STEPS: Steps, Kind.PROBE: Probe,
     Kind.PROBE_NAMES: ProbeNames, Kind.POSITION: Position, Kind.NODE: Node, Kind.VERDICT: Verdict,
 }
-_FIELDS = {kind: frozenset(payload.__annotations__) for kind, payload in PAYLOADS.items()}
+_FIELDS = {kind: frozenset(payload.__annotations__) | {"time"} for kind, payload in PAYLOADS.items()}  # time: added
 
 
 def check(kind: Kind | str, payload: dict[str, Any]) -> str:
