@@ -1,0 +1,115 @@
+"""The suite's two tiers. A test that starts a process (ranks, the CLI in a subprocess, torchrun)
+is a `job`; `make test-fast` runs every other test and the `smoke` jobs (one per command),
+`make test` runs everything.
+
+Which tests start processes is recorded, not guessed: `make jobs-list` runs the whole suite with
+DISTVAL_TEST_RECORD naming a file; every process started while a test or a fixture sets up or runs
+is caught where Python forks (`subprocess`, `multiprocessing` and torch's elastic agent all go
+through `_posixsubprocess.fork_exec` or `os.fork`), and the file lists the tests and fixtures that
+started one (tests/jobs.txt). At collection a test listed there, or using a listed fixture, is
+marked `job`. In the fast tier (DISTVAL_TEST_TIER=fast) a test that starts a process without being
+marked fails and names the command that updates the list: the tier cannot grow unnoticed.
+"""
+
+from __future__ import annotations
+
+import _posixsubprocess
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+JOBS = Path(__file__).with_name("jobs.txt")
+RECORD = "DISTVAL_TEST_RECORD"  # a file: write the tests and fixtures that started a process to it
+TIER = "DISTVAL_TEST_TIER"  # "fast": a test not marked `job` or `smoke` may not start a process
+
+_running: list[tuple[str, bool]] = []  # the tests and fixtures being set up or run: (id, may start processes)
+_started: set[str] = set()
+
+
+def _listed() -> set[str]:
+    if not JOBS.exists():
+        return set()
+    return {line.strip() for line in JOBS.read_text().splitlines() if line.strip() and not line.startswith("#")}
+
+
+def _fixture_id(fixturedef: Any) -> str:
+    return f"{fixturedef.baseid}::{fixturedef.argname}"
+
+
+def _starting() -> None:
+    """Called as this process forks: note who did; in the fast tier, fail an unmarked test."""
+    if not _running:
+        return
+    who, allowed = _running[-1]
+    _started.add(who)
+    if os.environ.get(TIER) == "fast" and not allowed:
+        pytest.fail(f"{who} starts a process but is not marked `job`: run `make jobs-list` to record it in "
+                    f"tests/jobs.txt (or mark it smoke)", pytrace=False)
+
+
+def _wrap(fn: Any) -> Any:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        _starting()
+        return fn(*args, **kwargs)
+
+    wrapped.__wrapped__ = fn  # type: ignore[attr-defined]
+    return wrapped
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "job: starts processes (ranks, the CLI, torchrun): recorded in tests/jobs.txt")
+    config.addinivalue_line("markers", "smoke: the one job per command that the fast tier keeps")
+    _posixsubprocess.fork_exec = _wrap(_posixsubprocess.fork_exec)
+    os.fork = _wrap(os.fork)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    listed = _listed()
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        fixtures = {_fixture_id(fd[-1]) for fd in defs.values() if fd}
+        if item.nodeid in listed or fixtures & listed:
+            item.add_marker(pytest.mark.job)
+
+
+def _allowed(item: pytest.Item) -> bool:
+    return item.get_closest_marker("job") is not None or item.get_closest_marker("smoke") is not None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    _running.append((item.nodeid, _allowed(item)))
+    try:
+        yield
+    finally:
+        _running.pop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    _running.append((item.nodeid, _allowed(item)))
+    try:
+        yield
+    finally:
+        _running.pop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: Any, request: pytest.FixtureRequest):
+    allowed = _running[-1][1] if _running else True  # as the test being set up: a module's fixture is its job
+    _running.append((_fixture_id(fixturedef), allowed))
+    try:
+        yield
+    finally:
+        _running.pop()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = os.environ.get(RECORD)
+    if not path:
+        return
+    lines = ["# Tests and fixtures that start a process (ranks, the CLI, torchrun): `make jobs-list` writes",
+             "# this from a whole run of the suite; tests/tiers.py marks them `job`.", *sorted(_started)]
+    Path(path).write_text("\n".join(lines) + "\n")
