@@ -133,3 +133,40 @@ def test_every_config_is_frozen_and_normalised_at_construction():
     assert PlanConfig(model="gpt2", param_dtype="bfloat16").grad_dtype == "bf16"
     with pytest.raises(ValueError, match="-r 2 is not a rank of a world of 2"):
         BenchConfig(root=2).check_job("gloo", 2)
+
+
+def _config_of(cli, tmp_path, *args: str) -> dict:
+    import json
+
+    out = tmp_path / f"plan{len(list(tmp_path.iterdir()))}.json"
+    res = cli("plan", *args, "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    return json.loads(out.read_text())["meta"]["config"]
+
+
+def test_a_config_file_gives_every_command_its_flags_and_the_typed_flags_win(cli, tmp_path):
+    """--config FILE.toml: defaults < file < flags typed; the command's own table wins over the top
+    level; a top-level key another command takes (nproc) is left out; false is the --no- form."""
+    f = tmp_path / "distval.toml"
+    f.write_text('nproc = 4\nmodel = "gpt2"\noverlap = false\n[plan]\nmodel = "llama-7b"\nworld = 64\n'
+                 'link = "400G-RoCE"\n[train]\nmodel = "tiny"\n')
+    flags = _config_of(cli, tmp_path, "--model", "llama-7b", "--world", "64", "--link", "400G-RoCE", "--no-overlap")
+    assert _config_of(cli, tmp_path, "--config", str(f)) == flags
+    assert flags["world_size"] == 64 and flags["overlap"] is False
+    typed = _config_of(cli, tmp_path, "--world", "8", f"--config={f}")
+    assert typed["world_size"] == 8 and typed["link"] == flags["link"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('modle = "tiny"\n', "'modle' is not a flag of distval plan"),
+    ("[plan]\nnproc = 2\n", "'nproc' is not a flag of distval plan"),
+    ("model = \n", "not a TOML file"),
+])
+def test_a_bad_config_file_is_one_line_exit_2(cli, tmp_path, text, message):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    res = cli("plan", "--config", str(f))
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    missing = cli("plan", "--config", str(tmp_path / "none.toml"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from distval import exit_without_collecting
-from distval.cli import comm, doctor, drill, emulate, launch, plan, run, scale, slurm, trace, train  # noqa: F401 (each adds its commands)
+from distval.cli import comm, configfile, doctor, drill, emulate, launch, plan, run, scale, slurm, trace, train  # noqa: F401 (each adds its commands)
 from distval.cli.app import app
 from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun
 
@@ -25,9 +25,14 @@ _LAUNCHING = {"comm", "compare", "doctor", "run", "scale", "train"}
 
 def main(argv: list[str] | None = None) -> None:
     exit_without_collecting()
-    _start_fork_server(sys.argv[1:] if argv is None else argv)
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        code = app(args=argv, prog_name="distval", standalone_mode=False)
+        args = configfile.expand(args, _command_flags, _every_flag)
+    except ValueError as e:
+        _fail(str(e), EXIT_USAGE)
+    _start_fork_server(args)
+    try:
+        code = app(args=args, prog_name="distval", standalone_mode=False)
     except ValueError as e:
         _fail(str(e), EXIT_USAGE)
     except CannotRun as e:
@@ -46,6 +51,37 @@ def main(argv: list[str] | None = None) -> None:
             _fail("interrupted", 130)
         raise
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _commands() -> dict[tuple[str, ...], object]:
+    """Every command of the app by its words: ("comm", "bench") -> its click command."""
+    import typer.main
+
+    found: dict[tuple[str, ...], object] = {}
+
+    def walk(cmd: object, words: tuple[str, ...]) -> None:
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                walk(sub, (*words, name))
+        else:
+            found[words] = cmd
+
+    walk(typer.main.get_command(app), ())
+    return found
+
+
+def _flags_of(cmd: object) -> set[str]:
+    return {o for p in getattr(cmd, "params", []) for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+
+
+def _command_flags(words: list[str]) -> set[str] | None:
+    cmd = _commands().get(tuple(words))
+    return _flags_of(cmd) if cmd is not None else None
+
+
+def _every_flag() -> set[str]:
+    return {f for cmd in _commands().values() for f in _flags_of(cmd)}
 
 
 def _start_fork_server(args: list[str]) -> None:
