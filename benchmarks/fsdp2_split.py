@@ -75,7 +75,7 @@ def planned(calibration: str, nproc: int, model: str, micro_batch: int) -> dict[
     from distval.plan import PlanConfig, evaluate, resolve
     from distval.plan.calibration import load
     from distval.plan.schedule import COMM
-    from distval.train.compare import at_rank_speed
+    from distval.train.stepcosts import at_rank_speed
 
     cost = load(calibration).cost("fsdp", "fsdp2")
     if cost is None:

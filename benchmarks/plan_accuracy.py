@@ -84,7 +84,7 @@ def measure_emulated(model: str, steps: int, rate: str, folder: Path, tag: str) 
 def measured_rows(folder: Path, tag: str) -> list[dict]:
     """Per strategy the measured columns of compare's strategies table (emulated: from each
     training run's steps, as compare computes them)."""
-    from distval.train.compare import forward_backward_s
+    from distval.train.stepcosts import forward_backward_s
 
     if not tag.startswith("emu_"):
         return json.loads((folder / f"compare-{tag}.json").read_text())["tables"]["strategies"]["rows"]

@@ -345,8 +345,8 @@ def test_each_strategy_divides_the_per_parameter_rate_of_what_its_optimizer_upda
     fsdp2's phase beyond that rate (DTensor dispatch per tensor) stays when sharding halves its
     parameters; measured on `small` it was 49.5 ms on one rank against 35 for the plain model, 37.4
     on 2 ranks, and the phase taken as all per-parameter predicted 26.2."""
-    from distval.train.compare import PLAIN, adamw_per_param, adamw_step_s, step_costs
     from distval.train.config import TrainConfig
+    from distval.train.stepcosts import PLAIN, adamw_per_param, adamw_step_s, step_costs
 
     many_small = [64] * 200  # per-tensor cost dominates: the whole step over the parameters overstates the rate
     per_tensor_heavy = adamw_step_s(many_small, torch.device("cpu")) / sum(many_small)
@@ -371,8 +371,8 @@ def test_fsdp2s_step_cost_holds_the_work_it_leaves_out_on_one_rank(tmp_path):
     forward+backward overhead and optimizer phase and to no other strategy's."""
     from distval.plan.calibration import STEP_COST_COLUMNS
     from distval.results import Table
-    from distval.train.compare import PLAIN, save_step_costs, step_costs
     from distval.train.config import TrainConfig
+    from distval.train.stepcosts import PLAIN, save_step_costs, step_costs
 
     done = subprocess.run([sys.executable, "-m", "distval.train.worldcost", "--strategy", "fsdp2", "--model", "tiny",
                            "--micro-batch", "2", "--world", "2", "--threads", "1"], capture_output=True, text=True,
@@ -474,7 +474,7 @@ def test_compare_saves_its_step_costs_into_the_calibration_file(tmp_path, capsys
     a malformed step_costs table is one line, exit 2."""
     from distval.plan.calibration import STEP_COST_COLUMNS
     from distval.results import Table
-    from distval.train.compare import save_step_costs
+    from distval.train.stepcosts import save_step_costs
 
     path = tmp_path / "bench.json"
     write_bench(path, {"all_reduce": (150e-6, 1.2e9)})
@@ -499,7 +499,7 @@ def test_each_probe_lasts_about_a_second_in_rounds_but_a_slow_step_is_not_repeat
     """compare's one-rank probes: a host's speed moves by more than the band between 0.1 s windows,
     so each probed model measures about PROBE_SECONDS of steps, in up to three rounds taken in turn;
     a step too slow for that (small, 0.7 s) keeps the fewest steps, one round."""
-    from distval.train.compare import PROBE_ROUNDS, PROBE_SECONDS, PROBE_STEPS, PROBE_WARMUP, probe_rounds
+    from distval.train.stepcosts import PROBE_ROUNDS, PROBE_SECONDS, PROBE_STEPS, PROBE_WARMUP, probe_rounds
 
     least = PROBE_STEPS - PROBE_WARMUP
     for step_s in (0.002, 0.008, 0.03):  # tiny on this host: 5-10 ms
@@ -515,7 +515,7 @@ def test_ranks_outnumbering_the_cores_pay_the_one_rank_costs_at_their_share(monk
     one-thread ranks on 2 cores each get 2/3 of a core, so forward+backward (the peak the MFU is a
     share of), the strategy's own cost and the optimizer phase all take 1.5x as long; ranks that
     fit the cores, and GPU ranks, pay them as measured."""
-    from distval.train.compare import at_rank_speed
+    from distval.train.stepcosts import at_rank_speed
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -535,8 +535,8 @@ def test_fsdp2s_work_at_world_n_timed_on_more_ranks_than_cores_is_kept_as_one_ra
     """worldcost times its N ranks on the cores there are: 3 one-thread ranks on 2 cores took 1.5x
     as long on both sides of the difference, so compare keeps the difference at 2/3, and the
     prediction's share (at_rank_speed) brings it back: counted once, not twice."""
-    from distval.train.compare import as_one_rank, at_rank_speed, step_costs
     from distval.train.config import TrainConfig
+    from distval.train.stepcosts import as_one_rank, at_rank_speed, step_costs
     from distval.train.worldcost import WorldCost
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})

@@ -33,7 +33,7 @@ import torch
 from distval import device as devices
 from distval import meta
 from distval.comm.agree import run_agreed
-from distval.comm.config import GRAPH_NEEDS_CUDA, NORM, TIMINGS, BenchConfig  # noqa: F401 (re-exported)
+from distval.comm.config import GRAPH_NEEDS_CUDA, NORM, NORM_BYTES, TIMINGS, BenchConfig  # noqa: F401 (re-exported)
 from distval.comm.fit import fit_alpha_beta
 from distval.comm.inputs import DTYPES
 from distval.comm.names import OP_SPECS
@@ -55,10 +55,9 @@ CALL_BYTES = 64 * 2**10
 CALL_COMPUTE_S = (0.00025, 0.001, 0.005)  # compute before each timed call, on every rank: the cost grows with it
 CALL_ITERS = 20  # per op and compute time (the calibration corrects each op's fit with its own figures)
 CALL_BURST = 4  # back to back: after the compute, one op untimed, then this many timed, per op
-# The gradient norm of sharded gradients (zero1-3, FSDP): one 4-byte all_reduce issued right after the
-# backward's last reduce_scatter, timed as such (a row "norm" of call_costs): 64 KB calls back to back
-# are no measure of it (on a shaped link they queue behind each other's bytes; it has none)
-NORM_BYTES, NORM_AFTER = 4, "reduce_scatter"
+# The gradient norm's all_reduce (comm/config.py NORM) is timed as such, after a reduce_scatter: 64 KB calls
+# back to back are no measure of it (on a shaped link they queue behind each other's bytes; it has none)
+NORM_AFTER = "reduce_scatter"
 COPY_BYTES = 64 * 2**20
 OVERLAP_COLUMNS = ["op", "bytes", "compute_us", "comm_us", "both_us", "interference"]
 OVERLAP_COMPUTE_S = 0.02  # the probe's compute: long enough that the scheduler's noise averages out

@@ -54,9 +54,10 @@ def parse_ops(names: tuple[str, ...] | list[str], known: tuple[str, ...] = CHECK
     return tuple(out)
 
 
-# the row of the bench's call_costs table that times the sharded strategies' gradient-norm all_reduce (4 bytes,
-# right after a reduce_scatter); the planner reads it by this name (plan/calibration.py)
-NORM = "norm"
+# The gradient norm of sharded gradients (zero1-3, FSDP): one fp32 all_reduce of NORM_BYTES, right after the
+# backward's last reduce_scatter. The bench times it as such (the row NORM of its call_costs), the planner reads
+# that row by this name (plan/calibration.py) and plans it (plan/steps.py), worldcost.py times it on N ranks.
+NORM, NORM_BYTES = "norm", 4
 
 
 def _counts(text: str, flag: str) -> dict[str, int]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from distval.comm.config import NORM
+from distval.comm.config import NORM, NORM_BYTES
 from distval.plan.network import bus_factor
 from distval.plan.schedule import COMM, COMPUTE, Phase, Task
 
@@ -118,7 +118,6 @@ def ddp(inp: "Inputs", fwd: float | None, bwd: float | None, optimizer: float) -
     return _accumulate(inp, fwd, bwd, inp.grad_accum - 1) + [Phase(1, tuple(tasks))]
 
 
-NORM_BYTES = 4  # the global gradient norm of sharded gradients: one fp32 all_reduce
 NORM_LABEL = "grad norm all_reduce"
 
 

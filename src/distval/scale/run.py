@@ -51,9 +51,10 @@ from distval.rank import RankContext
 from distval.results import SCHEMA, Check, JobResult, Report, Status, Table, write_json
 from distval.scale.config import PLAN_BAND, ScaleConfig
 from distval.scale.pairs import allreduce_busbw, placement
-from distval.train.compare import PREDICTION_BAND, forward_backward_s, predicted_step, reference_rank, step_costs
+from distval.train.compare import PREDICTION_BAND, predicted_step, reference_rank
 from distval.train.config import StepProbe, TrainConfig
 from distval.train.loop import train_rank
+from distval.train.stepcosts import forward_backward_s, step_costs
 
 SCALING_COLUMNS = ["world_size", "nodes", "ranks_per_node", "tokens_per_s", "step_time_s", "efficiency",
                    "planned_efficiency", "planned_step_time_s", "busbw_gbps", "grad_bytes", "oversubscribed", "gap"]

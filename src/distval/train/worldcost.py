@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from distval.comm.config import NORM_BYTES
+
 ROUNDS, WARMUP = 3, 3  # world 1 and N alternately, ROUNDS times; each turn's first WARMUP steps not timed
 # timed steps a turn: about TURN_S of them, within these bounds; a model whose FEWEST_STEPS take longer
 # (`small`: 0.9 s a step) takes one round (rank 0's first turn sets the count for all)
@@ -109,7 +111,7 @@ def measure(strategy_name: str, model: str, micro_batch: int, mixed_precision: s
             optimizer.zero_grad(set_to_none=True)
             updated = time.perf_counter()
             if world > 1:
-                one = torch.ones(1)
+                one = torch.ones(NORM_BYTES // 4)  # the gradient norm's fp32 all_reduce
                 began = time.perf_counter()
                 dist.all_reduce(one)
                 norm.append(time.perf_counter() - began)
