@@ -9,7 +9,7 @@ serves it), the central one in its own process:
              (one per node in the real job) each read every rank's heartbeat with a check and a
              get per rank.
   batched    the same, each read one check and one multi_get (`ChannelReader.all`).
-  digests    (health/digest.py) the ranks publish to their node's store; each node's `NodeWatch`
+  digests    (health/digest.py) the ranks publish to their node's store; each node's `NodeAgent`
              reads its 8 ranks there, publishes one digest to the central store and checks for
              the leader's verdict; one leader `Watchdog` reads every digest through `DigestReader`.
              Each of the 4 host processes serves one store for all of its nodes (creating 512
@@ -139,8 +139,8 @@ def wait_start(start) -> float:
 def host(design: str, port: int, nodes: range, world: int, fault: str | None, ready, start, done, out) -> None:
     """Simulates `nodes`: their ranks publish every PERIOD_S (to the central store, or to this
     process's node store under `digests`), then freeze at the fault; under `digests` each node's
-    NodeWatch ticks after its ranks published."""
-    from distval.health.digest import NodeWatch
+    NodeAgent ticks after its ranks published."""
+    from distval.health.digest import NodeAgent
     from distval.launch.channel import ChannelReader, put
 
     os.nice(10)  # on a cluster the nodes are other machines: here they yield the cores to the store and the watchdogs
@@ -152,7 +152,7 @@ def host(design: str, port: int, nodes: range, world: int, fault: str | None, re
         served = server()
         address = f"127.0.0.1:{served.port}"
         sink = local = Counting(served)
-        watches = [NodeWatch(n, list(ranks[n]), ChannelReader(local), ChannelReader(c),
+        watches = [NodeAgent(n, list(ranks[n]), ChannelReader(local), ChannelReader(c),
                              lambda kind, d, n=n, c=c: put(c, kind, n, d), store=address, host=f"node{n:04d}",
                              states=lambda beats: ({culprit: "T"} if fault == "stopped" and faulty["on"]
                                                    and culprit in beats else {}))

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from distval.health import digest, fingerprints
 from distval.health.config import HangPolicy
-from distval.health.digest import DigestReader, NodeWatch, expand, node_digest
+from distval.health.digest import DigestReader, NodeAgent, expand, node_digest
 from distval.health.hang import decide, diagnose_hang
 from distval.health.watchdog import Watchdog
 from distval.launch.channel import ChannelReader, RankChannel, put
@@ -127,7 +127,7 @@ def test_the_leader_names_a_stopped_rank_on_another_node_and_every_node_learns_i
     counted = Counting(dist.TCPStore("127.0.0.1", central.port, is_master=False))
     channels = {r: RankChannel(r, nodes[r // 4][0]) for r in range(WORLD)}
     stopped: set[int] = set()
-    watches = [NodeWatch(n, list(range(4 * n, 4 * n + 4)), ChannelReader(nodes[n][0]), ChannelReader(central),
+    watches = [NodeAgent(n, list(range(4 * n, 4 * n + 4)), ChannelReader(nodes[n][0]), ChannelReader(central),
                          lambda kind, d, n=n: put(central, kind, n, d), store=nodes[n][1], host=f"node{n}",
                          states=lambda beats: {r: "T" for r in stopped if r in beats})
                for n in range(2)]
@@ -182,7 +182,7 @@ def test_a_fingerprint_mismatch_is_read_from_the_nodes_stores():
         ch.publish(Kind.HEARTBEAT, b, flush=True)
         ch.publish(Kind.FINGERPRINTS, odd if r == 6 else prints, flush=True)
     for n in range(2):
-        NodeWatch(n, list(range(4 * n, 4 * n + 4)), ChannelReader(nodes[n][0]), ChannelReader(central),
+        NodeAgent(n, list(range(4 * n, 4 * n + 4)), ChannelReader(nodes[n][0]), ChannelReader(central),
                   lambda kind, d, n=n: put(central, kind, n, d), store=nodes[n][1], host=f"node{n}",
                   states=lambda beats: {}).tick()
     found = []

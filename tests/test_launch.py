@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from distval.launch import LaunchOptions, check_world, detect_mode, first_slurm_host, forkserver, run, worker_env
-from distval.launch.local import _ExitWatch, _start_method
+from distval.launch.local import _ExitPeek, _start_method
 from distval.results import CannotRun
 
 from conftest import free_port, run_cli
@@ -127,7 +127,7 @@ def test_the_first_rank_killed_by_a_signal_is_seen_in_the_order_of_deaths():
     each exit code to the agent (a fork server's worker's code can be read once)."""
     forkserver.start()
     context = multiprocessing.get_context("forkserver")
-    watch = _ExitWatch()
+    watch = _ExitPeek()
     try:
         killed = context.Process(target=_die, args=(-signal.SIGKILL,))
         killed.start()

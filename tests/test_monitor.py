@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from distval.health.monitor import HealthConfig, HealthMonitor, compare_replicas, replica_checksums
+from distval.health.monitor import Detectors, HealthConfig, compare_replicas, replica_checksums
 
 
 def rows(compute: list[float], step_s: float | None = None, mem: list[float] | None = None, loss: float = 2.0):
@@ -16,7 +16,7 @@ def rows(compute: list[float], step_s: float | None = None, mem: list[float] | N
              "mem_peak": m} for c, m in zip(compute, mem)]
 
 
-def run(monitor: HealthMonitor, steps: int, slow: dict[int, float] | None = None, since: int = 0, world: int = 3,
+def run(monitor: Detectors, steps: int, slow: dict[int, float] | None = None, since: int = 0, world: int = 3,
         seed: int = 0, first: int = 0) -> list:
     rng, found = random.Random(seed), []
     for step in range(first, first + steps):
@@ -28,7 +28,7 @@ def run(monitor: HealthMonitor, steps: int, slow: dict[int, float] | None = None
 
 
 def test_a_persistently_slow_rank_is_a_straggler_from_the_step_it_slowed():
-    monitor = HealthMonitor(HealthConfig())
+    monitor = Detectors(HealthConfig())
     (found,) = run(monitor, 140, slow={2: 1.5}, since=30)
     assert found.kind == "straggler" and found.ranks == [2] and 30 <= found.step <= 33
     assert 1.4 < found.details["slowdown"] < 1.6 and 0.2 < found.details["throughput_lost"] < 0.4
@@ -36,7 +36,7 @@ def test_a_persistently_slow_rank_is_a_straggler_from_the_step_it_slowed():
 
 
 def test_a_busy_stretch_before_the_slowdown_does_not_move_its_onset():
-    monitor = HealthMonitor(HealthConfig())
+    monitor = Detectors(HealthConfig())
     found = run(monitor, 7, world=2)
     found += run(monitor, 23, slow={1: 1.25}, world=2, seed=1, first=7)  # a busy host: over the ratio, not slow
     assert found == []
@@ -46,9 +46,9 @@ def test_a_busy_stretch_before_the_slowdown_does_not_move_its_onset():
 
 def test_noise_and_a_one_off_hiccup_are_not_stragglers():
     for seed in range(5):
-        monitor = HealthMonitor(HealthConfig())
+        monitor = Detectors(HealthConfig())
         assert run(monitor, 100, seed=seed, world=2) == []
-    monitor = HealthMonitor(HealthConfig())
+    monitor = Detectors(HealthConfig())
     found = run(monitor, 60)
     found += monitor.update(60, rows([0.1, 0.5, 0.1]), 1.0, None, 1e4)  # one step 5x slower
     found += run(monitor, 60, seed=1)
@@ -56,7 +56,7 @@ def test_noise_and_a_one_off_hiccup_are_not_stragglers():
 
 
 def test_the_first_nonfinite_loss_names_the_rank_and_a_grad_spike_warns():
-    monitor = HealthMonitor(HealthConfig())
+    monitor = Detectors(HealthConfig())
     for step in range(20):
         assert monitor.update(step, rows([0.1, 0.1]), 1.0, None, 1e4) == []
     (spike,) = monitor.update(20, rows([0.1, 0.1]), 9.0, None, 1e4)
@@ -70,13 +70,13 @@ def test_the_first_nonfinite_loss_names_the_rank_and_a_grad_spike_warns():
 
 
 def test_memory_imbalance_and_growth_name_the_rank():
-    monitor = HealthMonitor(HealthConfig())
+    monitor = Detectors(HealthConfig())
     found = []
     for step in range(120):  # a small share of what the rank holds: judged over two windows
         found += monitor.update(step, rows([0.1, 0.1], mem=[1e9, 1e9 + step * 4 * 2**20]), 1.0, None, 1e4)
     kinds = {f.kind: f for f in found}
     assert kinds["memory_growth"].ranks == [1] and 3.5 < kinds["memory_growth"].details["bytes_per_step"] / 2**20 < 4.5
-    monitor = HealthMonitor(HealthConfig())
+    monitor = Detectors(HealthConfig())
     (found,) = monitor.update(0, rows([0.1, 0.1, 0.1], mem=[1e9, 2e9, 1e9]), 1.0, None, 1e4)
     assert found.kind == "memory_imbalance" and found.ranks == [1]
 
@@ -122,11 +122,11 @@ def test_a_scripts_late_arrivals_make_the_straggler_and_gaps_and_hosts_are_handl
     """distval launch (health/script.py): rank 1 creates each step's last collective 20 ms after
     rank 0 from step 30 (its backward is slower); rank 0 waits those 20 ms. Published 64 rows at
     a time, with a step rank 0's recorder never resolved; the rule names rank 1 from step 30."""
-    from distval.health.script import ScriptMonitor
+    from distval.health.script import ScriptDetectors
     from distval.health.steps import KEEP, aligned_rows
 
     reader, found = _Reader(2), []
-    watch = ScriptMonitor(2, on_finding=found.append, read_every_s=0)
+    watch = ScriptDetectors(2, on_finding=found.append, read_every_s=0)
     rng = random.Random(0)
     for step in range(300):  # 15 s of steps: the rule needs 8 s of them in a row
         late = 0.02 if step >= 30 else 0.0
@@ -148,11 +148,11 @@ def test_a_scripts_late_arrivals_make_the_straggler_and_gaps_and_hosts_are_handl
     short = _Reader(2)
     for rank in (0, 1):
         short.payloads[rank]["rows"] = [[step, 0.05, "0", step, 10**9 * step] for step in range(10)]
-    few = ScriptMonitor(2)
+    few = ScriptDetectors(2)
     few.tick(short)
     check = _checks(few)["health stragglers"]
     assert check.status.value == "SKIP" and "10 optimizer step(s) with a collective seen" in check.summary
-    two = ScriptMonitor(2)
+    two = ScriptDetectors(2)
     two.tick(_Reader(2))
     two.hosts = {"a", "b"}
     check = _checks(two)["health stragglers"]
@@ -171,10 +171,10 @@ def test_a_scripts_probe_notes_name_the_first_nonfinite_and_the_replica_outside_
     rank that saw it there, even when a rank's note comes later; DDP replicas compared by
     majority; a plain model whose first check disagrees is not replicas; FSDP over every rank
     has none to compare."""
-    from distval.health.script import ScriptMonitor
+    from distval.health.script import ScriptDetectors
 
     reader, found = _Reader(3), []
-    watch = ScriptMonitor(3, on_finding=found.append, read_every_s=0)
+    watch = ScriptDetectors(3, on_finding=found.append, read_every_s=0)
     reader.names = {r: {"names": ["fc.weight", "fc.bias"]} for r in range(3)}
     nan = {"step": 40, "what": "gradient", "param": "fc.weight", "value": float("nan")}
     reader.probes = {0: _probe(nonfinite=nan, replicas=[(0, [1, 2])]), 1: _probe(replicas=[(0, [1, 2])], checked=30),
@@ -195,7 +195,7 @@ def test_a_scripts_probe_notes_name_the_first_nonfinite_and_the_replica_outside_
     checks = _checks(watch)
     assert checks["health numerics"].status.value == "FAIL" and checks["health replicas"].status.value == "FAIL"
 
-    plain = ScriptMonitor(2)
+    plain = ScriptDetectors(2)
     two = _Reader(2)
     two.names = {r: {"names": ["w"]} for r in range(2)}
     two.probes = {0: _probe("plain", replicas=[(0, [1]), (50, [1])]),
@@ -203,12 +203,12 @@ def test_a_scripts_probe_notes_name_the_first_nonfinite_and_the_replica_outside_
     plain.tick(two)
     check = _checks(plain)["health replicas"]
     assert check.status.value == "SKIP" and "not replicas" in check.summary and not plain.health.replicas
-    sharded = ScriptMonitor(2)
+    sharded = ScriptDetectors(2)
     two.probes = {r: _probe("sharded", shard=(r,), replicas=[(0, [r])]) for r in range(2)}
     sharded.tick(two)
     check = _checks(sharded)["health replicas"]
     assert check.status.value == "SKIP" and "sharded" in check.summary
-    hsdp = ScriptMonitor(4)  # 2 replicas x 2 shards: ranks 0, 2 hold shard 0, ranks 1, 3 shard 1
+    hsdp = ScriptDetectors(4)  # 2 replicas x 2 shards: ranks 0, 2 hold shard 0, ranks 1, 3 shard 1
     four = _Reader(4)
     four.names = {r: {"names": ["w"]} for r in range(4)}
     four.probes = {r: _probe("sharded", shard=(r % 2,), replicas=[(0, [r % 2])]) for r in range(4)}

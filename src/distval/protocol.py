@@ -14,9 +14,9 @@ Kinds, who writes them, who reads them:
   health        rank 0 of `distval train`, per new finding        progress line
   heartbeat     every rank's heartbeat thread (health/heartbeat.py)   watchdog, lost time, metrics
   fingerprints  the heartbeat thread, per window of collectives   watchdog's mismatch check
-  steps         a script's step clock (health/steps.py)           ScriptMonitor, straggler rule
-  probe         a script's NaN/replica probe (health/probe.py)    ScriptMonitor
-  probe_names   the probe, once                                   ScriptMonitor
+  steps         a script's step clock (health/steps.py)           ScriptDetectors, straggler rule
+  probe         a script's NaN/replica probe (health/probe.py)    ScriptDetectors
+  probe_names   the probe, once                                   ScriptDetectors
   position      rank 0 of `distval train` at each checkpoint      a restarted attempt (ckpt/checkpointer.py)
   node          a node's watcher (health/digest.py)               the leader's DigestReader
   verdict       the leader's watcher                              every node's watcher

@@ -3,7 +3,7 @@
 Flat, every watchdog reads every rank's heartbeat from the one store each tick: at 4,096 ranks
 that is 1.1 MB a read and, with a watchdog per node, more requests than a store serves
 (docs/health.md). Here the ranks publish to their node's own store; each node's watcher
-(`NodeWatch`) reads its ranks there in two batched requests per kind, reads their process
+(`NodeAgent`) reads its ranks there in two batched requests per kind, reads their process
 states from /proc (only the node can: a stopped rank on another host looks like a silent one),
 and publishes one digest to the central store when it changed; the leader's `Watchdog` (the same
 class and rules as flat, health/hang.py) reads every digest in one batched request through
@@ -89,7 +89,7 @@ def states_here(beats: dict[int, dict[str, Any] | None]) -> dict[int, str]:
     return {r: process_state(b["pid"]) for r, b in beats.items() if b and b.get("host") == here and b.get("pid")}
 
 
-class NodeWatch:
+class NodeAgent:
     """A node's watcher. Each `tick`: its ranks' heartbeats and statuses from the node's store
     (`local`, a ChannelReader: two batched requests per kind), their process states, and the
     digest published to the central store (`publish(kind, payload)`, a RankChannel's for rank

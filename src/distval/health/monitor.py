@@ -358,7 +358,7 @@ def compare_replicas(step: int, names: list[str], sums: list[Any], ranks: list[i
                    f"({majority})", {"tensors": {r: ns for r, ns in odd.items()}, "compared": ranks})
 
 
-class HealthMonitor:
+class Detectors:
     """Rank 0's detectors over the gathered per-rank rows of each step."""
 
     def __init__(self, cfg: HealthConfig):

@@ -4,7 +4,7 @@ rank channel (health/steps.py, health/probe.py), with no collective added to the
 
   stragglers, memory   each optimizer step aligned across ranks (steps.py `aligned_rows`): the
                        step time, each rank's compute and wait, its current and peak memory, fed
-                       to `HealthMonitor.update` as `distval train`'s gathered rows are
+                       to `Detectors.update` as `distval train`'s gathered rows are
   numerics             the first non-finite gradient or parameter any rank's probe saw (every
                        `nan_every` steps): the earliest step, every rank that saw it there, the
                        parameter's module path
@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable
 
 from distval.health.config import HealthConfig
-from distval.health.monitor import Finding, HealthMonitor, compare_replicas, nonfinite_in_script
+from distval.health.monitor import Detectors, Finding, compare_replicas, nonfinite_in_script
 from distval.health.report import add_health
 from distval.health.steps import KEEP, aligned_rows
 from distval.protocol import Kind
@@ -34,14 +34,14 @@ READ_EVERY_S = 0.5  # as often as the ranks publish their steps
 NAN_WAIT_S = 3.0  # the longest a non-finite finding waits for every rank's checks to be read back
 
 
-class ScriptMonitor:
+class ScriptDetectors:
     """A monitor-loop watcher (launch/monitor.py) over every rank's steps and probe notes."""
 
     def __init__(self, world_size: int, cfg: HealthConfig | None = None,
                  on_finding: Callable[[Finding], None] | None = None, read_every_s: float = READ_EVERY_S):
         self.world_size, self.read_every_s = world_size, read_every_s
         self.cfg = cfg or HealthConfig()
-        self.health = HealthMonitor(self.cfg)
+        self.health = Detectors(self.cfg)
         self.on_finding = on_finding or (lambda f: None)
         self.rows: list[dict[int, list[Any]]] = [{} for _ in range(world_size)]
         self.hosts: set[str] = set()

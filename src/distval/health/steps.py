@@ -12,7 +12,7 @@ rows, so a reader that missed a publication loses nothing). With a probe (health
 hook also takes the memory counters and the probe's numerics and replica checks, and the thread
 publishes the probe's notes.
 
-Launcher side (health/script.py `ScriptMonitor`, a launch Watcher, with `aligned_rows`): a step
+Launcher side (health/script.py `ScriptDetectors`, a launch Watcher, with `aligned_rows`): a step
 whose row names the same (pg, seq) on every rank is aligned across ranks; a rank's lateness is its
 creation time minus the earliest rank's. The rank that arrives last waits for nobody; every other
 rank waits (latest − its own) for it, so its blocked time is that and its compute time is the step

@@ -100,7 +100,7 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
     from distval.health.config import HealthConfig
     from distval.health.lost import LostTime
     from distval.health.probe import ENV as PROBE_ENV
-    from distval.health.script import ScriptMonitor
+    from distval.health.script import ScriptDetectors
     from distval.launch.local import run_script as run_local_script
     from distval.trace.capture import ENV as TRACE_ENV
 
@@ -113,7 +113,7 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
     env = {PROBE_ENV: f"{health.nan_every}:{health.every}"}  # the shim of every worker reads them (inherited
     if traced:  # through torchrun's agent)
         env[TRACE_ENV] = f"{trace.skip}:{trace.active}:{trace.dir}"
-    monitor = ScriptMonitor(info["world_size"] or 1, health, on_finding=say_finding)
+    monitor = ScriptDetectors(info["world_size"] or 1, health, on_finding=say_finding)
     lost = LostTime(info["world_size"] or 1, health, step=lambda reader: monitor.next_step, on_finding=say_finding)
     pauses: list[Pause] = []
     os.environ.update(env)

@@ -39,7 +39,7 @@ from distval.launch import channel as channels
 from distval.launch import forkserver
 from distval.launch.job import JobResult, LaunchOptions, RankFn
 from distval.launch.modes import planned_world_size
-from distval.launch.monitor import Monitor, Watcher
+from distval.launch.monitor import MonitorLoop, Watcher
 from distval.protocol import Kind
 from distval.results import Status
 
@@ -79,7 +79,7 @@ def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, from_server: bo
 PEEK_S = 0.01  # how often the agent's new program workers are listed (one can die within ms of its start)
 
 
-class _ExitWatch:
+class _ExitPeek:
     """The order in which this process's multiprocessing workers die, as it happens (each one's
     sentinel, watched every `every_s`, without reading its exit code: torch's agent reads it).
     torch's agent reports only the first failure it finds among function workers: a rank killed by
@@ -167,9 +167,9 @@ class _StartupLoop:
     killer at load): torch's agent would restart every worker into the same death up to
     --max-restarts times, so the job is stopped at the second (`found`: rank, exit code). An
     exception is caught earlier, in the rank itself (launch/shim.py's note: not restarted at
-    all); this is for the deaths a rank cannot report. A monitor Watcher over _ExitWatch.peeked."""
+    all); this is for the deaths a rank cannot report. A monitor Watcher over _ExitPeek.peeked."""
 
-    def __init__(self, exits: _ExitWatch, world: int, stop: Callable[[], None]):
+    def __init__(self, exits: _ExitPeek, world: int, stop: Callable[[], None]):
         self.exits, self.world, self.stop = exits, world, stop
         self.found: tuple[int, int] | None = None
         self._seen = 0
@@ -274,10 +274,10 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     stop = lambda *_: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
     watchdog = Watchdog(world, opts.hang, lambda hang: _abort(hang, stop)) if opts.hang else None
     restarted = bool(opts.max_restarts and show_output)  # a script's workers, restarted: their exits are peeked
-    exits = _ExitWatch(agent_tid=threading.get_native_id() if restarted else None)  # this thread runs the agent
+    exits = _ExitPeek(agent_tid=threading.get_native_id() if restarted else None)  # this thread runs the agent
     loop = _StartupLoop(exits, world, stop) if restarted else None
-    monitor = Monitor(reader, world, [*watchers, *([watchdog] if watchdog else []), *([exporter] if exporter else []),
-                                      *([loop] if loop else [])])
+    monitor = MonitorLoop(reader, world, [*watchers, *([watchdog] if watchdog else []),
+                                          *([exporter] if exporter else []), *([loop] if loop else [])])
     if opts.deadline_s:
         monitor.stop_at(opts.deadline_s, stop)
     if opts.max_restarts:  # a worker that knows a restart cannot help (bad checkpoint, crash loop)
@@ -354,7 +354,7 @@ def _raise_hang(watchdog: Watchdog | None) -> None:
                             Status.ERROR if hang.hung else Status.FAIL)
 
 
-def _raise_no_restart(monitor: Monitor, reader: channels.ChannelReader, run_dir: str, nproc: int,
+def _raise_no_restart(monitor: MonitorLoop, reader: channels.ChannelReader, run_dir: str, nproc: int,
                       show_output: bool) -> None:
     """A worker's note that restarting cannot help: a usage error (exit 2, one line), a finding
     about the training itself (exit 1: `--on-nan stop`) or a failure naming the cause (exit 3); a

@@ -25,7 +25,7 @@ class Watcher(Protocol):
     def close(self) -> None: ...
 
 
-class Monitor:
+class MonitorLoop:
     def __init__(self, reader: ChannelReader, world_size: int, watchers: list[Watcher] | tuple = (),
                  interval_s: float = 0.1, notes_every_s: float = 0.5):
         self.reader, self.world_size = reader, world_size
@@ -47,7 +47,7 @@ class Monitor:
         """Run `action(note)` once a rank publishes a `note` asking not to be restarted."""
         self._on_note = action
 
-    def start(self) -> Monitor:
+    def start(self) -> MonitorLoop:
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="distval-monitor", daemon=True)
         self._thread.start()

@@ -2,7 +2,7 @@
 process of its own, not a thread inside a rank, so that it outlives a stopped or dying rank.
 
 Local rank 0 of each node starts it (`start`, from launch/worker.py) in a session of its own (the
-outer launcher stopping the workers does not stop it). Every 0.5 s it is the node's `NodeWatch`
+outer launcher stopping the workers does not stop it). Every 0.5 s it is the node's `NodeAgent`
 (health/digest.py): its ranks' heartbeats and statuses from the job's store, their process
 states from /proc, one digest back to the store. Node 0's also runs the leader: the same
 `Watchdog` as local mode over every node's digest, which publishes its verdict. Each node's
@@ -84,7 +84,7 @@ def run(spec: dict[str, Any]) -> Hang | dict[str, Any] | None:
 
     # the ranks publish to the job's store: it is this node's store (the leader reads a mismatch's
     # fingerprints there) and the central one
-    node = digest.NodeWatch(spec["node"], spec["ranks"], reader, reader,
+    node = digest.NodeAgent(spec["node"], spec["ranks"], reader, reader,
                             lambda kind, payload: put(kind, spec["node"], payload), store=spec["store"])
     found: list[Hang] = []
 

@@ -30,7 +30,7 @@ from distval.health.metrics import exporter_for
 from distval.launch import channel as channels
 from distval.launch import watcher
 from distval.launch.job import JobResult, LaunchOptions, RankFn
-from distval.launch.monitor import Monitor, Watcher
+from distval.launch.monitor import MonitorLoop, Watcher
 from distval.protocol import Kind
 from distval.rank import RankContext, state_payload
 
@@ -44,7 +44,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
     exit_without_collecting()
     channel = channels.for_worker(rank)
     ctx: RankContext | None = None
-    monitor: Monitor | None = None
+    monitor: MonitorLoop | None = None
     heartbeat: Heartbeat | None = None
     try:
         timeout = datetime.timedelta(seconds=opts.timeout_s)
@@ -81,7 +81,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         if mode != "local" and rank == 0:  # under torchrun/Slurm the live views, and metrics, are rank 0's
             exporter = exporter_for(opts.metrics_port, ctx.world_size, list(watchers))
             if watchers or exporter:
-                monitor = Monitor(channel.reader(), ctx.world_size, [*watchers, *([exporter] if exporter else [])])
+                monitor = MonitorLoop(channel.reader(), ctx.world_size, [*watchers, *([exporter] if exporter else [])])
                 monitor.start()
         ctx.status("running")
         result = rank_fn(ctx, cfg)

@@ -31,7 +31,7 @@ from distval import strategies
 from distval.ckpt.checkpointer import Checkpointer
 from distval.ckpt.state import fingerprint_fields
 from distval.comm.ops import busbw_factor
-from distval.health.monitor import FIELDS, HealthMonitor, NonFiniteStop, nonfinite_text, replica_checksums
+from distval.health.monitor import FIELDS, Detectors, NonFiniteStop, nonfinite_text, replica_checksums
 from distval.health.probe import param_names, unwrap
 from distval.plan import presets
 from distval.protocol import Kind
@@ -75,7 +75,7 @@ def train_rank(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     start, steps = ckpt.resume() if ckpt else (0, [])
     ctx.comm.reset_totals()
     logger = MetricsLogger(cfg.metrics if ctx.rank == 0 else None)
-    health = HealthMonitor(cfg.health) if ctx.rank == 0 else None
+    health = Detectors(cfg.health) if ctx.rank == 0 else None
     tokens = cfg.global_batch_for(ctx.world_size) * (loader.dataset.seq_len - 1)  # per step, every rank's
     tokens_per_rank = tokens / ctx.world_size
     tracer = Tracer(cfg.trace, ctx.rank, ctx.device, {
@@ -226,7 +226,7 @@ def train_step(ctx: RankContext, cfg: TrainConfig, strategy: strategies.Strategy
 
 
 def finish_step(ctx: RankContext, cfg: TrainConfig, pending: PendingStep, tokens: float, flops_per_token: float,
-                peak: float, health: HealthMonitor | None = None) -> dict[str, Any]:
+                peak: float, health: Detectors | None = None) -> dict[str, Any]:
     """A step's record, once its work is done. Every rank's own figures (step time, compute,
     waiting, loss, memory, model state) are gathered in one collective over the control group;
     rank 0 gives them to the health monitor (`health`). Compute is the step less its waiting: on
@@ -308,7 +308,7 @@ def replicas_due(cfg: TrainConfig, strategy: strategies.Strategy, step: int) -> 
     return bool(cfg.health.every) and (step + 1) % cfg.health.every == 0 and not strategy.params_sharded
 
 
-def check_replicas(ctx: RankContext, strategy: strategies.Strategy, step: int, health: HealthMonitor | None,
+def check_replicas(ctx: RankContext, strategy: strategies.Strategy, step: int, health: Detectors | None,
                    grad_sums: tuple[list[str], torch.Tensor] | None = None) -> None:
     """Every rank's exact per-parameter checksums (and, where the strategy keeps full gradients,
     those of the gradients as synchronised: `grad_sums`), gathered on the control group and
