@@ -1,4 +1,4 @@
-"""The one watchdog loop outside the ranks: every `interval_s` (0.1 s) it runs its rules, each of
+"""The monitor loop outside the ranks: every `interval_s` (0.1 s) it runs its rules, each of
 which reads the rank channel at its own pace (the hang watchdog and the script's monitor every
 0.25-0.5 s, the lost-time rule every second), and reads the ranks' no-restart notes twice a
 second. In local mode it runs in distval's launching process (the agent's), where it also
