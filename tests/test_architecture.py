@@ -210,3 +210,18 @@ def test_the_rank_channel_speaks_only_the_declared_protocol():
         protocol.check("notes", {})
     with pytest.raises(ValueError, match="'status' has no field"):
         protocol.check(protocol.Kind.STATUS, {"status": "x", "stauts": 1})
+
+
+def test_scoped_environment_is_put_back_as_it_was(monkeypatch):
+    """Library code sets variables for a block (a launch, a data set's load) and restores them."""
+    import os
+
+    from distval.envvars import scoped
+
+    monkeypatch.setenv("DISTVAL_TEST_KEPT", "before")
+    monkeypatch.delenv("DISTVAL_TEST_NEW", raising=False)
+    with pytest.raises(RuntimeError):
+        with scoped({"DISTVAL_TEST_KEPT": "inside", "DISTVAL_TEST_NEW": "1"}):
+            assert os.environ["DISTVAL_TEST_KEPT"] == "inside" and os.environ["DISTVAL_TEST_NEW"] == "1"
+            raise RuntimeError("the block failed")
+    assert os.environ["DISTVAL_TEST_KEPT"] == "before" and "DISTVAL_TEST_NEW" not in os.environ

@@ -9,7 +9,10 @@ workers, `distval emulate` its nodes); three are for people: `DISTVAL_FAULT` (te
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
+from typing import Iterator, Mapping
 
 
 @dataclass(frozen=True)
@@ -40,3 +43,19 @@ PROGRESS_EVERY = EnvVar("DISTVAL_PROGRESS_EVERY", "seconds (default 10)", "peopl
                         "how often `distval train` prints a progress line when stderr is not a terminal")
 
 ALL = (CHANNEL, PROBE, TRACE, FAULT, EMULATED, EMULATE_DIR, NETCHECK, PROGRESS_EVERY)
+
+
+@contextlib.contextmanager
+def scoped(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` set in this process's environment for the block (and the processes it starts),
+    then what was there before put back: library code leaves the environment as it found it."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

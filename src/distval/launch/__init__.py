@@ -46,12 +46,13 @@ def run(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] 
 
         check_world(opts.nproc or devices.default_nproc(), opts.expect_world, {})
         return run_local(rank_fn, cfg, opts, watchers, pauses)
+    from distval.envvars import scoped
     from distval.launch.worker import run_worker
 
     env = dict(os.environ)
-    os.environ.update(worker_env(mode, env))
-    check_world(int(os.environ["WORLD_SIZE"]), opts.expect_world, env)
-    return run_worker(rank_fn, cfg, opts, mode, watchers)
+    with scoped(worker_env(mode, env)):  # torch.distributed's variables from the outer launcher's
+        check_world(int(os.environ["WORLD_SIZE"]), opts.expect_world, env)
+        return run_worker(rank_fn, cfg, opts, mode, watchers)
 
 
 __all__ = ["JobResult", "LaunchOptions", "RankFn", "Watcher", "check_world", "detect_mode", "first_slurm_host",

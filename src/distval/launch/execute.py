@@ -10,6 +10,7 @@ import time
 from typing import Any, Callable
 
 from distval import launch, meta
+from distval.envvars import scoped
 from distval.health.diagnose import WorkerFailure
 from distval.health.pauses import Pause, check_rows
 from distval.launch import JobResult, LaunchOptions, RankFn, Watcher
@@ -116,15 +117,12 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
     monitor = ScriptDetectors(info["world_size"] or 1, health, on_finding=say_finding)
     lost = LostTime(info["world_size"] or 1, health, step=lambda reader: monitor.next_step, on_finding=say_finding)
     pauses: list[Pause] = []
-    os.environ.update(env)
     try:
-        ranks = run_local_script(script, args, opts, watchers=[monitor, lost], module=module, pauses=pauses)
+        with scoped(env):
+            ranks = run_local_script(script, args, opts, watchers=[monitor, lost], module=module, pauses=pauses)
     except CannotRun as e:
         report.add(failure_check("launch", e))
         return report
-    finally:
-        for key in env:
-            os.environ.pop(key, None)
     report.add(Check("launch script", Status.OK, f"{script} ended on all {ranks} ranks in "
                      f"{time.monotonic() - started:.1f} s, no hang"))
     monitor.report(report, lost.findings, lost.host_note())

@@ -35,7 +35,6 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -45,6 +44,7 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
+from distval.envvars import scoped
 from distval.plan.presets import ModelSpec
 
 EOS_ID = 256
@@ -290,26 +290,26 @@ def _read_columns(path: Path, columns: list[str]) -> dict[str, list]:
 # ---------------------------------------------------------------------------------------- HF datasets
 
 def hf_dataset(cfg: DataConfig) -> Any:
-    """The split of a Hugging Face data set from the local cache, with downloads switched off for
-    this process (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1). ValueError if `datasets` is missing or
+    """The split of a Hugging Face data set from the local cache, with downloads switched off while
+    it loads (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1, restored after). ValueError if `datasets` is missing or
     the set/split is not cached."""
     name = cfg.hf_name
     _need("datasets", f"data set {name!r} (a Hugging Face name)")
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    import datasets
+    with scoped({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}):  # read when `datasets` is first imported
+        import datasets
 
-    # The variables are read when `datasets` is first imported; set the flags too in case it was.
-    datasets.config.HF_DATASETS_OFFLINE = True
-    if hasattr(datasets.config, "HF_HUB_OFFLINE"):
-        datasets.config.HF_HUB_OFFLINE = True
-    cache = cfg.cache_dir or datasets.config.HF_DATASETS_CACHE
-    try:
-        return datasets.load_dataset(name, cfg.hf_config, split=cfg.split, cache_dir=cfg.cache_dir)
-    except Exception as e:  # datasets raises many types here (FileNotFoundError, ConnectionError, ...)
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"data set {name!r} (split {cfg.split!r}) is not in the offline Hugging Face cache {cache}: "
-                         f"{reason}; download it once where there is network, or pass a local file") from None
+        # the variables are read when `datasets` is first imported; set the flags too in case it was
+        datasets.config.HF_DATASETS_OFFLINE = True
+        if hasattr(datasets.config, "HF_HUB_OFFLINE"):
+            datasets.config.HF_HUB_OFFLINE = True
+        cache = cfg.cache_dir or datasets.config.HF_DATASETS_CACHE
+        try:
+            return datasets.load_dataset(name, cfg.hf_config, split=cfg.split, cache_dir=cfg.cache_dir)
+        except Exception as e:  # datasets raises many types here (FileNotFoundError, ConnectionError, ...)
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"data set {name!r} (split {cfg.split!r}) is not in the offline Hugging Face cache "
+                             f"{cache}: {reason}; download it once where there is network, or pass a local "
+                             f"file") from None
 
 
 # ---------------------------------------------------------------------------------------- tokenizing
