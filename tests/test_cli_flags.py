@@ -170,3 +170,13 @@ def test_a_bad_config_file_is_one_line_exit_2(cli, tmp_path, text, message):
     assert len(res.stderr.strip().splitlines()) == 1
     missing = cli("plan", "--config", str(tmp_path / "none.toml"))
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_a_scripts_own_config_flag_is_left_to_the_script():
+    """`distval launch train.py --config cfg.yaml`: the script's flag, not distval's."""
+    from distval.cli import _command_of, _every_flag
+    from distval.cli.configfile import expand
+
+    args = ["launch", "--nproc", "2", "train.py", "--config", "cfg.yaml"]
+    assert expand(args, _command_of, _every_flag) == args
+    assert _command_of(["comm", "bench", "-b", "8"])[0] == ["comm", "bench"]

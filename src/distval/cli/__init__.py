@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     exit_without_collecting()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = configfile.expand(args, _command_flags, _every_flag)
+        args = configfile.expand(args, _command_of, _every_flag)
     except ValueError as e:
         _fail(str(e), EXIT_USAGE)
     _start_fork_server(args)
@@ -71,17 +71,26 @@ def _commands() -> dict[tuple[str, ...], object]:
     return found
 
 
-def _flags_of(cmd: object) -> set[str]:
-    return {o for p in getattr(cmd, "params", []) for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+def _options_of(cmd: object) -> dict[str, bool]:
+    """{option: whether it takes a value}, every spelling."""
+    return {o: not getattr(p, "is_flag", False) for p in getattr(cmd, "params", [])
+            if getattr(p, "param_type_name", "") == "option" for o in (*p.opts, *p.secondary_opts)}
 
 
-def _command_flags(words: list[str]) -> set[str] | None:
-    cmd = _commands().get(tuple(words))
-    return _flags_of(cmd) if cmd is not None else None
+def _command_of(args: list[str]) -> tuple[list[str], dict[str, bool] | None]:
+    """The words at the start of `args` that name a command, and its options (None: none)."""
+    commands = _commands()
+    words: list[str] = []
+    for a in args:
+        if not any(path[:len(words) + 1] == (*words, a) for path in commands):
+            break
+        words.append(a)
+    cmd = commands.get(tuple(words))
+    return words, _options_of(cmd) if cmd is not None else None
 
 
 def _every_flag() -> set[str]:
-    return {f for cmd in _commands().values() for f in _flags_of(cmd)}
+    return {f for cmd in _commands().values() for f in _options_of(cmd) if f.startswith("--")}
 
 
 def _start_fork_server(args: list[str]) -> None:

@@ -16,18 +16,22 @@ from typing import Any
 FLAG = "--config"
 
 
-def expand(args: list[str], command_flags: Any, every_flag: Any) -> list[str]:
+def expand(args: list[str], command_of: Any, every_flag: Any) -> list[str]:
     """`args` with `--config FILE` replaced by the file's flags, placed after the command's name.
-    `command_flags(words)`: the long flags of the command those words name (None: no command);
-    `every_flag()`: those of every command (a top-level key another command takes is left out)."""
-    path, at = _config_path(args)
+    `command_of(args)`: (the words naming the command args start with, {option: whether it takes
+    a value} of it, None where they name none); `every_flag()`: the long flags of every command (a
+    top-level key another command takes is left out). A `--config` after the command's first
+    argument (`distval launch`'s script) is that argument's own, left alone."""
+    if not any(a == FLAG or a.startswith(FLAG + "=") for a in args):
+        return args  # the usual case: no command tree built
+    words, options = command_of(args)
+    path, at = _config_path(args, len(words), options or {})
     if path is None:
         return args
-    rest = args[:at] + args[at + (1 if "=" in args[at] else 2):]
-    words = _command_words(rest)
-    flags = command_flags(words)
-    if flags is None:
+    if options is None:
         raise ValueError(f"{FLAG} {path}: give it after a command (distval COMMAND {FLAG} FILE)")
+    flags = {o for o in options if o.startswith("--")}
+    rest = args[:at] + args[at + (1 if "=" in args[at] else 2):]
     top, own = _values(_read(path), words)
     shared = every_flag() if set(top) - set(own) else set()
     from_file: list[str] = []
@@ -53,26 +57,22 @@ def expand(args: list[str], command_flags: Any, every_flag: Any) -> list[str]:
     return rest[:n] + from_file + rest[n:]
 
 
-def _config_path(args: list[str]) -> tuple[str | None, int]:
-    for i, a in enumerate(args):
-        if a == "--":
-            break
+def _config_path(args: list[str], start: int, options: dict[str, bool]) -> tuple[str | None, int]:
+    """(FILE, where --config is) among the command's own options: the scan stops at its first
+    argument that is no option (a script, whose own flags follow) or at `--`."""
+    i = start
+    while i < len(args):
+        a = args[i]
         if a == FLAG:
             if i + 1 >= len(args):
                 raise ValueError(f"{FLAG} needs a file, e.g. {FLAG} distval.toml")
             return args[i + 1], i
         if a.startswith(FLAG + "="):
             return a.split("=", 1)[1], i
-    return None, -1
-
-
-def _command_words(args: list[str]) -> list[str]:
-    words = []
-    for a in args:
-        if a.startswith("-"):
+        if a == "--" or not a.startswith("-"):
             break
-        words.append(a)
-    return words
+        i += 2 if options.get(a) and "=" not in a else 1
+    return None, -1
 
 
 def _read(path: str) -> dict[str, Any]:
