@@ -6,15 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from distval.results import Table
+from distval.units import format_bytes
 
 MAX_STEP_ROWS = 12
 
 
-def _size(n: int) -> str:
-    for unit, mult in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= mult:
-            return f"{n / mult:.1f} {unit}"
-    return f"{n} B"
 _SHORT = {"compute": "compute", "optimizer": "optim", "comm_overlapped": "overlap", "comm_exposed": "exposed",
           "waiting_for_peers": "waiting", "memcpy": "memcpy", "data": "data", "idle": "idle"}
 
@@ -47,7 +43,7 @@ def collectives_text(table: Table, meta: dict[str, Any]) -> str:
                           f"{'algbw GB/s':>10} {'busbw GB/s':>10}"]
     for r in table.rows[:MAX_STEP_ROWS]:
         bw = [f"{r[c]:>10.3f}" if r[c] is not None else f"{'-':>10}" for c in ("algbw_GBps", "busbw_GBps")]
-        size = _size(r["bytes"]) if r["bytes"] else "-"  # a kernel without its message size (old NCCL, P2P)
+        size = format_bytes(r["bytes"]) if r["bytes"] else "-"  # a kernel without its message size (old NCCL, P2P)
         lines.append(f"{r['op']:<15} {size:>10} {r['calls']:>7g} {r['time_us']:>10.1f} "
                      f"{r['transfer_us']:>12.1f} {r['wait_share']:>6.0%} {bw[0]} {bw[1]}")
     if len(table.rows) > MAX_STEP_ROWS:
