@@ -66,7 +66,8 @@ def test_a_flag_named_like_a_knob_of_the_commands_configs_is_that_knob(name):
 
 @pytest.mark.parametrize("name, cls, skip", [
     ("train", TrainConfig, {"health.nan_every"}),  # train reads every step's loss and gradient norm
-    ("launch", HealthConfig, {"on_nan"}),  # a script's NaN is named, not stopped: the script owns its loop
+    # a script's NaN is named, not stopped (the script owns its loop); its gradient norm is not read
+    ("launch", HealthConfig, {"on_nan", "spike"}),
     ("compare", TrainConfig, {"strategy", "ckpt", "metrics", "health", "strategy_cfg.bucket_mb"}),
     ("plan", PlanConfig, set()),
     ("comm check", CheckConfig, set()),

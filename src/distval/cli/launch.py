@@ -19,9 +19,10 @@ from distval.launch.job import LaunchOptions
 @app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                          "allow_interspersed_args": False})
 @config_flags("opts", LaunchOptions, only=("nproc", "max_restarts", "nnodes", "rdzv_endpoint", "timeout_s",
-                                          "hang.floor_s", "hang.kill_after_s", "metrics_port"),
+                                          "hang.floor_s", "hang.kill_after_s", "hang.factor", "hang.startup_s",
+                                          "hang.busy_s", "metrics_port"),
               names={"nproc": ("--nproc-per-node", "--nproc")})
-@config_flags("health", HealthConfig, only=("slow_ratio", "nan_every", "every"))
+@config_flags("health", HealthConfig, only=("slow_ratio", "nan_every", "every", "window", "min_loss", "imbalance"))
 def launch_cmd(
     ctx: typer.Context,
     opts: LaunchOptions,

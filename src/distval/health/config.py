@@ -12,24 +12,27 @@ from distval.units import parse_duration
 
 @dataclass(frozen=True)
 class HealthConfig:
-    window: int = 50  # steps the straggler and leak statistics look at (and a straggler must persist)
+    window: int = knob(50, "--health-window", help="Steps the straggler and memory-growth rules look at: a "
+                       "straggler must persist this many steps (and 8 s), a leak hold over two such windows.")
     # a rank's compute over its peers' median, as a window median: a straggler ...
     slow_ratio: float = knob(1.15, "--straggler-ratio", help="A rank whose compute time stays this many times its "
                              "peers' median (over a 50-step window) is a straggler (docs/health.md).")
-    min_loss: float = 0.05  # ... that costs the job at least this share of its step time, for `window` steps
-    spike: float = 5.0  # a gradient norm above this × its running median: a WARN
+    min_loss: float = knob(0.05, "--straggler-min-loss", help="... and costs the job at least this share of its step "
+                           "time over the window.")
+    spike: float = knob(5.0, "--grad-spike", help="A gradient norm above this many times its running median is a WARN.")
     every: int = knob(50, "--check-replicas-every", help="Compare every rank's parameters bit for bit every N "
                       "steps (0: never).")
     # a launched script's probe (health/probe.py); `distval train` checks every step's loss and norm
     nan_every: int = knob(10, "--check-nan-every", help="Check every gradient and parameter for NaN/Inf every N "
                           "optimizer steps (1: every step; 0: never), read one step late on a GPU.")
-    imbalance: float = 0.25  # a rank's peak memory above the ranks' median by this share: a WARN
+    imbalance: float = knob(0.25, "--memory-imbalance", help="A rank whose peak memory is this share above the ranks' "
+                            "median (and 64 MiB) is a WARN.")
     on_nan: str = knob("warn", "--on-nan", help="warn: a non-finite loss or gradient is a FAIL in the report; "
                        "stop: stop every rank before the update, naming the rank (nothing non-finite is saved).")
 
     def __post_init__(self) -> None:
         if self.window < 4:
-            raise ValueError(f"the health window must be at least 4 steps (got {self.window})")
+            raise ValueError(f"--health-window must be at least 4 steps (got {self.window})")
         if self.slow_ratio <= 1.0:
             raise ValueError(f"--straggler-ratio must be above 1 (got {self.slow_ratio:g}), e.g. 1.1")
         if self.nan_every < 0:
@@ -38,6 +41,13 @@ class HealthConfig:
             raise ValueError(f"--check-replicas-every must be 0 (off) or more (got {self.every})")
         if self.on_nan not in ("warn", "stop"):
             raise ValueError(f"--on-nan must be warn or stop (got {self.on_nan!r})")
+        if not 0 <= self.min_loss < 1:
+            raise ValueError(f"--straggler-min-loss must be a share from 0 to below 1 (got {self.min_loss:g}), "
+                             "e.g. 0.05")
+        if self.spike <= 1:
+            raise ValueError(f"--grad-spike must be above 1 (got {self.spike:g}), e.g. 5")
+        if self.imbalance <= 0:
+            raise ValueError(f"--memory-imbalance must be positive (got {self.imbalance:g}), e.g. 0.25")
 
 
 HANG_AFTER_HELP = (
@@ -60,9 +70,12 @@ def _duration_or_off(text: str, flag: str) -> float | None:
 class HangPolicy:
     floor_s: float = knob(8.0, "--hang-after", parse=_duration_or_off, text="8s",
                           help=HANG_AFTER_HELP)
-    factor: float = 10.0
-    startup_s: float = 120.0
-    busy_s: float = 600.0
+    factor: float = knob(10.0, "--hang-factor", help="A hang is declared past this many times the 90th percentile of "
+                         "the gaps between progress seen lately (at least --hang-after).")
+    startup_s: float = knob(120.0, "--hang-startup", parse=parse_duration, text="2m", help="Before the first progress "
+                            "(rendezvous, data loading, the first step's compile): the allowance.")
+    busy_s: float = knob(600.0, "--hang-busy", parse=parse_duration, text="10m", help="While a rank declares a long "
+                         "phase (a checkpoint save) or compiles (torch.compile): the allowance.")
     # a pause (ranks outside any collective while the others wait: health/pauses.py) is ended
     # past this (--hang-kill-after): NCCL's default collective timeout, after which the backend
     # would end the job anyway
@@ -74,6 +87,11 @@ class HangPolicy:
         if not self.kill_after_s >= self.floor_s:
             raise ValueError(f"--hang-kill-after must be at least --hang-after ({self.floor_s:g} s; got "
                              f"{self.kill_after_s:g} s), e.g. 10m")
+        if self.factor < 1:
+            raise ValueError(f"--hang-factor must be at least 1 (got {self.factor:g}), e.g. 10")
+        if not (self.startup_s > 0 and self.busy_s > 0):
+            raise ValueError(f"--hang-startup and --hang-busy must be positive (got {self.startup_s:g} s and "
+                             f"{self.busy_s:g} s), e.g. 2m and 10m")
 
     @classmethod
     def from_knobs(cls, **values: float | None) -> HangPolicy | None:

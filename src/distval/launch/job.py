@@ -84,6 +84,6 @@ class LaunchOptions:
 
 # the knobs every command that launches ranks takes (train adds --max-restarts, launch its own)
 LAUNCH = ("nproc", "backend", "expect_world", "timeout_s", "deadline_s", "hang.floor_s", "hang.kill_after_s",
-          "metrics_port")
+          "hang.factor", "hang.startup_s", "hang.busy_s", "metrics_port")
 
 RankFn = Callable[["RankContext", Any], Any]
