@@ -9,10 +9,11 @@ module of its own, imported here (its decorators add it to the app).
 
 from __future__ import annotations
 
+import os
 import sys
 
 from distval import exit_without_collecting
-from distval.cli import comm, configfile, doctor, drill, emulate, launch, plan, run, scale, slurm, trace, train  # noqa: F401 (each adds its commands)
+from distval.cli import comm, configfile, doctor, drill, emulate, launch, petenv, plan, run, scale, slurm, trace, train  # noqa: F401 (each adds its commands)
 from distval.cli.app import app
 from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun
 
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         args = configfile.expand(args, _command_of, _every_flag)
+        if args[:1] == ["launch"]:  # torchrun's PET_* environment (Kubernetes): below a file's and typed flags
+            args = ["launch", *petenv.flags(os.environ), *args[1:]]
     except ValueError as e:
         _fail(str(e), EXIT_USAGE)
     _start_fork_server(args)
