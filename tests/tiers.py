@@ -78,8 +78,7 @@ def _allowed(item: pytest.Item) -> bool:
     return item.get_closest_marker("job") is not None or item.get_closest_marker("smoke") is not None
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item: pytest.Item):
+def _as_item(item: pytest.Item):
     _running.append((item.nodeid, _allowed(item)))
     try:
         yield
@@ -87,13 +86,8 @@ def pytest_runtest_setup(item: pytest.Item):
         _running.pop()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item):
-    _running.append((item.nodeid, _allowed(item)))
-    try:
-        yield
-    finally:
-        _running.pop()
+pytest_runtest_setup = pytest.hookimpl(hookwrapper=True)(_as_item)
+pytest_runtest_call = pytest.hookimpl(hookwrapper=True)(_as_item)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -37,10 +37,17 @@ FR_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_ENTRIES = "256"  # enough to hold what a stalled rank is waiting in; small enough to read in a few ms
 
 
-def enable_flight_recorder(env: dict[str, str] | Any = os.environ) -> None:
-    """Record collectives from the next process group on (the user's own setting wins)."""
-    if not env.get(FR_ENV) and not env.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
-        env[FR_ENV] = FR_ENTRIES
+def flight_recorder_env() -> dict[str, str]:
+    """The variable that makes the next process group record its collectives, unless the user
+    set the recorder's size already (their setting wins)."""
+    if os.environ.get(FR_ENV) or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        return {}
+    return {FR_ENV: FR_ENTRIES}
+
+
+def enable_flight_recorder() -> None:
+    """Record collectives from the next process group on, in this process (a worker)."""
+    os.environ.update(flight_recorder_env())
 
 
 class Compiles:

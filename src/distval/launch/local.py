@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from distval import device as devices
+from distval.envvars import scoped
 from distval.health.diagnose import TEARDOWN_EXITS, WorkerFailure, diagnose, in_startup
 from distval.health.hang import HINTS, Hang, summary
-from distval.health.heartbeat import FR_ENV, enable_flight_recorder
+from distval.health.heartbeat import flight_recorder_env
 from distval.health.metrics import exporter_for
 from distval.health.pauses import Pause
 from distval.health.watchdog import Watchdog, stop_ranks
@@ -289,52 +290,46 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         signal.signal(signal.SIGTERM, _raise_stopped)
     # As torchrun does: one intra-op thread per worker unless the user chose, so N workers do
     # not fight over the cores (workers inherit the environment at start).
-    saved_env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", channels.ENV, FR_ENV)}
-    if saved_env["OMP_NUM_THREADS"] is None and nproc > 1:
-        os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ[channels.ENV] = address
-    if watchdog:
-        enable_flight_recorder()  # the workers' heartbeats read it
-    if entrypoint is _local_entry:  # distval's own workers (a program is started by its path whatever the method)
-        config.start_method = _start_method()
-        if config.start_method == "forkserver":
-            forkserver.start()
-            args = (*args, True, forkserver.Environ())
-    monitor.start()
-    try:
+    env = {channels.ENV: address, **(flight_recorder_env() if watchdog else {})}  # the recorder: the heartbeats'
+    if "OMP_NUM_THREADS" not in os.environ and nproc > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    with scoped(env):  # the workers inherit it at their start; put back as it was after the job
+        if entrypoint is _local_entry:  # distval's own workers (a program is started by its path whatever the method)
+            config.start_method = _start_method()
+            if config.start_method == "forkserver":
+                forkserver.start()
+                args = (*args, True, forkserver.Environ())
+        monitor.start()
         try:
-            results = elastic_launch(config, entrypoint)(*args)
+            try:
+                results = elastic_launch(config, entrypoint)(*args)
+            finally:
+                exits.close()
+                monitor.close()
+                if watchdog and pauses is not None:
+                    pauses.extend(watchdog.pauses)
+                for sig, handler in saved_handlers.items():
+                    signal.signal(sig, handler)
+            _raise_hang(watchdog)  # a mismatch in the job's last collectives, found as it ended
+            return results
+        except ChildFailedError as e:
+            _raise_hang(watchdog)
+            _raise_no_restart(monitor, reader, run_dir, world, show_output)
+            exitcodes = {r: f.exitcode for r, f in e.failures.items()}  # the agent's: one failure, the first it found
+            beats = reader.all(world, Kind.HEARTBEAT)
+            ranks = {**reader.all(world, Kind.STATUS), **{r: b for r, b in beats.items() if b}}
+            exitcodes.update({r: c for r, c in exits.first_killed(ranks).items() if r not in exitcodes})
+            raise _said(_diagnose(reader, run_dir, world, exitcodes), show_output) from None
+        except (SignalException, _Stopped):
+            _raise_hang(watchdog)
+            _raise_no_restart(monitor, reader, run_dir, world, show_output)
+            if loop is not None and loop.found is not None:
+                raise _said(_repeated(_diagnose(reader, run_dir, world, dict([loop.found]))), show_output) from None
+            if monitor.deadline_expired:
+                raise _said(_diagnose(reader, run_dir, world, {}, deadline_s=opts.deadline_s), show_output) from None
+            raise KeyboardInterrupt from None
         finally:
-            exits.close()
-            monitor.close()
-            if watchdog and pauses is not None:
-                pauses.extend(watchdog.pauses)
-            for sig, handler in saved_handlers.items():
-                signal.signal(sig, handler)
-        _raise_hang(watchdog)  # a mismatch in the job's last collectives, found as it ended
-        return results
-    except ChildFailedError as e:
-        _raise_hang(watchdog)
-        _raise_no_restart(monitor, reader, run_dir, world, show_output)
-        exitcodes = {r: f.exitcode for r, f in e.failures.items()}  # the agent's: one failure, the first it found
-        ranks = {**reader.all(world, Kind.STATUS), **{r: b for r, b in reader.all(world, Kind.HEARTBEAT).items() if b}}
-        exitcodes.update({r: c for r, c in exits.first_killed(ranks).items() if r not in exitcodes})
-        raise _said(_diagnose(reader, run_dir, world, exitcodes), show_output) from None
-    except (SignalException, _Stopped):
-        _raise_hang(watchdog)
-        _raise_no_restart(monitor, reader, run_dir, world, show_output)
-        if loop is not None and loop.found is not None:
-            raise _said(_repeated(_diagnose(reader, run_dir, world, dict([loop.found]))), show_output) from None
-        if monitor.deadline_expired:
-            raise _said(_diagnose(reader, run_dir, world, {}, deadline_s=opts.deadline_s), show_output) from None
-        raise KeyboardInterrupt from None
-    finally:
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _abort(hang: Hang, stop: Callable[[], None]) -> None:
