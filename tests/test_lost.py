@@ -216,3 +216,37 @@ def test_the_kernel_share_of_a_process_throttled_by_its_cgroup(tmp_path):
         time.sleep(0.1)
         group.rmdir()
     assert 0.2 < shares["throttled"] < 0.85 and shares["runnable"] - shares["queued"] < 0.36, shares
+
+
+def test_a_longer_compute_the_host_scheduling_explains_is_no_straggler_but_a_neighbours_is():
+    """Seen in the corpus (a Trainer-shaped script, 2 ranks at 20 ms, nothing else running): the
+    compute rule named rank 0 "1.25x the compute time of its peers". Compute is wall time; rank 0
+    waited for a CPU 30% of its runnable time against its peer's 10%, which alone makes it
+    0.9/0.7 = 1.29x slower. With other processes taking the CPU it is a straggler slowed from
+    outside after all; with equal queues its longer compute is its own."""
+    from distval.health.monitor import Stragglers
+
+    def lopsided(i, rng):
+        return {0: bucket(queued=0.30, runnable=1.0), 1: bucket(queued=0.10, runnable=1.0)}
+
+    own = Slowed(HealthConfig())
+    feed(own, 30, lopsided, foreign=lambda i: 0.02)
+    assert own.by_host(0, 1.25) and not own.by_host(0, 1.8)  # 1.29x explains 1.25x, not most of 1.8x
+    busy = Slowed(HealthConfig())
+    feed(busy, 30, lopsided, foreign=lambda i: 0.8)
+    assert not busy.by_host(0, 1.25)
+    even = Slowed(HealthConfig())
+    feed(even, 30, lambda i, rng: {r: bucket(queued=0.2, runnable=1.0) for r in range(2)}, foreign=lambda i: 0.0)
+    assert not even.by_host(0, 1.25)
+    assert not Slowed(HealthConfig()).by_host(0, 1.25)  # nothing sampled: the compute rule decides alone
+
+    def run(by_host):
+        rule, found = Stragglers(HealthConfig(), by_host), []
+        for step in range(600):  # rank 0 computes 25 ms to its peer's 20 ms: 1.25x, 12 s of 20 ms steps
+            rows = [{"step_s": 0.025, "compute_s": 0.025, "blocked_s": 0.0},
+                    {"step_s": 0.025, "compute_s": 0.020, "blocked_s": 0.005}]
+            found += [f] if (f := rule.update(step, rows, None)) else []
+        return found
+
+    assert run(own.by_host) == []
+    assert [f.ranks for f in run(busy.by_host)] == [[0]] and [f.ranks for f in run(None)] == [[0]]

@@ -67,6 +67,7 @@ SAMPLE_STOPPED_S = (0.01, 0.04)  # ... and ~40 a second for `STOPPED_FOR_S` afte
 STOPPED_FOR_S = 30.0
 STARTUP_S = 30.0  # where the job's steps are unknown, judging begins this long after the first bucket
 HOST_QUEUE = 0.2  # every rank queued this share of its runnable time: the host is oversubscribed (said once)
+FOREIGN_CPUS = 0.25  # other processes' CPU below this: a rank's longer compute is the job's own oversubscription
 HOST_HISTORY = 3600  # buckets the host note is the median of (the last hour)
 
 
@@ -230,6 +231,22 @@ class Slowed:
                 self.findings.append(found)
                 new = new or found
         return new
+
+    def by_host(self, r: int, slowdown: float) -> bool:
+        """Whether a compute `slowdown` of rank r (its compute over its peers', the compute rule's)
+        is the host's scheduling of the job's own processes: over the last window r waited for a
+        CPU enough more of its runnable time than its peers to make half of it or more, while other
+        processes took under `FOREIGN_CPUS` (their CPU makes it a straggler slowed from outside,
+        this rule's own finding). Compute is wall time: a rank the scheduler serves less computes
+        longer, and on a host whose cores the job oversubscribes one rank is served less in turn."""
+        mine = [q for q in list(self.ratios[r])[-self.window:] if q is not None]
+        peers = self._peers_ratio(r, {k: {} for k in self.ratios})
+        foreign = [f for _, f in list(self.host)[-self.window:] if f is not None]
+        if len(mine) < self.window // 2 or peers is None or (foreign and statistics.median(foreign) >= FOREIGN_CPUS):
+            return False
+        ratio = statistics.median(mine)
+        explained = (1 - peers) / (1 - min(ratio, 0.95)) if ratio > peers else 1.0
+        return explained - 1 >= (slowdown - 1) / 2
 
     def host_note(self, cores: int) -> str | None:
         """One line when every rank waited for a CPU (`HOST_QUEUE` of its runnable time or more, as
@@ -402,6 +419,10 @@ class LostTime:
     @property
     def findings(self) -> list[Finding]:
         return self.rule.findings
+
+    def by_host(self, r: int, slowdown: float) -> bool:
+        """`Slowed.by_host`: the compute rule asks before it names a straggler."""
+        return self.rule.by_host(r, slowdown)
 
     def host_note(self) -> str | None:
         """What the host did to every rank, if it matters (`Slowed.host_note`)."""

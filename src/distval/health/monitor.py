@@ -41,7 +41,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -80,8 +80,9 @@ class Stragglers:
     their own, so the rule costs a few sorts of `window` numbers per step (~20 µs at 2 ranks), not
     a pass over the window's rows."""
 
-    def __init__(self, cfg: HealthConfig):
+    def __init__(self, cfg: HealthConfig, by_host: Callable[[int, float], bool] | None = None):
         self.cfg = cfg
+        self.by_host = by_host  # (rank, slowdown) -> its slowness is the host's scheduling (health/lost.py)
         self.seen = 0  # steps fed, the warm-up's included
         self.step_s: collections.deque[float] = collections.deque(maxlen=cfg.window)  # the slowest's
         self.ratio: list[collections.deque[float]] = []  # per rank, over the window
@@ -123,6 +124,8 @@ class Stragglers:
             streak[0], streak[1] = streak[0] + 1, streak[1] + self.step_s[-1]
             if (streak[0] < self.cfg.window or streak[1] < PERSIST_S) and r not in self.current:
                 continue  # not yet lasting: a streak of a busy host's scheduling is not a straggler
+            if r not in self.current and self.by_host is not None and self.by_host(r, slowdown):
+                continue  # served less CPU than its peers by a host the job itself oversubscribes
             since = self.current[r].step if r in self.current else self._onset(r)
             waiting = _median(self.waiting[r])
             work, unit = (tokens, "tokens/s") if tokens is not None else (1.0, "steps/s")  # a script: no tokens
@@ -361,9 +364,9 @@ def compare_replicas(step: int, names: list[str], sums: list[Any], ranks: list[i
 class Detectors:
     """Rank 0's detectors over the gathered per-rank rows of each step."""
 
-    def __init__(self, cfg: HealthConfig):
+    def __init__(self, cfg: HealthConfig, by_host: Callable[[int, float], bool] | None = None):
         self.cfg = cfg
-        self.stragglers, self.numerics, self.memory = Stragglers(cfg), Numerics(cfg), Memory(cfg)
+        self.stragglers, self.numerics, self.memory = Stragglers(cfg, by_host), Numerics(cfg), Memory(cfg)
         self.replicas: list[Finding] = []
         self.replica_checks = 0
         self.per_rank: list[dict[str, Any]] = []  # rank -> its recent compute and waiting, peak, current memory

@@ -38,10 +38,12 @@ class ScriptDetectors:
     """A monitor-loop watcher (launch/monitor.py) over every rank's steps and probe notes."""
 
     def __init__(self, world_size: int, cfg: HealthConfig | None = None,
-                 on_finding: Callable[[Finding], None] | None = None, read_every_s: float = READ_EVERY_S):
+                 on_finding: Callable[[Finding], None] | None = None, read_every_s: float = READ_EVERY_S,
+                 by_host: Callable[[int, float], bool] | None = None):
+        """`by_host`: the lost-time rule's word on a would-be straggler (health/lost.py `by_host`)."""
         self.world_size, self.read_every_s = world_size, read_every_s
         self.cfg = cfg or HealthConfig()
-        self.health = Detectors(self.cfg)
+        self.health = Detectors(self.cfg, by_host)
         self.on_finding = on_finding or (lambda f: None)
         self.rows: list[dict[int, list[Any]]] = [{} for _ in range(world_size)]
         self.hosts: set[str] = set()

@@ -114,8 +114,8 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
     env = {PROBE_ENV: f"{health.nan_every}:{health.every}"}  # the shim of every worker reads them (inherited
     if traced:  # through torchrun's agent)
         env[TRACE_ENV] = f"{trace.skip}:{trace.active}:{trace.dir}"
-    monitor = ScriptDetectors(info["world_size"] or 1, health, on_finding=say_finding)
     lost = LostTime(info["world_size"] or 1, health, step=lambda reader: monitor.next_step, on_finding=say_finding)
+    monitor = ScriptDetectors(info["world_size"] or 1, health, on_finding=say_finding, by_host=lost.by_host)
     pauses: list[Pause] = []
     try:
         with scoped(env):
