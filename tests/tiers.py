@@ -5,7 +5,8 @@ is a `job`; `make test-fast` runs every other test and the `smoke` jobs (one per
 Which tests start processes is recorded, not guessed: `make jobs-list` runs the whole suite with
 DISTVAL_TEST_RECORD naming a file; every process started while a test or a fixture sets up or runs
 is caught where Python forks (`subprocess`, `multiprocessing` and torch's elastic agent all go
-through `_posixsubprocess.fork_exec` or `os.fork`), and the file lists the tests and fixtures that
+through `_posixsubprocess.fork_exec`, `os.fork` or `os.posix_spawn`; a process that
+multiprocessing's fork server starts is caught at `Process.start`), and the file lists the tests and fixtures that
 started one (tests/jobs.txt). At collection a test listed there, or using a listed fixture, is
 marked `job`. In the fast tier (DISTVAL_TEST_TIER=fast) a test that starts a process without being
 marked fails and names the command that updates the list: the tier cannot grow unnoticed.
@@ -14,7 +15,9 @@ marked fails and names the command that updates the list: the tier cannot grow u
 from __future__ import annotations
 
 import _posixsubprocess
+import multiprocessing.process
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +64,12 @@ def _wrap(fn: Any) -> Any:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "job: starts processes (ranks, the CLI, torchrun): recorded in tests/jobs.txt")
     config.addinivalue_line("markers", "smoke: the one job per command that the fast tier keeps")
-    _posixsubprocess.fork_exec = _wrap(_posixsubprocess.fork_exec)
-    os.fork = _wrap(os.fork)
+    _posixsubprocess.fork_exec = _wrap(_posixsubprocess.fork_exec)  # multiprocessing's spawn
+    subprocess._fork_exec = _wrap(subprocess._fork_exec)  # type: ignore[attr-defined] (bound at its import)
+    for name in ("fork", "posix_spawn", "posix_spawnp"):
+        setattr(os, name, _wrap(getattr(os, name)))
+    # a process started by multiprocessing's fork server is forked there, not here
+    multiprocessing.process.BaseProcess.start = _wrap(multiprocessing.process.BaseProcess.start)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
