@@ -246,9 +246,12 @@ class Numerics:
 
 
 class Memory:
-    """Peak imbalance across ranks, and growth of a rank's current memory that lasts.
+    """Imbalance across ranks and growth of a rank's current memory, each on evidence that lasts.
 
-    Growth is judged every 10 steps, from the end of the warm-up, over thirds of a window: the
+    Both are judged every 10 steps from the end of the warm-up. Imbalance: a rank whose current
+    memory, as its median over the last window, stands `imbalance` (25%) and 64 MiB above the ranks'
+    median of theirs (a peak is one moment: one allocation burst sets a host's RSS peak for the rest
+    of the run; the peaks are in the finding). Growth: over thirds of a window: the
     last third's median over the first's, grown in both halves (one jump, an evaluation's or a
     checkpoint's buffers kept by the allocator, is no leak). It is a leak when it holds over two
     windows (> 1 MiB a step and 64 MiB in all), or sooner when one window's growth is a large share
@@ -266,24 +269,27 @@ class Memory:
         self._flagged: set[tuple[str, int]] = set()
         self._seen = 0
 
-    def update(self, step: int, current: list[float], peak: list[float]) -> Finding | None:
-        new = None
-        median = _median(peak)
-        for r, p in enumerate(peak):
-            if len(peak) > 1 and p > median * (1 + self.cfg.imbalance) and p - median > 64 * MIB \
-                    and ("imbalance", r) not in self._flagged:
-                self._flagged.add(("imbalance", r))
-                new = new or self._add(Finding(
-                    "memory_imbalance", "WARN", step, [r],
-                    f"rank {r} peaks at {p / MIB:,.0f} MiB, {p / median - 1:.0%} above the ranks' median "
-                    f"({median / MIB:,.0f} MiB)", {"peak_bytes": peak}))
+    def update(self, step: int, current: list[float], peak: list[float]) -> list[Finding]:
+        """The findings new at this step (an imbalance and a leak may come together)."""
+        new: list[Finding] = []
         self._seen += 1
         if self._seen <= WARMUP_STEPS:  # allocation and the allocator's first growth are not judged
             return new
         self.current.append((step, current))
         if len(self.current) < self.window or self._seen % 10:
-            return new  # a leak takes tens of steps to show
+            return new  # an imbalance or a leak takes tens of steps to show
         rows = list(self.current)
+        levels = [_median(c[r] for _, c in rows[-self.window:]) for r in range(len(current))]
+        median = _median(levels)
+        for r, level in enumerate(levels):
+            if len(levels) > 1 and level > median * (1 + self.cfg.imbalance) and level - median > 64 * MIB \
+                    and ("imbalance", r) not in self._flagged:
+                self._flagged.add(("imbalance", r))
+                new.append(self._add(Finding(
+                    "memory_imbalance", "WARN", step, [r],
+                    f"rank {r} holds {level / MIB:,.0f} MiB, {level / median - 1:.0%} above the ranks' median "
+                    f"({median / MIB:,.0f} MiB) over the last {self.window} steps (peak {peak[r] / MIB:,.0f} MiB)",
+                    {"current_bytes": levels, "peak_bytes": peak})))
         for r in range(len(current)):
             if ("growth", r) in self._flagged:
                 continue
@@ -295,11 +301,11 @@ class Memory:
                 continue
             if per_step > MIB and growth > 64 * MIB:
                 self._flagged.add(("growth", r))
-                new = new or self._add(Finding(
+                new.append(self._add(Finding(
                     "memory_growth", "WARN", step, [r],
                     f"rank {r}'s memory grows {per_step / MIB:.1f} MiB per step ({growth / MIB:,.0f} MiB over the "
                     f"last {len(rows) if not fast else self.window} steps): a leak?",
-                    {"bytes_per_step": round(per_step)}))
+                    {"bytes_per_step": round(per_step)})))
         return new
 
     def _add(self, found: Finding) -> Finding:
@@ -389,7 +395,7 @@ class Detectors:
         found = [self.numerics.update(step, [r["loss"] for r in ranks], grad_norm, bad_param)
                  if grad_norm is not None else None,  # a launched script: its probe's findings come apart
                  self.stragglers.update(step, ranks, tokens),
-                 self.memory.update(step, [r["mem_current"] for r in ranks], [r["mem_peak"] for r in ranks])]
+                 *self.memory.update(step, [r["mem_current"] for r in ranks], [r["mem_peak"] for r in ranks])]
         return [f for f in found if f is not None]
 
     def replicas_checked(self, step: int, names: list[str], sums: list[torch.Tensor]) -> Finding | None:
