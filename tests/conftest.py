@@ -65,9 +65,12 @@ def suite_tmpdir(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
-def cli(capsys):
+def cli(capsys, monkeypatch):
     """`distval ARGS` in this process (no interpreter and torch start-up per call): for bad-input
-    cases, which end before any worker starts. Returns what run_cli returns."""
+    cases, which end before any worker starts (so no fork server is started for them either).
+    Returns what run_cli returns."""
+    monkeypatch.setattr("distval.cli._start_fork_server", lambda args: None)
+
     def call(*args: str) -> subprocess.CompletedProcess:
         from distval.cli import main
 

@@ -4,6 +4,7 @@ environment read as torchrun reads it, flags winning; two "pods" meet with nothi
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
@@ -61,5 +62,5 @@ def test_two_pods_with_only_the_operators_variables_meet_and_run(tmp_path):
     for code, report, text in pods:
         assert code == 0, text[-2000:]
         assert "ended on all 2 ranks" in json.loads(report)["checks"][0]["summary"], report[:2000]
-    assert sorted(line.split()[-1] for _, _, text in pods for line in text.splitlines()
-                  if line.startswith("rank ")) == ["0", "1"]
+    nodes = re.findall(r"rank \d of 2 node (\d)", "".join(text for _, _, text in pods))  # each pod, its node
+    assert sorted(nodes) == ["0", "1"], nodes

@@ -27,6 +27,25 @@ JOBS = Path(__file__).with_name("jobs.txt")
 RECORD = "DISTVAL_TEST_RECORD"  # a file: write the tests and fixtures that started a process to it
 TIER = "DISTVAL_TEST_TIER"  # "fast": a test not marked `job` or `smoke` may not start a process
 
+# the one job per command the fast tier keeps (the quickest real run of each; drill has none under a minute)
+SMOKE = {
+    "comm check": "tests/test_cli.py::test_check_json_reports_each_case_and_details_when_wrong",
+    "comm bench": "tests/test_bench_multiproc.py::"
+                  "test_burst_timing_on_cpu_is_named_in_the_header_and_obeys_the_formulas",
+    "comm pairs": "tests/test_scale.py::test_pairs_on_three_local_ranks",
+    "scale --expect": "tests/test_scale.py::test_bench_expectations_pass_and_fail",
+    "plan": "tests/test_plan_cli.py::test_real_process_plan_and_bad_input",
+    "train": "tests/test_train_cli.py::test_train_reports_every_step",
+    "train --resume": "tests/test_ckpt_resume.py::test_ddp_family_resumes_bitwise",
+    "compare": "tests/test_train_cli.py::test_compare_command_from_the_issue",
+    "run": "tests/test_ladder.py::test_a_bad_gloo_socket_ifname_stops_the_ladder_at_the_doctor",
+    "launch": "tests/test_kubernetes.py::test_two_pods_with_only_the_operators_variables_meet_and_run",
+    "doctor": "tests/test_doctor_cli.py::test_two_local_ranks_probe_the_rendezvous",
+    "trace": "tests/test_trace_analyze.py::test_trace_diff_names_what_moved_and_tests_it_over_steps",
+    "emulate": "tests/test_emulate.py::test_sigterm_removes_the_cluster",
+    "slurm": "tests/test_slurm.py::test_generated_script_runs_with_fake_srun",
+}
+
 _running: list[tuple[str, bool]] = []  # the tests and fixtures being set up or run: (id, may start processes)
 _started: set[str] = set()
 
@@ -41,9 +60,22 @@ def _fixture_id(fixturedef: Any) -> str:
     return f"{fixturedef.baseid}::{fixturedef.argname}"
 
 
-def _starting() -> None:
+# a system tool a library asks once a process (platform's `uname -p`, a GPU query): no job
+UTILITIES = {"uname", "getconf", "nproc", "hostname", "ip", "ethtool", "lscpu", "ldconfig", "git", "id", "ps",
+             "nvidia-smi", "rocm-smi", "amd-smi", "which"}
+
+
+def _program(args: tuple) -> str:
+    """The program a fork-and-exec starts (its first argument's first word), "" when unknown."""
+    first = args[0] if args else None
+    if isinstance(first, (list, tuple)) and first:
+        first = first[0]
+    return os.path.basename(os.fsdecode(first)) if isinstance(first, (str, bytes)) else ""
+
+
+def _starting(program: str = "") -> None:
     """Called as this process forks: note who did; in the fast tier, fail an unmarked test."""
-    if not _running:
+    if not _running or program in UTILITIES:
         return
     who, allowed = _running[-1]
     _started.add(who)
@@ -54,7 +86,7 @@ def _starting() -> None:
 
 def _wrap(fn: Any) -> Any:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        _starting()
+        _starting(_program(args))
         return fn(*args, **kwargs)
 
     wrapped.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -73,12 +105,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    listed = _listed()
+    listed, smoke = _listed(), set(SMOKE.values())
     for item in items:
         defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         fixtures = {_fixture_id(fd[-1]) for fd in defs.values() if fd}
         if item.nodeid in listed or fixtures & listed:
             item.add_marker(pytest.mark.job)
+        if item.nodeid in smoke:
+            item.add_marker(pytest.mark.smoke)
 
 
 def _allowed(item: pytest.Item) -> bool:
