@@ -135,7 +135,7 @@ def test_the_first_rank_killed_by_a_signal_is_seen_in_the_order_of_deaths():
         failed = context.Process(target=_die, args=(1,))
         failed.start()
         time.sleep(1.0)
-        assert [p.pid for p in watch.deaths] == [killed.pid, failed.pid]
+        assert [[p.pid for p in seen] for seen in watch.deaths] == [[killed.pid], [failed.pid]]
         killed.join(), failed.join()  # the agent reads the codes
         assert (killed.exitcode, failed.exitcode) == (-signal.SIGKILL, 1)
         here = socket.gethostname()
@@ -143,6 +143,8 @@ def test_the_first_rank_killed_by_a_signal_is_seen_in_the_order_of_deaths():
         assert watch.first_killed(beats) == {1: -signal.SIGKILL}
         assert watch.first_killed({0: {"pid": failed.pid, "host": here}}) == {}  # an exit code is not a signal
         assert watch.first_killed({0: {"pid": killed.pid, "host": "elsewhere"}}) == {}  # another node's pid
+        watch.deaths[:] = [[failed, killed]]  # seen at one look (a loaded host): the signal came first
+        assert watch.first_killed(beats) == {1: -signal.SIGKILL}
     finally:
         watch.close()
 

@@ -95,7 +95,7 @@ class _ExitPeek:
     late a newly started function worker is first watched."""
 
     def __init__(self, every_s: float = 0.25, agent_tid: int | None = None):
-        self.deaths: list[multiprocessing.Process] = []  # in the order seen
+        self.deaths: list[list[multiprocessing.Process]] = []  # in the order seen: those seen at one look together
         self.peeked: list[tuple[int, int]] = []
         self._children = f"/proc/self/task/{agent_tid}/children" if agent_tid is not None else None
         self._fds: dict[int, int] = {}  # pid: pidfd of the children not yet seen to end
@@ -107,10 +107,12 @@ class _ExitPeek:
         while not self._stop.is_set():
             # multiprocessing's own set of this process's children: public listings poll them,
             # which would race the agent for a fork server's exit codes
-            alive = [p for p in list(multiprocessing.process._children) if p not in self.deaths]  # type: ignore[attr-defined]
+            dead = {p for seen in self.deaths for p in seen}
+            alive = [p for p in list(multiprocessing.process._children) if p not in dead]  # type: ignore[attr-defined]
             peeking = self._children is not None
             ready = set(wait([p.sentinel for p in alive], PEEK_S if peeking else every_s)) if alive else set()
-            self.deaths += [p for p in alive if p.sentinel in ready]
+            if seen := [p for p in alive if p.sentinel in ready]:
+                self.deaths.append(seen)
             if not self._peek(0.0 if alive else PEEK_S) and not alive:
                 self._stop.wait(every_s)
         for fd in self._fds.values():
@@ -148,14 +150,15 @@ class _ExitPeek:
     def first_killed(self, said: dict[int, dict[str, Any] | None]) -> dict[int, int]:
         """{rank: -signal} when the first of this node's ranks to die was killed by a signal other
         than the teardown's SIGTERM, else {}. `said`: what each rank last published with its pid
-        and host (its status or heartbeat). Asked once torch's agent has read every exit code."""
+        and host (its status or heartbeat). Asked once torch's agent has read every exit code.
+        Deaths seen at one look (a loaded host: a peer that failed on the killed rank's closed
+        connection ends within the same look) are in no known order: a signal among them came first."""
         here = socket.gethostname()
         ranks = {b["pid"]: r for r, b in said.items() if b and b.get("pid") and b.get("host") == here}
-        first = next((p for p in self.deaths if p.pid in ranks), None)
-        code = first.exitcode if first is not None else None
-        if code is None or code >= 0 or code == -signal.SIGTERM:
-            return {}
-        return {ranks[first.pid]: code}
+        first = next(([p for p in seen if p.pid in ranks] for seen in self.deaths if any(p.pid in ranks for p in seen)),
+                     [])
+        killed = [p for p in first if p.exitcode is not None and p.exitcode < 0 and p.exitcode != -signal.SIGTERM]
+        return {ranks[killed[0].pid]: killed[0].exitcode} if killed else {}
 
     def close(self) -> None:
         self._stop.set()
