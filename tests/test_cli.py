@@ -37,15 +37,15 @@ def test_bad_input_is_one_line_exit_2(args, message, tmp_path, cli):
     ("/proc/b.json", "is not writable"),
     (".", "is a directory"),
 ])
-def test_unwritable_output_path_is_rejected_before_running(path, message):
-    res = run_cli("comm", "bench", "--json", path, timeout=60)
+def test_unwritable_output_path_is_rejected_before_running(path, message, cli):
+    res = cli("comm", "bench", "--json", path)  # in process: rejected before any worker starts
     assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
-def test_run_out_that_is_a_file_is_rejected(tmp_path):
+def test_run_out_that_is_a_file_is_rejected(tmp_path, cli):
     f = tmp_path / "file"
     f.write_text("keep me")
-    res = run_cli("run", "--out", str(f), timeout=60)
+    res = cli("run", "--out", str(f))
     assert res.returncode == 2 and "exists and is not a directory" in res.stderr
     assert f.read_text() == "keep me"
 

@@ -769,6 +769,19 @@ def test_launch_ends_a_rank_stopped_after_a_pause_at_once(eval_runs):
     check = _error_in(doc)
     assert check["where"]["rank"] == 1 and check["details"]["hang"] == "stopped", check["summary"]
     assert check["details"]["diagnosed_s"] < 15, check["details"]
+    _diagnosed_alike(check, {"rank0"}, [1])  # a stopped rank cannot write its dump: the others wait for it
+
+
+def _diagnosed_alike(check: dict, files: set[str], culprits: list[int]) -> None:
+    """The verdict kept every rank's Flight Recorder dump beside the report (--json), and `distval
+    diagnose` names the same culprit from them alone."""
+    from distval.health.postmortem import diagnose
+
+    kept = Path(check["details"]["fr_dumps"])
+    assert kept.name.endswith(".frdumps") and {f.name for f in kept.iterdir()} == files, check["details"]
+    assert f"`distval diagnose {kept}`" in check["summary"]
+    verdict = diagnose([kept]).checks[1]
+    assert verdict.details["culprits"] == culprits, verdict
 
 
 def test_launch_names_a_spinning_rank_live_and_ends_it_at_the_kill_limit(eval_runs):
@@ -779,6 +792,7 @@ def test_launch_names_a_spinning_rank_live_and_ends_it_at_the_kill_limit(eval_ru
     assert "past the kill limit of 12 s (--hang-kill-after)" in check["summary"], check["summary"]
     assert "[rank 1: <module> (train.py:" in check["summary"] and 12 <= check["details"]["diagnosed_s"] < 20
     assert "distval: pause: rank 1 outside any collective for" in text
+    _diagnosed_alike(check, {"rank0", "rank1"}, [1])
 
 
 def test_launch_names_the_rank_that_skipped_a_metric_all_reduce(eval_runs):

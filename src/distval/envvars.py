@@ -41,8 +41,11 @@ NETCHECK = EnvVar("DISTVAL_NETCHECK", "0/off/no/false to disable", "people", "la
                   "the check that a multi-node job's rendezvous address is reachable before ranks start")
 PROGRESS_EVERY = EnvVar("DISTVAL_PROGRESS_EVERY", "seconds (default 10)", "people", "train/progress.py",
                         "how often `distval train` prints a progress line when stderr is not a terminal")
+FR_DUMPS = EnvVar("DISTVAL_FR_DUMPS", "a folder", "the local launcher, for every worker (`--fr-dumps`)",
+                  "health/heartbeat.py", "where a rank that is stopped or fails writes its Flight Recorder dump, "
+                                         "which the launcher keeps on a hang verdict (`distval diagnose` reads it)")
 
-ALL = (CHANNEL, PROBE, TRACE, FAULT, EMULATED, EMULATE_DIR, NETCHECK, PROGRESS_EVERY)
+ALL = (CHANNEL, PROBE, TRACE, FAULT, EMULATED, EMULATE_DIR, NETCHECK, PROGRESS_EVERY, FR_DUMPS)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from distval.launch.job import LaunchOptions
                                          "allow_interspersed_args": False})
 @config_flags("opts", LaunchOptions, only=("nproc", "max_restarts", "nnodes", "rdzv_endpoint", "timeout_s",
                                           "hang.floor_s", "hang.kill_after_s", "hang.factor", "hang.startup_s",
-                                          "hang.busy_s", "metrics_port"),
+                                          "hang.busy_s", "metrics_port", "fr_dumps"),
               names={"nproc": ("--nproc-per-node", "--nproc")})
 @config_flags("health", HealthConfig, only=("slow_ratio", "nan_every", "every", "window", "min_loss", "imbalance"))
 def launch_cmd(
@@ -53,6 +53,8 @@ def launch_cmd(
     if run_id := rdzv_id or ("distval-launch" if opts.nnodes > 1 else None):
         opts = dataclasses.replace(opts, run_id=run_id)
     check_outputs({"--json": json})
+    if opts.fr_dumps is None and json is not None:
+        opts = dataclasses.replace(opts, fr_dumps=str(json.with_suffix(".frdumps")))
     traced = trace_config(trace, 10**9, trace_dir, script.stem if not module else str(script))
     return finish(run_script(str(script), list(ctx.args), opts, module=module, trace=traced, health=health), json,
                   make_console())

@@ -106,7 +106,7 @@ def _fingerprint(beat: dict[str, Any], pg: str) -> tuple | None:
     return (p["seq"], p["op"], str(p["sizes"]), str(p["dtypes"]))
 
 
-def _describe(fp: tuple | None, pg: str) -> str:
+def describe(fp: tuple | None, pg: str) -> str:
     if fp is None:
         return f"a collective of group {pg}"
     seq, op, sizes, dtypes = fp
@@ -114,10 +114,17 @@ def _describe(fp: tuple | None, pg: str) -> str:
 
 
 
-def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> tuple[list[int], str, str]:
+def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str],
+           members: dict[str, list[int]] | None = None) -> tuple[list[int], str, str]:
     """(culprits, kind, verdict) from every rank's last heartbeat (its "status": the latest the
-    rank said, which the watchdog takes from the `status` kind) and its process state."""
+    rank said, which the watchdog takes from the `status` kind) and its process state.
+    `members`: the ranks of each process group (a sub-group of a mesh); a group not named, or
+    every group without it, has every rank."""
     ranks = sorted(beats)
+
+    def among(pg: str) -> list[int]:
+        return [r for r in ranks if members is None or pg not in members or r in members[pg]]
+
     stopped = [r for r in ranks if states.get(r) in ("T", "t")]
     if stopped:
         return stopped, "stopped", (f"{ranks_text(stopped)} stopped (SIGSTOP or a debugger) at "
@@ -132,12 +139,12 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
     # a group on which some ranks issued fewer collectives and went on to wait in another group,
     # while the ranks ahead wait on it: those behind skipped one (whatever else they wait in)
     for pg in _groups_waited(live):
-        issued = {r: live[r]["groups"].get(pg, [0, 0])[0] for r in ranks}
+        issued = {r: live[r]["groups"].get(pg, [0, 0])[0] for r in among(pg)}
         top = max(issued.values())
-        ahead = [r for r in ranks if issued[r] == top and pg in _waiting(live[r])]
-        behind = [r for r in ranks if issued[r] < top and any(g != pg for g in _still_waiting(live, r))]
-        if ahead and behind and len(ahead) + len(behind) == len(ranks):
-            what = _describe(_fingerprint(live[ahead[0]], pg), pg)
+        ahead = [r for r in issued if issued[r] == top and pg in _waiting(live[r])]
+        behind = [r for r in issued if issued[r] < top and any(g != pg for g in _still_waiting(live, r))]
+        if ahead and behind and len(ahead) + len(behind) == len(issued):
+            what = describe(_fingerprint(live[ahead[0]], pg), pg)
             parts = []
             for r in behind:
                 g = next(g for g in _still_waiting(live, r) if g != pg)
@@ -146,13 +153,13 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
     # a group some ranks wait in and others have not reached: the others are the cause (the
     # summary adds where the waiting ranks are)
     for pg in _groups_waited(live):
-        waiting = [r for r in ranks if pg in _waiting(live[r])]
+        waiting = [r for r in among(pg) if pg in _waiting(live[r])]
         target = max((_waiting(live[r])[pg][0] for r in waiting), default=0)
         # a rank that issued the collective waited in has reached it (its peers' recorder may mark
         # the completion late: Gloo's work is marked done when it is next looked at)
-        absent = [r for r in ranks if r not in waiting and live[r]["groups"].get(pg, [0, 0])[0] < target]
+        absent = [r for r in among(pg) if r not in waiting and live[r]["groups"].get(pg, [0, 0])[0] < target]
         if waiting and absent:
-            what = _describe(_fingerprint(live[waiting[0]], pg), pg)
+            what = describe(_fingerprint(live[waiting[0]], pg), pg)
             parts = []
             for r in absent:
                 issued = live[r]["groups"].get(pg, [0, 0])[0]
@@ -169,18 +176,19 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
                                   f"none waiting: at {_statuses(beats, ranks)}")
     # every rank waits: do they wait in the same collective?
     for pg in _groups_waited(live):
-        prints = {r: _fingerprint(live[r], pg) for r in ranks}
+        prints = {r: _fingerprint(live[r], pg) for r in among(pg)}
         counts = collections.Counter(fp for fp in prints.values())
         if len(counts) > 1:
             (top, n), *rest = counts.most_common()
             if rest and rest[0][1] == n:  # no majority: name every side
-                sides = "; ".join(f"{ranks_text([r for r in ranks if prints[r] == fp])} in {_describe(fp, pg)}"
+                sides = "; ".join(f"{ranks_text([r for r in prints if prints[r] == fp])} in {describe(fp, pg)}"
                                   for fp in counts)
-                return ranks, "mismatch", f"the ranks wait in different collectives and no majority decides: {sides}"
-            odd = [r for r in ranks if prints[r] != top]
-            sides = "; ".join(f"{ranks_text([r])} in {_describe(prints[r], pg)}" for r in odd)
-            return odd, "mismatch", (f"{sides}, while {ranks_text([r for r in ranks if r not in odd])} wait in "
-                                     f"{_describe(top, pg)}")
+                return list(prints), "mismatch", ("the ranks wait in different collectives and no majority decides: "
+                                                  f"{sides}")
+            odd = [r for r in prints if prints[r] != top]
+            sides = "; ".join(f"{ranks_text([r])} in {describe(prints[r], pg)}" for r in odd)
+            return odd, "mismatch", (f"{sides}, while {ranks_text([r for r in prints if r not in odd])} wait in "
+                                     f"{describe(top, pg)}")
     return [], "network", ("every rank waits in the same collective and none is behind: the transport (network, "
                            "NCCL/Gloo) is stuck; see `distval doctor`")
 
@@ -188,7 +196,7 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str]) -> t
 def _skipped(r: int, beat: dict[str, Any], g: str, what: str, pg: str, issued: int, others: list[int],
              top: int) -> str:
     """Rank r waits in group g's collective, having issued fewer on group pg than `others`."""
-    return (f"rank {r} went on to {_describe(_fingerprint(beat, g), g)} without issuing {what} (it issued {issued} "
+    return (f"rank {r} went on to {describe(_fingerprint(beat, g), g)} without issuing {what} (it issued {issued} "
             f"collectives on group {pg}, {ranks_text(others)} {top}): it skipped a collective")
 
 
@@ -256,8 +264,8 @@ def _table(beats: dict[int, dict[str, Any] | None], culprits: list[int], states:
         blocked = first(_still_waiting(live, r)) if b else None  # not a collective every other rank issued
         rows.append({"rank": r, "pid": b.get("pid"), "host": b.get("host"), "state": states.get(r, "?"),
                      "cpu_busy": spinning.get(r), "status": b.get("status"), "step": b.get("step"),
-                     "waiting_in": _describe(_fingerprint(b, pg), pg) if pg else None,
-                     "blocked_in": _describe(_fingerprint(b, blocked), blocked) if blocked else None,
+                     "waiting_in": describe(_fingerprint(b, pg), pg) if pg else None,
+                     "blocked_in": describe(_fingerprint(b, blocked), blocked) if blocked else None,
                      "completed": {g: v[1] for g, v in b.get("groups", {}).items()},
                      "where": where(stacks.get(r)), "culprit": r in culprits})
     return rows

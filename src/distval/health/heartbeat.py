@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from distval.envvars import FR_DUMPS
 from distval.health import fingerprints
 from distval.protocol import Kind
 
@@ -115,6 +116,26 @@ def pending_collectives(groups: dict[str, list[int]], entries: list[dict[str, An
             out.append({"pg": pg, "seq": e["collective_seq_id"], "op": e["profiling_name"].split(":")[-1],
                         "sizes": e.get("input_sizes"), "dtypes": e.get("input_dtypes")})
     return out
+
+
+def write_dump(rank: int) -> None:
+    """This rank's Flight Recorder dump (the pickle NCCL's watchdog writes on a timeout) as
+    `rank<N>` in the folder the launcher named (DISTVAL_FR_DUMPS), where it named one: what a rank
+    stopped after a hang verdict, or failing, leaves for `distval diagnose`. Written whole or not at
+    all; a few ms."""
+    folder = os.environ.get(FR_DUMPS.name)
+    if not folder:
+        return
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace
+
+        data = _dump_fr_trace()
+        part = os.path.join(folder, f".rank{rank}.part")
+        with open(part, "wb") as f:
+            f.write(data)
+        os.replace(part, os.path.join(folder, f"rank{rank}"))
+    except Exception:  # noqa: BLE001 (a rank on its way out: no recorder, no folder, no space)
+        pass
 
 
 _RUNNING: Heartbeat | None = None  # this process's heartbeat, once started

@@ -51,6 +51,9 @@ class LaunchOptions:
                        parse=_nnodes, text="1")
     rdzv_endpoint: str | None = knob(None, "--rdzv-endpoint", help="HOST:PORT every node meets at (as torchrun's; "
                                      "--nnodes > 1).")
+    fr_dumps: str | None = knob(None, "--fr-dumps", help="On a hang verdict, keep every rank's Flight Recorder "
+                                "dump in this folder, for `distval diagnose` (default with --json: beside the report, "
+                                "as <report>.frdumps).")
     metrics_port: int | None = knob(None, "--metrics-port", help="Serve live OpenMetrics (Prometheus) from the "
                                     "launcher on this port (0: any free one): per-rank step time, wait, memory, "
                                     "heartbeat age, findings (docs/health.md).")

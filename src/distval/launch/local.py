@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from distval import device as devices
-from distval.envvars import scoped
+from distval.envvars import FR_DUMPS, scoped
 from distval.health.diagnose import TEARDOWN_EXITS, WorkerFailure, diagnose, in_startup
 from distval.health.hang import HINTS, Hang, summary
 from distval.health.heartbeat import flight_recorder_env
@@ -296,6 +296,10 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     env = {channels.ENV: address, **(flight_recorder_env() if watchdog else {})}  # the recorder: the heartbeats'
     if "OMP_NUM_THREADS" not in os.environ and nproc > 1:
         env["OMP_NUM_THREADS"] = "1"
+    dumps = (os.path.join(run_dir, "frdumps"), opts.fr_dumps) if watchdog and opts.fr_dumps else None
+    if dumps:  # a rank stopped by a verdict (or failing) writes its recorder's dump there
+        os.makedirs(dumps[0], exist_ok=True)
+        env[FR_DUMPS.name] = dumps[0]
     with scoped(env):  # the workers inherit it at their start; put back as it was after the job
         if entrypoint is _local_entry:  # distval's own workers (a program is started by its path whatever the method)
             config.start_method = _start_method()
@@ -313,10 +317,10 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
                     pauses.extend(watchdog.pauses)
                 for sig, handler in saved_handlers.items():
                     signal.signal(sig, handler)
-            _raise_hang(watchdog)  # a mismatch in the job's last collectives, found as it ended
+            _raise_hang(watchdog, dumps)  # a mismatch in the job's last collectives, found as it ended
             return results
         except ChildFailedError as e:
-            _raise_hang(watchdog)
+            _raise_hang(watchdog, dumps)
             _raise_no_restart(monitor, reader, run_dir, world, show_output)
             exitcodes = {r: f.exitcode for r, f in e.failures.items()}  # the agent's: one failure, the first it found
             beats = reader.all(world, Kind.HEARTBEAT)
@@ -324,7 +328,7 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
             exitcodes.update({r: c for r, c in exits.first_killed(ranks).items() if r not in exitcodes})
             raise _said(_diagnose(reader, run_dir, world, exitcodes), show_output) from None
         except (SignalException, _Stopped):
-            _raise_hang(watchdog)
+            _raise_hang(watchdog, dumps)
             _raise_no_restart(monitor, reader, run_dir, world, show_output)
             if loop is not None and loop.found is not None:
                 raise _said(_repeated(_diagnose(reader, run_dir, world, dict([loop.found]))), show_output) from None
@@ -343,13 +347,34 @@ def _abort(hang: Hang, stop: Callable[[], None]) -> None:
     stop_ranks(hang)
 
 
-def _raise_hang(watchdog: Watchdog | None) -> None:
+def _raise_hang(watchdog: Watchdog | None, dumps: tuple[str, str] | None) -> None:
+    """The watchdog's verdict as the job's failure; `dumps`: (where the ranks wrote their Flight
+    Recorder dumps, where the user keeps them)."""
     hang = watchdog.hang if watchdog else None
     if hang is not None:
         rank = hang.culprits[0] if hang.culprits else None
         status = next((row["status"] for row in hang.ranks if row["rank"] == rank), "") if rank is not None else ""
-        raise WorkerFailure(rank, summary(hang), status or "", hang.details(), HINTS[hang.kind],
+        text, details = summary(hang), hang.details()
+        if dumps and (kept := _keep_dumps(*dumps)):
+            text += f"; every rank's Flight Recorder dump is in {kept} (`distval diagnose {kept}`)"
+            details["fr_dumps"] = kept
+        raise WorkerFailure(rank, text, status or "", details, HINTS[hang.kind],
                             Status.ERROR if hang.hung else Status.FAIL)
+
+
+def _keep_dumps(written: str, kept: str) -> str | None:
+    """The ranks' dumps copied from the run's folder to the user's; None where no rank wrote one."""
+    files = sorted(f for f in os.listdir(written) if not f.startswith(".")) if os.path.isdir(written) else []
+    if not files:
+        return None
+    try:
+        os.makedirs(kept, exist_ok=True)
+        for name in files:
+            shutil.copyfile(os.path.join(written, name), os.path.join(kept, name))
+    except OSError as e:
+        print(f"distval: could not keep the ranks' Flight Recorder dumps in {kept}: {e}", file=sys.stderr, flush=True)
+        return None
+    return kept
 
 
 def _raise_no_restart(monitor: MonitorLoop, reader: channels.ChannelReader, run_dir: str, nproc: int,

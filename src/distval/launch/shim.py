@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any, Callable
 
 from distval.health.diagnose import secondary
-from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives
+from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives, write_dump
 from distval.health.probe import Probe
 from distval.health.probe import from_env as probe_settings
 from distval.health.steps import StepClock
@@ -50,19 +50,24 @@ NO_RESTART_WAIT_S = 5.0
 class LastWords:
     """This rank's `state`, published once, as it fails: the error, the traceback, the script's
     optimizer steps so far (`script_step`: 0 is a death during start-up) and the fingerprints of
-    its last collectives (the Flight Recorder's, a few ms).
+    its last collectives (the Flight Recorder's, a few ms), after its whole Flight Recorder dump
+    where the launcher asked for one (`write_dump`, first: it needs no store; on SIGTERM the
+    thread below writes it at once too, since a spinning main thread on a loaded host has been
+    seen to take its handler too late, past the stop's grace).
 
     SIGTERM (torch's agent stopping the job after another rank failed) is taken by a handler
     that publishes and exits 128 + 15, as the default action would. A Python handler runs on
     the main thread only, once it is back in Python; a rank blocked in C (a collective that
     never returns, a CUDA synchronisation) would hold on until the agent's SIGKILL 30 s later,
     so a thread woken by the signal (the interpreter's wakeup fd) answers for it after
-    TERM_GRACE_S. A script that installs its own SIGTERM handler keeps it: then neither acts."""
+    TERM_GRACE_S. Whichever comes second waits for the first to finish speaking before the process
+    ends. A script that installs its own SIGTERM handler keeps it: then neither acts."""
 
     def __init__(self, channel: channels.RankChannel, rank: int, status: str, steps: StepClock):
         self.channel, self.rank, self.status, self.steps = channel, rank, status, steps
         self._lock = threading.Lock()
         self._said = False
+        self._spoken = threading.Event()
 
     def say(self, error: str | None, traceback_text: str = "") -> None:
         """`error`: None for a rank stopped from outside (SIGTERM), as a distval worker says it."""
@@ -70,9 +75,13 @@ class LastWords:
             if self._said:
                 return
             self._said = True
-        state = {**state_payload(self.rank, self.status, [], error, traceback_text), "recent": last_collectives(),
-                 "script_step": self.steps.step}
-        self.channel.publish(Kind.STATE, state, flush=True)
+        try:
+            write_dump(self.rank)
+            state = {**state_payload(self.rank, self.status, [], error, traceback_text),
+                     "recent": last_collectives(), "script_step": self.steps.step}
+            self.channel.publish(Kind.STATE, state, flush=True)
+        finally:
+            self._spoken.set()
 
     def install(self) -> LastWords:
         signal.signal(signal.SIGTERM, self._on_term)
@@ -88,6 +97,7 @@ class LastWords:
     def _term(self) -> None:
         try:
             self.say(None)
+            self._spoken.wait(TERM_GRACE_S)  # the other caller's words, under way, are not cut short
         finally:
             os._exit(128 + signal.SIGTERM)
 
@@ -95,6 +105,7 @@ class LastWords:
         while True:
             got = os.read(read, 64)
             if signal.SIGTERM in got and signal.getsignal(signal.SIGTERM) == self._on_term:
+                write_dump(self.rank)  # at once, from this thread: the main thread may not get the CPU in time
                 time.sleep(TERM_GRACE_S)  # the main thread's handler ends the process first if it can
                 self._term()
 

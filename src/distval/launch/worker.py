@@ -11,6 +11,7 @@ process does that (launch/local.py).
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import signal
 import socket
@@ -25,7 +26,7 @@ from distval import exit_without_collecting
 from distval.comm.layer import Comm
 from distval.health.diagnose import WorkerFailure, diagnose
 from distval.health.faults import Faults
-from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives, running
+from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_collectives, running, write_dump
 from distval.health.metrics import exporter_for
 from distval.launch import channel as channels
 from distval.launch import watcher
@@ -65,7 +66,7 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         control = dist.new_group(backend="gloo", timeout=timeout)
         ctx = RankContext(rank, dist.get_world_size(), local_rank, opts.backend, device, Comm(), control,
                           socket.gethostname(), channel, control_comm=Comm(group=control, name="control"),
-                          last_collectives=last_collectives)
+                          last_collectives=functools.partial(_last_collectives, rank))
         ctx.signals.install(signal.SIGTERM)
         ctx.faults = faults = Faults.from_env(rank)
         if faults:  # the measured group only: bookkeeping is never faulted
@@ -112,6 +113,13 @@ def run_worker(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, mode: str, watche
         channel.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _last_collectives(rank: int) -> dict[str, dict[str, str]]:
+    """What a failing or stopped rank leaves: its last collectives' fingerprints in its state, and
+    its whole Flight Recorder dump where the launcher asked for one."""
+    write_dump(rank)
+    return last_collectives()
 
 
 _WATCHER: list[Any] = []  # the node watcher this process started for the job it runs
