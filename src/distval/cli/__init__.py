@@ -13,7 +13,22 @@ import os
 import sys
 
 from distval import exit_without_collecting
-from distval.cli import comm, configfile, diagnose, doctor, drill, emulate, launch, petenv, plan, run, scale, slurm, trace, train  # noqa: F401 (each adds its commands)
+from distval.cli import (  # noqa: F401 (each adds its commands)
+    comm,
+    configfile,
+    diagnose,
+    doctor,
+    drill,
+    emulate,
+    launch,
+    petenv,
+    plan,
+    run,
+    scale,
+    slurm,
+    trace,
+    train,
+)
 from distval.cli.app import app
 from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun
 

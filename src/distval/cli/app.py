@@ -22,8 +22,8 @@ from distval.report import terminal
 from distval.results import Report, check_writable, output_dir
 
 # `distval --help` lists the commands in the order a user needs them.
-ORDER = ("run", "doctor", "comm", "plan", "train", "compare", "scale", "trace", "diagnose", "drill", "launch", "emulate",
-         "slurm")
+ORDER = ("run", "doctor", "comm", "plan", "train", "compare", "scale", "trace", "diagnose", "drill", "launch",
+         "emulate", "slurm")
 
 
 class _InOrder(typer.core.TyperGroup):

@@ -130,8 +130,8 @@ def find(folder: Path) -> list[Path]:
                    and not f.name.endswith((".log", ".txt", ".md", ".out", ".err")))
     if not files and any(folder.rglob("fr_trace_*.txt")):
         raise DumpError(folder, "these are torch.distributed.debug's periodic fr_trace tables (its analyzer's "
-                        "output, not the ranks' dumps); point diagnose at the ranks' own dumps (TORCH_FR_DUMP_TEMP_FILE, "
-                        "or each rank's /fr_trace_json)")
+                        "output, not the ranks' dumps); point diagnose at the ranks' own dumps "
+                        "(TORCH_FR_DUMP_TEMP_FILE, or each rank's /fr_trace_json)")
     if not files:
         raise DumpError(folder, "no Flight Recorder dumps here (PyTorch writes them where TORCH_FR_DUMP_TEMP_FILE "
                         "points, one file per rank)")

@@ -216,13 +216,15 @@ def _rank_table(dumps: list[RankDump], beats: dict[int, dict[str, Any]], culprit
             continue
         b = beats[r]
         waits = sorted(b["pending"], key=lambda p: (p["pg"] != "0", p["seq"]))
-        table.add(rank=r, culprit=r in culprits,
-                  waiting_in="; ".join(describe((p["seq"], p["op"], str(p["sizes"]), str(p["dtypes"])), p["pg"])
-                                       for p in waits[:2]) or None,
-                  last_completed="; ".join(f"{pg}: {_last_completed(d, pg, v[1])}"
-                                           for pg, v in sorted(b["groups"].items(), key=lambda kv: (kv[0] != "0", kv[0]))),
+        groups = sorted(b["groups"].items(), key=lambda kv: (kv[0] != "0", kv[0]))
+        table.add(rank=r, culprit=r in culprits, waiting_in="; ".join(_waits_in(p) for p in waits[:2]) or None,
+                  last_completed="; ".join(f"{pg}: {_last_completed(d, pg, v[1])}" for pg, v in groups),
                   where=_where(_waited_entry(d, b["pending"])) or None, dump=d.path.name)
     return table
+
+
+def _waits_in(pending: dict[str, Any]) -> str:
+    return describe((pending["seq"], pending["op"], str(pending["sizes"]), str(pending["dtypes"])), pending["pg"])
 
 
 def _group_table(dumps: list[RankDump], beats: dict[int, dict[str, Any]], members: dict[str, list[int]]) -> Table:
