@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import pickle
 import shutil
@@ -37,25 +38,28 @@ def run(cmd: list[str]) -> tuple[float, str, int]:
 
 
 def nccl_form(src: Path, dst: Path) -> None:
-    """The dumps with the default group named '0' in pg_config too, as an NCCL job writes them."""
+    """The dumps as an NCCL job writes them: every group of the entries in pg_config, under its
+    name with its ranks (a Gloo dump lists the default group only, named '', and no sub-group)."""
+    docs = {f.name: pickle.loads(f.read_bytes()) for f in src.iterdir()}
+    ranks: dict[str, set[int]] = {}
+    for name, doc in docs.items():
+        for e in doc["entries"]:
+            ranks.setdefault(e["process_group"][0], set()).add(int(name.removeprefix("rank")))
     dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        doc = pickle.loads(f.read_bytes())
-        config = {}
-        for key, g in doc["pg_config"].items():
-            if key == "" and g.get("desc") == "default_pg":
-                key, g = "0", {**g, "name": "0"}
-            config[key] = g
-        doc["pg_config"] = config
-        (dst / f.name).write_bytes(pickle.dumps(doc))
+    for name, doc in docs.items():
+        mine = {e["process_group"] for e in doc["entries"]}
+        doc["pg_config"] = {pg: {"name": pg, "desc": desc, "ranks": str(sorted(ranks[pg]))} for pg, desc in mine}
+        (dst / name).write_bytes(pickle.dumps(doc))
 
 
 def fr_trace(folder: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder), "--allow-incomplete-ranks"]
 
 
-def distval(folder: Path) -> list[str]:
-    return [sys.executable, "-m", "distval", "diagnose", str(folder)]
+def distval(folder: Path, report: Path) -> list[str]:
+    """diagnose with its terminal report (timed, as the analyzer's printing is) and the JSON one,
+    which `distval_says` reads."""
+    return [sys.executable, "-m", "distval", "diagnose", str(folder), "--json", str(report)]
 
 
 def fr_says(out: str, code: int) -> str:
@@ -69,11 +73,11 @@ def fr_says(out: str, code: int) -> str:
     return "no finding"
 
 
-def distval_says(out: str) -> str:
-    for line in out.splitlines():
-        if "diagnose verdict" in line:
-            return line.split("diagnose verdict", 1)[1].strip()[:140]
-    return out.strip().splitlines()[-1][:140] if out.strip() else ""
+def distval_says(report: Path) -> str:
+    """The verdict's summary, from the report `distval` wrote (--json)."""
+    doc = json.loads(report.read_text())
+    verdict = next(c for c in doc["checks"] if c["name"] == "diagnose verdict")
+    return f"{verdict['status']}: {verdict['summary'][:140]}"
 
 
 def scaled(src: Path, dst: Path, ranks: int) -> None:
@@ -105,8 +109,8 @@ def main() -> None:
                 nccl_form(DUMPS / case, work / case)
                 _, out, code = run(fr_trace(work / case))
                 form = "NCCL form"
-            _, mine, _ = run(distval(DUMPS / case))
-            print(f"| {case} | {fr_says(out, code)} | {form} | {distval_says(mine)} |")
+            run(distval(DUMPS / case, work / f"{case}.json"))  # the Gloo dumps themselves
+            print(f"| {case} | {fr_says(out, code)} | {form} | {distval_says(work / f'{case}.json')} |")
         big = work / f"scaled{args.ranks}"
         nccl_form(DUMPS / "skip", work / "skip_nccl")
         scaled(work / "skip_nccl", big, args.ranks)
@@ -114,11 +118,11 @@ def main() -> None:
         peaks: dict[str, float] = {}
         says: dict[str, str] = {}
         for _ in range(args.repeats):  # alternating, each its own process
-            for name, cmd in (("fr_trace", fr_trace(big)), ("distval", distval(big))):
+            for name, cmd in (("fr_trace", fr_trace(big)), ("distval", distval(big, work / "big.json"))):
                 wall, out, code = run(cmd)
                 times[name].append(wall)
-                says[name] = fr_says(out, code) if name == "fr_trace" else distval_says(out)
-        for name, cmd in (("fr_trace", fr_trace(big)), ("distval", distval(big))):
+                says[name] = fr_says(out, code) if name == "fr_trace" else distval_says(work / "big.json")
+        for name, cmd in (("fr_trace", fr_trace(big)), ("distval", distval(big, work / "big.json"))):
             peaks[name] = _peak(cmd)
         print(f"\n{args.ranks} ranks' dumps ({sum(f.stat().st_size for f in big.iterdir()) / 2**20:.1f} MiB), "
               f"median of {args.repeats}:")

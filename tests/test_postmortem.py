@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from distval.health.frdump import DumpError, read
-from distval.health.postmortem import diagnose
+from distval.health.postmortem import diagnose, spans
 
 DUMPS = Path(__file__).parent / "data" / "frdumps"
 
@@ -48,7 +48,7 @@ def test_a_stopped_rank_without_a_dump_is_the_one_the_others_wait_for():
     assert check["summary"].startswith("ranks 0, 2 issued all_reduce #9 of group 0 last and none is behind; rank 1 "
                                        "left no dump")
     (group,) = report["tables"]["diagnose_groups"]["rows"]
-    assert group["completed"] == "9 on every rank with a dump at most (rank 1 left no dump)"
+    assert group["completed"] == "9 on every rank with a dump at most (ranks 1 left no dump)"
     assert report["meta"]["ranks_without"] == [1]
 
 
@@ -57,17 +57,18 @@ def test_a_hung_sub_group_of_a_mesh_is_judged_among_its_own_ranks():
     check = report["checks"][1]
     assert check["details"]["culprits"] == [2], check  # ranks 1 and 3 finished: neither is blamed
     groups = {row["ranks"]: row for row in report["tables"]["diagnose_groups"]["rows"]}
-    assert set(groups) == {"[0, 2]", "[1, 3]", "[0, 1]", "[2, 3]"}  # Gloo lists no sub-group: from the entries
-    assert groups["[1, 3]"]["issued"] == "6 on every rank with a dump"
-    assert groups["[0, 2]"]["issued"] == "6: rank 0; 5: rank 2"
+    assert set(groups) == {"0, 2", "1, 3", "0-1", "2-3"}  # Gloo lists no sub-group: from the entries
+    assert groups["1, 3"]["issued"] == "6 on every rank with a dump"
+    assert groups["0, 2"]["issued"] == "6: ranks 0; 5: ranks 2"
 
 
 def test_each_rank_shows_its_last_completed_collective_and_the_stack_it_issued_from():
     report = diagnose([DUMPS / "skip"]).to_dict()
-    rows = {row["rank"]: row for row in report["tables"]["diagnose_ranks"]["rows"]}
-    assert rows[0]["waiting_in"].startswith("all_reduce #12 of group 0") and rows[2]["waiting_in"] is None
-    assert rows[2]["last_completed"].startswith("0: #11 all_reduce")
-    assert "make_dumps.py" in rows[0]["where"] and "step" in rows[0]["where"], rows[0]
+    rows = {row["ranks"]: row for row in report["tables"]["diagnose_ranks"]["rows"]}  # ranks alike: one row
+    assert list(rows) == ["0-1", "2"] and [row["culprit"] for row in rows.values()] == [False, True]
+    assert rows["0-1"]["waiting_in"].startswith("all_reduce #12 of group 0") and rows["2"]["waiting_in"] is None
+    assert rows["2"]["last_completed"].startswith("0: #11 all_reduce")
+    assert rows["0-1"]["where"] == "step (make_dumps.py:53)" and rows["2"]["where"] == "step (make_dumps.py:51)"
     stacks = report["checks"][1]["details"]["stacks"]
     assert "make_dumps.py" in stacks["0"]
 
@@ -75,8 +76,14 @@ def test_each_rank_shows_its_last_completed_collective_and_the_stack_it_issued_f
 def test_a_rank_whose_dump_is_missing_is_said_and_the_culprit_still_named(tmp_path):
     shutil.copytree(DUMPS / "skip", tmp_path / "d")
     (tmp_path / "d" / "rank0").unlink()
-    check = _verdict(tmp_path / "d")
-    assert check["details"]["culprits"] == [2], check
+    report = diagnose([tmp_path / "d"]).to_dict()
+    assert report["checks"][1]["details"]["culprits"] == [2], report["checks"]
+    rows = report["tables"]["diagnose_ranks"]["rows"]
+    assert [(row["ranks"], row["dumps"]) for row in rows] == [("0", "none"), ("1", "yes"), ("2", "yes")]
+
+
+def test_rank_spans():
+    assert spans([5, 0, 1, 2, 7, 8, 9]) == "0-2, 5, 7-9" and spans([3]) == "3"
 
 
 def test_the_json_form_reads_alike():

@@ -28,6 +28,7 @@ completed, and one that completed is marked only when its work is next looked at
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import json
 import pickle
@@ -107,10 +108,8 @@ def parse(path: Path, doc: dict[str, Any]) -> RankDump:
         names = {str(e["pg_id"]): str(e["process_group"][0]) for e in entries if "pg_id" in e}
         groups = {}
         for key, g in (doc.get("pg_config") or {}).items():
-            ranks = g.get("ranks", [])
-            ranks = ast.literal_eval(ranks) if isinstance(ranks, str) else list(ranks)
             name = str(g.get("name", key)) or "0"  # the default group: '' in a Gloo dump's pg_config
-            groups[name] = Group(name, str(g.get("desc", "")), sorted(int(r) for r in ranks))
+            groups[name] = Group(name, str(g.get("desc", "")), _ranks(g.get("ranks", [])))
         status = {names[key]: (int(s["last_enqueued_collective"]), int(s["last_completed_collective"]))
                   for key, s in (doc.get("pg_status") or {}).items() if key in names}
         backend = next((str(e.get("profiling_name", "")).partition(":")[0] for e in entries), "")
@@ -118,6 +117,20 @@ def parse(path: Path, doc: dict[str, Any]) -> RankDump:
         raise DumpError(path, f"not a Flight Recorder dump this version of distval reads ({type(e).__name__}: {e})"
                         ) from None
     return RankDump(rank, path, str(doc.get("version", "")), backend, groups, status, entries)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(sorted(int(r) for r in json.loads(text)))
+    except ValueError:  # not JSON: Python's own list syntax
+        return tuple(sorted(int(r) for r in ast.literal_eval(text)))
+
+
+def _ranks(value: Any) -> list[int]:
+    """A group's ranks as pg_config writes them ("[0, 1, 2]"), parsed once per distinct text: the
+    same list is in every rank's dump."""
+    return list(_parsed(value)) if isinstance(value, str) else sorted(int(r) for r in value)
 
 
 def find(folder: Path) -> list[Path]:

@@ -205,22 +205,39 @@ def _waited_entry(d: RankDump, pending: list[dict[str, Any]]) -> dict[str, Any] 
 
 def _rank_table(dumps: list[RankDump], beats: dict[int, dict[str, Any]], culprits: list[int],
                 missing: list[int]) -> Table:
-    table = Table("diagnose_ranks", ["rank", "culprit", "waiting_in", "last_completed", "where", "dump"],
-                  title="Every rank at its dump: what it waits in, its last completed collective per group, "
-                        "the line it issued that collective from (else its last one)")
+    """One row per set of ranks in the same state (a 1,024-rank job that hangs on one rank has a
+    handful of rows, not 1,024)."""
+    table = Table("diagnose_ranks", ["ranks", "culprit", "waiting_in", "last_completed", "where", "dumps"],
+                  title="The ranks at their dumps: what they wait in, their last completed collective per group, the "
+                        "line they issued that collective from (else their last one)")
     by_rank = {d.rank: d for d in dumps}
+    rows: dict[tuple, list[int]] = collections.defaultdict(list)
     for r in sorted({*by_rank, *missing}):
         d = by_rank.get(r)
         if d is None:
-            table.add(rank=r, culprit=r in culprits, waiting_in=None, last_completed=None, where=None, dump="none")
+            rows[(r in culprits, None, None, None, False)].append(r)
             continue
         b = beats[r]
         waits = sorted(b["pending"], key=lambda p: (p["pg"] != "0", p["seq"]))
         groups = sorted(b["groups"].items(), key=lambda kv: (kv[0] != "0", kv[0]))
-        table.add(rank=r, culprit=r in culprits, waiting_in="; ".join(_waits_in(p) for p in waits[:2]) or None,
-                  last_completed="; ".join(f"{pg}: {_last_completed(d, pg, v[1])}" for pg, v in groups),
-                  where=_where(_waited_entry(d, b["pending"])) or None, dump=d.path.name)
+        rows[(r in culprits, "; ".join(_waits_in(p) for p in waits[:2]) or None,
+              "; ".join(f"{pg}: {_last_completed(d, pg, v[1])}" for pg, v in groups),
+              _where(_waited_entry(d, b["pending"])) or None, True)].append(r)
+    for (culprit, waiting, completed, where, dumped), ranks in sorted(rows.items(), key=lambda kv: kv[1][0]):
+        table.add(ranks=spans(ranks), culprit=culprit, waiting_in=waiting, last_completed=completed, where=where,
+                  dumps="yes" if dumped else "none")
     return table
+
+
+def spans(ranks: list[int]) -> str:
+    """"0-2, 5, 7-1023": ranks as runs of consecutive numbers."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _waits_in(pending: dict[str, Any]) -> str:
@@ -237,16 +254,16 @@ def _group_table(dumps: list[RankDump], beats: dict[int, dict[str, Any]], member
         issued = {r: beats[r]["groups"].get(pg, [0, 0])[0] for r in ranks if r in beats}
         done = {r: beats[r]["groups"].get(pg, [0, 0])[1] for r in ranks if r in beats}
         absent = [r for r in ranks if r not in beats]
-        table.add(group=pg, desc=descs.get(pg, ""), ranks=str(ranks), issued=_spread(issued), completed=_spread(done)
-                  + (f" at most ({ranks_text(absent)} left no dump)" if absent else ""))
+        table.add(group=pg, desc=descs.get(pg, ""), ranks=spans(ranks), issued=_spread(issued), completed=_spread(done)
+                  + (f" at most (ranks {spans(absent)} left no dump)" if absent else ""))
     return table
 
 
 def _spread(values: dict[int, int]) -> str:
-    """"12 on every rank" or "12: ranks 0, 1; 11: rank 2"."""
+    """"12 on every rank with a dump" or "12: ranks 0-1; 11: ranks 2"."""
     by_value: dict[int, list[int]] = collections.defaultdict(list)
     for r, v in sorted(values.items()):
         by_value[v].append(r)
     if len(by_value) == 1:
         return f"{next(iter(by_value))} on every rank with a dump"
-    return "; ".join(f"{v}: {ranks_text(rs)}" for v, rs in sorted(by_value.items(), reverse=True))
+    return "; ".join(f"{v}: ranks {spans(rs)}" for v, rs in sorted(by_value.items(), reverse=True))
