@@ -390,6 +390,26 @@ def test_a_rank_inside_torch_compile_is_compiling_not_hung():
     assert compiling(hang) == [1]
 
 
+def test_group_progress_is_keyed_by_the_groups_name_not_its_id_in_the_process(monkeypatch):
+    """A mesh's rank 1 is in groups "2" (data parallel, {1, 3}) and "3" ({0, 1}), its ids 1 and
+    2 there (as in tests/data/frdumps/mesh): the recorder's pg_status says 1 and 2, the entries
+    say both; the heartbeat speaks of "2" and "3", as every rank of those groups does."""
+    import json as jsonlib
+
+    import torch._C._distributed_c10d as c10d
+
+    from distval.health import heartbeat
+
+    status = {"1": {"last_enqueued_collective": 6, "last_completed_collective": 5},
+              "2": {"last_enqueued_collective": 6, "last_completed_collective": 6}}
+    entries = [{"pg_id": 1, "process_group": ["2", "undefined"]}, {"pg_id": 2, "process_group": ["3", "undefined"]}]
+    monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
+    monkeypatch.setattr(c10d, "_dump_fr_trace_json", lambda includeCollectives, onlyActive: jsonlib.dumps(
+        {"pg_status": status, "entries": entries if includeCollectives else []}))
+    monkeypatch.setattr(heartbeat, "_NAMES", {})
+    assert heartbeat.group_progress() == {"2": [6, 5], "3": [6, 6]}
+
+
 def test_a_heartbeat_is_busy_while_torch_compile_runs_without_reading_stacks():
     """Dynamo's compile callbacks mark the rank busy (py-spy may be missing, as on the GPU
     machine where a compiled first step was taken for a hang); asked first in mid-compile, the

@@ -73,9 +73,14 @@ class Compiles:
         return self.active
 
 
+_NAMES: dict[str, str] = {}  # a process group's id in this process -> its name, from the recorder's entries
+
+
 def group_progress() -> dict[str, list[int]]:
-    """Each process group's [last enqueued, last completed] collective sequence number (empty
-    before init_process_group, or without the Flight Recorder)."""
+    """Each process group's [last enqueued, last completed] collective sequence number, by the
+    group's name (empty before init_process_group, or without the Flight Recorder). The recorder's
+    `pg_status` is keyed by the group's id in this process, which differs between the ranks of a
+    mesh's sub-groups; the entries carry both, and are read again only when a new id appears."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -86,7 +91,10 @@ def group_progress() -> dict[str, list[int]]:
         status = json.loads(_dump_fr_trace_json(includeCollectives=False, onlyActive=False)).get("pg_status", {})
     except (ImportError, RuntimeError):  # an older torch without the recorder's dump: steps and statuses only
         return {}
-    return {pg: [int(s["last_enqueued_collective"]), int(s["last_completed_collective"])] for pg, s in status.items()}
+    if any(key not in _NAMES for key in status):
+        _NAMES.update({str(e["pg_id"]): e["process_group"][0] for e in recorded() if "pg_id" in e})
+    return {_NAMES.get(key, key): [int(s["last_enqueued_collective"]), int(s["last_completed_collective"])]
+            for key, s in status.items()}
 
 
 def recorded() -> list[dict[str, Any]]:
