@@ -60,11 +60,14 @@ def beats_of(dumps: list[RankDump], members: dict[str, list[int]]) -> dict[int, 
         for pg in {*d.status, *(e["process_group"][0] for e in d.entries)}:
             seqs = [e["collective_seq_id"] for e in _collectives(d, pg)]
             issued[d.rank][pg] = max(d.status.get(pg, (0, 0))[0], max(seqs, default=0))
+    # what every member with a dump issued: what can have completed
+    low = {pg: min(issued[r].get(pg, 0) for r in rs if r in issued) for pg, rs in members.items()
+           if any(r in issued for r in rs)}
     beats = {}
     for d in dumps:
         groups = {}
         for pg, mine in issued[d.rank].items():
-            done = min([issued[r].get(pg, 0) for r in members.get(pg, []) if r in issued] or [mine])
+            done = low.get(pg, mine)
             if d.backend != "gloo" and pg in d.status:
                 done = min(done, d.status[pg][1])
             groups[pg] = [mine, min(mine, done)]
