@@ -100,9 +100,10 @@ def split_list(text: str) -> list[str]:
     return list(comma_list(text))
 
 
-def finish(report: Report | None, json_path: Path | None, console: Console) -> int:
-    """Render on the rank that reports; write JSON; return the exit code (0 on other ranks)."""
-    from distval.results import write_json
+def finish(report: Report | None, json_path: Path | None, console: Console, html: Path | None = None) -> int:
+    """Render on the rank that reports; write JSON and the HTML page where asked; return the exit
+    code (0 on other ranks)."""
+    from distval.results import atomic_write_text, write_json
 
     if report is None:
         return 0
@@ -110,6 +111,11 @@ def finish(report: Report | None, json_path: Path | None, console: Console) -> i
     if json_path is not None:
         write_json(report, json_path)
         console.print(f"wrote {json_path}")
+    if html is not None:
+        from distval.report.html import render_html
+
+        atomic_write_text(html, render_html(report.to_dict()))
+        console.print(f"wrote {html}")
     return report.exit_code()
 
 

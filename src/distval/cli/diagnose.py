@@ -26,13 +26,4 @@ def diagnose_cmd(
     from distval.health.postmortem import diagnose
 
     check_outputs({"--json": json, "--html": html})
-    report = diagnose(paths)
-    console = make_console()
-    code = finish(report, json, console)
-    if html:
-        from distval.report.html import render_html
-        from distval.results import atomic_write_text
-
-        atomic_write_text(html, render_html(report.to_dict()))
-        console.print(f"wrote {html}")
-    return code
+    return finish(diagnose(paths), json, make_console(), html)

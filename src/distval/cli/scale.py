@@ -22,7 +22,6 @@ from distval.cli.app import (
 from distval.cli.flags import config_flags
 from distval.cli.train import WORKLOAD
 from distval.launch.job import LAUNCH, LaunchOptions
-from distval.results import atomic_write_text
 from distval.scale.config import ScaleConfig
 from distval.train.config import TrainConfig
 
@@ -69,10 +68,4 @@ def scale_cmd(
         report = run.run_scale(cfg, scale, opts, str(calibration) if calibration else None,
                                progress=lambda world: print(f"distval scale: {world} rank(s)", flush=True))
     console = make_console()
-    code = finish(judged(report, expectations), json, console)
-    if html and report is not None:
-        from distval.report.html import render_html
-
-        atomic_write_text(html, render_html(report.to_dict()))
-        console.print(f"wrote {html}")
-    return code
+    return finish(judged(report, expectations), json, console, html)

@@ -31,18 +31,12 @@ def analyze_cmd(
     folder = output_dir(csv, "--csv") if csv else None
     report = analyze(paths, merged)
     console = make_console()
-    code = finish(report, json, console)
+    code = finish(report, json, console, html)
     if merged:
         console.print(f"wrote {merged}")
     if folder:
         for written in write_csv(report, folder):
             console.print(f"wrote {written}")
-    if html:
-        from distval.report.html import render_html
-        from distval.results import atomic_write_text
-
-        atomic_write_text(html, render_html(report.to_dict()))
-        console.print(f"wrote {html}")
     return code
 
 

@@ -26,7 +26,6 @@ from distval.cli.app import (
 )
 from distval.cli.flags import config_flags
 from distval.launch.job import LAUNCH, LaunchOptions
-from distval.results import atomic_write_text
 from distval.strategies.config import BUCKET_HELP, bucket_sizes
 from distval.train.config import TrainConfig
 
@@ -113,10 +112,4 @@ def compare_cmd(
         load(str(calibration))  # a file that is not a distval bench JSON: one line, exit 2, before training
     report = run_compare(cfg, names, opts, str(calibration) if calibration else None, traces, sizes)
     console = make_console()
-    code = finish(report, json, console)
-    if html:
-        from distval.report.html import render_html
-
-        atomic_write_text(html, render_html(report.to_dict()))
-        console.print(f"wrote {html}")
-    return code
+    return finish(report, json, console, html)
