@@ -63,14 +63,19 @@ def distval(folder: Path, report: Path) -> list[str]:
 
 
 def fr_says(out: str, code: int) -> str:
-    """The analyzer's first finding, as it printed it."""
+    """The analyzer's first finding, as it printed it: the collective, and the ranks it names
+    (its "missing ranks" or "Culprit rank")."""
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
     if code != 0:
-        last = [line for line in out.strip().splitlines() if line.strip()]
-        return f"stops: {last[-1][:90]}" if last else f"exit {code}"
-    for line in out.splitlines():
-        if "sequence number" in line or "missing" in line.lower() or "cannot decide" in line:
-            return line.strip()[:140]
-    return "no finding"
+        return f"stops: {lines[-1][:90]}" if lines else f"exit {code}"
+    first = next((i for i, line in enumerate(lines) if "sequence number" in line or "cannot decide" in line), None)
+    if first is None:
+        return "no finding"
+    said = [lines[first]]
+    for line in lines[first + 1:first + 14]:
+        if line.startswith("missing ranks:") or line.startswith("error msg:"):
+            said.append(line[:110])
+    return "; ".join(said)
 
 
 def distval_says(report: Path) -> str:
