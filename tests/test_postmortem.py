@@ -132,3 +132,16 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, make, message):
     make(tmp_path)
     with pytest.raises(DumpError, match=message):
         read([tmp_path])
+
+
+def test_a_rank_writes_its_dump_whole_where_the_launcher_asked_or_says_why_not(tmp_path, monkeypatch, capsys):
+    from distval.envvars import FR_DUMPS
+    from distval.health.heartbeat import write_dump
+
+    monkeypatch.setenv(FR_DUMPS.name, str(tmp_path))
+    write_dump(3)  # no process group here: the recorder's dump is empty, and still a dump
+    assert [f.name for f in tmp_path.iterdir()] == ["rank3"] and read([tmp_path / "rank3"])[0].rank == 3
+    monkeypatch.setenv(FR_DUMPS.name, str(tmp_path / "gone"))
+    write_dump(4)
+    assert "distval: rank 4 wrote no Flight Recorder dump: FileNotFoundError" in capsys.readouterr().err
+    assert not (tmp_path / "gone").exists()

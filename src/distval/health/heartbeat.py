@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -142,8 +143,10 @@ def write_dump(rank: int) -> None:
         with open(part, "wb") as f:
             f.write(data)
         os.replace(part, os.path.join(folder, f"rank{rank}"))
-    except Exception:  # noqa: BLE001 (a rank on its way out: no recorder, no folder, no space)
-        pass
+    except Exception as e:  # noqa: BLE001 (a rank on its way out: no recorder, no folder, no space)
+        # said, not raised: the rank is ending anyway; `distval diagnose` will name it as without a dump
+        print(f"distval: rank {rank} wrote no Flight Recorder dump: {type(e).__name__}: {e}", file=sys.stderr,
+              flush=True)
 
 
 _RUNNING: Heartbeat | None = None  # this process's heartbeat, once started
