@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import select
 import shutil
 import signal
 import socket
@@ -77,28 +76,18 @@ def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, from_server: bo
     return run_worker(rank_fn, cfg, opts, "local")
 
 
-PEEK_S = 0.01  # how often the agent's new program workers are listed (one can die within ms of its start)
-
-
 class _ExitPeek:
     """The order in which this process's multiprocessing workers die, as it happens (each one's
     sentinel, watched every `every_s`, without reading its exit code: torch's agent reads it).
     torch's agent reports only the first failure it finds among function workers: a rank killed by
     a signal, whose peers then fail on its closed connections, is otherwise named without its
     signal (or taken for one that ended well) whenever the agent finds a peer first. Program
-    workers need no watch for that (torch's agent reports every one that has failed when it
-    looks), but a restart reaps them unreported: given the thread that runs the agent
-    (`agent_tid`), its children's exit statuses are peeked as they end (`peeked`: (pid, exit code
-    or -signal), in order). Each child's pidfd wakes this thread at its end, and waitid with
-    WNOWAIT leaves the status to the agent, whose look every 0.1 s reaps it; the listing is read
-    every `PEEK_S`. A death wakes the thread at once: without peeking, `every_s` only bounds how
-    late a newly started function worker is first watched."""
+    workers need no watch (torch's agent reports every one that has failed when it looks). A
+    death wakes the thread at once: `every_s` only bounds how late a newly started worker is
+    first watched."""
 
-    def __init__(self, every_s: float = 0.25, agent_tid: int | None = None):
+    def __init__(self, every_s: float = 0.25):
         self.deaths: list[list[multiprocessing.Process]] = []  # in the order seen: those seen at one look together
-        self.peeked: list[tuple[int, int]] = []
-        self._children = f"/proc/self/task/{agent_tid}/children" if agent_tid is not None else None
-        self._fds: dict[int, int] = {}  # pid: pidfd of the children not yet seen to end
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every_s,), name="distval-exits", daemon=True)
         self._thread.start()
@@ -109,43 +98,10 @@ class _ExitPeek:
             # which would race the agent for a fork server's exit codes
             dead = {p for seen in self.deaths for p in seen}
             alive = [p for p in list(multiprocessing.process._children) if p not in dead]  # type: ignore[attr-defined]
-            peeking = self._children is not None
-            ready = set(wait([p.sentinel for p in alive], PEEK_S if peeking else every_s)) if alive else set()
-            if seen := [p for p in alive if p.sentinel in ready]:
-                self.deaths.append(seen)
-            if not self._peek(0.0 if alive else PEEK_S) and not alive:
+            if not alive:
                 self._stop.wait(every_s)
-        for fd in self._fds.values():
-            os.close(fd)
-
-    def _peek(self, timeout_s: float) -> bool:
-        """Wait up to `timeout_s` for one of the agent's children to end; False where none is watched."""
-        if self._children is None:
-            return False
-        try:
-            with open(self._children) as f:
-                pids = [int(p) for p in f.read().split()]
-            seen = {pid for pid, _ in self.peeked}
-            for pid in pids:
-                if pid not in self._fds and pid not in seen:
-                    self._fds[pid] = os.pidfd_open(pid)
-        except ProcessLookupError:  # reaped since the listing: looked at again next time
-            pass
-        except (OSError, AttributeError):  # no listing or no pidfd on this kernel: nothing is peeked
-            self._children = None
-            return False
-        if not self._fds:
-            return False
-        ended, _, _ = select.select(list(self._fds.values()), [], [], timeout_s)
-        for pid, fd in [(pid, fd) for pid, fd in self._fds.items() if fd in ended]:
-            try:
-                found = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:  # the agent reaped it first
-                found = None
-            if found is not None:
-                self.peeked.append((pid, found.si_status if found.si_code == os.CLD_EXITED else -found.si_status))
-            os.close(self._fds.pop(pid))
-        return True
+            elif seen := [p for p in alive if p.sentinel in set(wait([p.sentinel for p in alive], every_s))]:
+                self.deaths.append(seen)
 
     def first_killed(self, said: dict[int, dict[str, Any] | None]) -> dict[int, int]:
         """{rank: -signal} when the first of this node's ranks to die was killed by a signal other
@@ -169,40 +125,66 @@ class _StartupLoop:
     """A launched script's rank that dies of the same exit code or signal before its first
     optimizer step in two attempts running (os._exit, a crash in native code at import, the OOM
     killer at load): torch's agent would restart every worker into the same death up to
-    --max-restarts times, so the job is stopped at the second (`found`: rank, exit code). An
-    exception is caught earlier, in the rank itself (launch/shim.py's note: not restarted at
-    all); this is for the deaths a rank cannot report. A monitor Watcher over _ExitPeek.peeked."""
+    --max-restarts times, so the job fails at the second (`found`: rank, exit code). An exception
+    is caught earlier, in the rank itself (launch/shim.py's note: not restarted at all); this is
+    for the deaths a rank cannot report. Judged from the agent's own report of each failed attempt
+    (_AttemptFailed), before it restarts: every failed worker's exit code by global rank, read
+    while their statuses are still that attempt's (`reader`: a channel reader of its own)."""
 
-    def __init__(self, exits: _ExitPeek, world: int, stop: Callable[[], None]):
-        self.exits, self.world, self.stop = exits, world, stop
+    def __init__(self, reader: channels.ChannelReader, world: int):
+        self.reader, self.world = reader, world
         self.found: tuple[int, int] | None = None
-        self._seen = 0
-        self._last: tuple[int, int, int] | None = None  # the last start-up death: rank, exit code, pid
+        self._before: set[tuple[int, int]] = set()  # the attempt before's start-up deaths: (rank, exit code)
 
-    def tick(self, reader: channels.ChannelReader) -> None:
-        new = self.exits.peeked[self._seen:]
-        if not new or self.found is not None:
-            return
-        self._seen += len(new)
-        statuses, beats = reader.all(self.world, Kind.STATUS), reader.all(self.world, Kind.HEARTBEAT)
-        here = socket.gethostname()  # read within 0.05 s of the death: its rank's status is still that attempt's
-        ranks = {s["pid"]: r for r, s in statuses.items() if s and s.get("pid") and s.get("host") == here}
-        for pid, code in new:
-            rank = ranks.get(pid)
-            if rank is None or code == 0 or code in TEARDOWN_EXITS:  # not a worker, or not a death of its own
+    def failed(self, failures: dict[int, tuple[int, int]]) -> bool:
+        """`failures`: {rank: (pid, exit code or -signal)} of one failed attempt; True: not to be restarted."""
+        statuses, beats = self.reader.all(self.world, Kind.STATUS), self.reader.all(self.world, Kind.HEARTBEAT)
+        deaths = set()
+        for rank, (pid, code) in failures.items():
+            if code == 0 or code in TEARDOWN_EXITS:  # not a death of its own
                 continue
+            said = statuses.get(rank) if (statuses.get(rank) or {}).get("pid") == pid else None
             beat = beats.get(rank) if (beats.get(rank) or {}).get("pid") == pid else None
-            if not in_startup(rank, {}, statuses, {rank: beat}):
-                self._last = None  # it got going: a restart may resume
-            elif self._last is not None and self._last[:2] == (rank, code) and self._last[2] != pid:
-                self.found = (rank, code)
-                self.stop()
-                return
-            else:
-                self._last = (rank, code, pid)
+            # no status of this process: it died before the shim could say anything
+            if said is None or in_startup(rank, {}, {rank: said}, {rank: beat}):
+                deaths.add((rank, code))
+        again, self._before = sorted(deaths & self._before), deaths  # one that got going: a restart may resume
+        if again:
+            self.found = again[0]
+        return bool(again)
 
-    def close(self) -> None:
-        pass
+
+class _AttemptFailed:
+    """torch's agent's report of each failed attempt, handed to `judge` before the agent restarts
+    the workers; a True answer leaves it no restart, so the job fails with that attempt's failures.
+    LocalElasticAgent._monitor_workers wrapped once per process; the agent running on this thread
+    is the one judged (the agent runs in the thread that launches it)."""
+
+    _judges: dict[int, Callable[[dict[int, tuple[int, int]]], bool]] = {}
+
+    def __init__(self, judge: Callable[[dict[int, tuple[int, int]]], bool]):
+        self.judge = judge
+
+    def __enter__(self) -> None:
+        from torch.distributed.elastic.agent.server.api import WorkerState
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+        monitor = LocalElasticAgent._monitor_workers
+        if not getattr(monitor, "judged", False):
+            def judged(agent: Any, group: Any) -> Any:
+                result = monitor(agent, group)
+                judge = _AttemptFailed._judges.get(threading.get_ident())
+                if judge and result.state == WorkerState.FAILED and agent._remaining_restarts > 0:
+                    if judge({r: (f.pid, f.exitcode) for r, f in result.failures.items()}):
+                        agent._remaining_restarts = 0
+                return result
+
+            judged.judged = True  # type: ignore[attr-defined]
+            LocalElasticAgent._monitor_workers = judged  # type: ignore[method-assign]
+        self._judges[threading.get_ident()] = self.judge
+
+    def __exit__(self, *exc: Any) -> None:
+        self._judges.pop(threading.get_ident(), None)
 
 
 def _start_method() -> str:
@@ -277,11 +259,11 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     saved_handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
     stop = lambda *_: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
     watchdog = Watchdog(world, opts.hang, lambda hang: _abort(hang, stop)) if opts.hang else None
-    restarted = bool(opts.max_restarts and show_output)  # a script's workers, restarted: their exits are peeked
-    exits = _ExitPeek(agent_tid=threading.get_native_id() if restarted else None)  # this thread runs the agent
-    loop = _StartupLoop(exits, world, stop) if restarted else None
+    exits = _ExitPeek()
+    # a script's workers, restarted: each failed attempt judged before the agent restarts it
+    loop = _StartupLoop(channels.ChannelReader(address), world) if opts.max_restarts and show_output else None
     monitor = MonitorLoop(reader, world, [*watchers, *([watchdog] if watchdog else []),
-                                          *([exporter] if exporter else []), *([loop] if loop else [])])
+                                          *([exporter] if exporter else [])])
     if opts.deadline_s:
         monitor.stop_at(opts.deadline_s, stop)
     if opts.max_restarts:  # a worker that knows a restart cannot help (bad checkpoint, crash loop)
@@ -309,7 +291,8 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         monitor.start()
         try:
             try:
-                results = elastic_launch(config, entrypoint)(*args)
+                with _AttemptFailed(loop.failed if loop else lambda failures: False):
+                    results = elastic_launch(config, entrypoint)(*args)
             finally:
                 exits.close()
                 monitor.close()
@@ -322,6 +305,8 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         except ChildFailedError as e:
             _raise_hang(watchdog, dumps)
             _raise_no_restart(monitor, reader, run_dir, world, show_output)
+            if loop is not None and loop.found is not None:
+                raise _said(_repeated(_diagnose(reader, run_dir, world, dict([loop.found]))), show_output) from None
             exitcodes = {r: f.exitcode for r, f in e.failures.items()}  # the agent's: one failure, the first it found
             beats = reader.all(world, Kind.HEARTBEAT)
             ranks = {**reader.all(world, Kind.STATUS), **{r: b for r, b in beats.items() if b}}
@@ -330,8 +315,6 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         except (SignalException, _Stopped):
             _raise_hang(watchdog, dumps)
             _raise_no_restart(monitor, reader, run_dir, world, show_output)
-            if loop is not None and loop.found is not None:
-                raise _said(_repeated(_diagnose(reader, run_dir, world, dict([loop.found]))), show_output) from None
             if monitor.deadline_expired:
                 raise _said(_diagnose(reader, run_dir, world, {}, deadline_s=opts.deadline_s), show_output) from None
             raise KeyboardInterrupt from None
