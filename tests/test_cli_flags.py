@@ -27,7 +27,7 @@ from distval.train.config import TrainConfig
 USES = {"plan": (PlanConfig,), "train": (TrainConfig, LaunchOptions), "compare": (TrainConfig, LaunchOptions),
         "comm check": (CheckConfig, LaunchOptions), "comm bench": (BenchConfig, LaunchOptions),
         "run": (RunConfig, LaunchOptions), "launch": (LaunchOptions,), "drill": (DrillConfig,),
-        "doctor": (DoctorConfig,)}
+        "doctor": (DoctorConfig, LaunchOptions)}
 OWN = {("compare", "--bucket-mb")}  # a comma list that sweeps, where the knob takes one size
 
 def _commands() -> dict[str, Any]:

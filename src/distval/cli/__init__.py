@@ -120,7 +120,8 @@ def _start_fork_server(args: list[str]) -> None:
 
     nproc = next((b for a, b in zip(args, args[1:]) if a == "--nproc"),
                  next((a.split("=", 1)[1] for a in args if a.startswith("--nproc=")), None))
-    if (sys.platform.startswith("linux") and args and args[0] in _LAUNCHING and nproc != "1" and "--help" not in args
+    starts = nproc is not None if args and args[0] == "doctor" else nproc != "1"  # doctor probes with --nproc only
+    if (sys.platform.startswith("linux") and args and args[0] in _LAUNCHING and starts and "--help" not in args
             and detect_mode() == "local"):
         from distval.launch import forkserver
 

@@ -28,7 +28,8 @@ class LaunchOptions:
     """How a job's ranks are started and watched. Each knob is a flag of the commands that launch
     (cli/flags.py); `LAUNCH` are the ones every such command takes."""
 
-    nproc: int | None = knob(None, "--nproc", help="Local workers to start (default: number of GPUs, else 2). "
+    nproc: int | None = knob(None, "--nproc", help="Local workers to start (default: number of GPUs, else 2; "
+                             "`doctor` starts none unless given, to probe the rendezvous and compare ranks). "
                              "Ignored under torchrun/Slurm.")
     backend: str = knob("auto", "--backend", help="auto (nccl on CUDA, else gloo), gloo, nccl or mpi.")
     expect_world: int | None = knob(None, "--expect-world", help="Fail fast unless the world has exactly N ranks "
