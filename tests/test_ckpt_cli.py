@@ -85,14 +85,15 @@ def _children(parent: int) -> list[int]:
 
 def _workers(parent: int) -> list[int]:
     """The training workers the local agent started: its fork server's children, or its own
-    (spawned: multiprocessing's spawn_main), not multiprocessing's resource tracker."""
-    pids = []
+    (spawned: multiprocessing's spawn_main), not multiprocessing's resource tracker. The fork
+    server is multiprocessing's interpreter, or the launcher forked (its command line)."""
+    pids, launcher = [], Path(f"/proc/{parent}/cmdline").read_bytes()
     for pid in _children(parent):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"multiprocessing.forkserver" in cmd:
+        if b"multiprocessing.forkserver" in cmd or cmd == launcher:
             pids += _children(pid)
         elif b"resource_tracker" not in cmd:
             pids.append(pid)

@@ -69,8 +69,8 @@ def _disposition(sig: int) -> str:
 def _how_started(ctx, launcher: int) -> dict:
     import torch
 
-    server = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
-    return {"from_server": b"multiprocessing.forkserver" in server and os.getppid() != launcher,
+    server = Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[1]  # its parent: the launcher
+    return {"from_server": int(server) == launcher,
             "threads": torch.get_num_threads(), "sighup": _disposition(signal.SIGHUP),
             "sigterm_blocked": signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []),
             "agents_sockets": sorted(_sockets("self") & _sockets(launcher)),
@@ -99,6 +99,32 @@ def test_distvals_own_workers_start_from_a_fork_server_with_the_launchers_enviro
     os.kill(server, signal.SIGTERM)
     time.sleep(0.2)
     assert os.waitpid(server, os.WNOHANG) == (0, 0)  # still running
+
+
+FORKED = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from distval.launch import LaunchOptions, forkserver, run
+forkserver.start(fork=True)  # as the command line does, before any thread
+from test_launch import _how_started
+job = run(_how_started, os.getpid(), LaunchOptions(nproc=2, timeout_s=60))
+print(json.dumps(job.results))
+"""
+
+
+def test_a_fork_server_forked_from_the_command_line_starts_workers_alike(tmp_path):
+    """The command line forks the server from itself once torch is imported (torch imported once
+    per job, not twice): its workers start as those of multiprocessing's own server do."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DISTVAL_TEST_MARK": "mine"}
+    env = {k: v for k, v in env.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+    res = subprocess.run([sys.executable, "-c", FORKED, str(Path(__file__).parent)], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads(res.stdout.strip().splitlines()[-1])
+    sighup = "ignored" if _disposition(signal.SIGHUP) == "ignored" else "default"
+    assert results == [{"from_server": True, "threads": 1, "sighup": sighup, "sigterm_blocked": False,
+                        "agents_sockets": [], "env": {"DISTVAL_TEST_MARK": "mine", "RANK": str(r)}}
+                       for r in range(2)], results
 
 
 def test_the_fork_server_only_where_it_is_safe(monkeypatch):
@@ -286,13 +312,14 @@ def test_under_torchrun_across_two_nodes_the_node_watchdogs_end_a_stopped_rank(t
 
 
 def test_the_command_line_starts_the_fork_server_for_the_commands_that_start_workers_here(monkeypatch):
-    """Started before the command imports torch, so that the two imports share the cores; not
-    where it would not be used."""
+    """Forked from the command line before it starts any thread (torch imported once per job);
+    not where it would not be used."""
     from distval.cli import _start_fork_server
 
     started = []
-    monkeypatch.setattr("distval.launch.forkserver.start", lambda: started.append(True))
+    monkeypatch.setattr("distval.launch.forkserver.start", lambda fork=False: started.append(fork))
     cases = {("train", "--nproc", "2"): True, ("compare", "--model", "tiny"): True, ("run",): True,
+             ("doctor", "--nproc", "2"): True, ("doctor",): False,
              ("train", "--nproc", "1"): False, ("train", "--nproc=1"): False, ("train", "--help"): False,
              ("plan",): False, ("launch", "train.py"): False, (): False}
     for args, expected in cases.items():

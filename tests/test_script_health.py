@@ -89,7 +89,9 @@ def test_a_leak_is_named_with_its_rank_and_growth(runs):
     code, doc, err, _ = runs["drift,leak"]
     growth = [f for f in doc["tables"]["health"]["rows"] if f["kind"] == "memory_growth"]
     assert len(growth) == 1 and growth[0]["ranks"] == [0] and growth[0]["step"] <= 120, growth
-    assert "rank 0's memory grows 4.0 MiB per step" in growth[0]["summary"]
+    # the script leaks 4 MiB a step; the slope of its resident memory carries the allocator's noise
+    rate = re.search(r"rank 0's memory grows ([0-9.]+) MiB per step", growth[0]["summary"])
+    assert rate and 3.6 <= float(rate.group(1)) <= 4.4, growth[0]["summary"]
     assert _checks(doc)["health memory"]["status"] == "WARN" and "health WARN: rank 0's memory grows" in err
 
 

@@ -113,9 +113,9 @@ def _every_flag() -> set[str]:
 
 def _start_fork_server(args: list[str]) -> None:
     """A command that will start workers here starts their fork server (launch/forkserver.py)
-    first, so that the server imports torch while this process does. Not for one worker, nor
-    for a process that is itself a worker of an outer launcher (on a GPU host the server is
-    started and not used: a second of a core in the background)."""
+    first, forked from this process once it has imported torch, before any thread starts. Not
+    for one worker, nor for a process that is itself a worker of an outer launcher (on a GPU host
+    the server is started and not used: a fork of this process, idle)."""
     from distval.launch.modes import detect_mode
 
     nproc = next((b for a, b in zip(args, args[1:]) if a == "--nproc"),
@@ -125,7 +125,7 @@ def _start_fork_server(args: list[str]) -> None:
             and detect_mode() == "local"):
         from distval.launch import forkserver
 
-        forkserver.start()
+        forkserver.start(fork=True)
 
 
 def _fail(message: str, code: int) -> None:

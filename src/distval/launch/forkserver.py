@@ -5,19 +5,28 @@ most of a short job's start-up) without being a copy of the launching process. T
 threads (torch's agent, the stores' servers, the monitor) whose locks a plain fork would copy
 held: a forked rank was once seen stuck connecting to a store. The fork server has no thread.
 
-This module imports neither torch nor distval's heavy parts: the command line starts the server
-before it imports them itself, so the two imports share the cores instead of following each other.
+The command line starts the server before it starts any thread (`start(fork=True)`): it imports
+PRELOAD itself, then forks the server from itself, so torch is imported once per job rather than
+twice (the command line needs it for torch's agent anyway). Elsewhere, or where this Python's
+multiprocessing differs from the one this was written against, the server is multiprocessing's
+own: a new interpreter that imports PRELOAD by itself.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
+import multiprocessing.util
 import os
 import signal
+import socket
+import sys
+import threading
 
 PRELOAD = ["distval.launch.worker", "distval.train.loop"]  # torch, torch.distributed, the trainer and strategies
 
@@ -29,18 +38,53 @@ PRELOAD = ["distval.launch.worker", "distval.train.loop"]  # torch, torch.distri
 BLOCKED = {signal.SIGTERM}
 
 
-def start() -> None:
-    """The fork server, running from now on (nothing if it already is); it imports PRELOAD by
-    itself while this process goes on."""
+def start(fork: bool = False) -> None:
+    """The fork server, running from now on (nothing if it already is). `fork`: forked from this
+    process once it has imported PRELOAD (by a caller that has started no thread yet), else
+    started as a new interpreter that imports PRELOAD by itself while this process goes on."""
     multiprocessing.forkserver.set_forkserver_preload(PRELOAD)
     multiprocessing.resource_tracker.ensure_running()  # first: it unblocks SIGTERM after starting its own process
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED)  # inherited by the server, kept across its exec
     try:
-        multiprocessing.forkserver.ensure_running()
+        if not (fork and _forked()):
+            multiprocessing.forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     atexit.unregister(_stop)  # registered once, however often this runs
     atexit.register(_stop)
+
+
+def _forked() -> bool:
+    """multiprocessing's fork server, forked from this process with PRELOAD imported: what its
+    ensure_running() does, with a fork for its exec. False (nothing done) where a server runs
+    already, this process has a thread of Python's, or multiprocessing's server takes other
+    arguments than Python 3.11-3.12's (3.13's and later authenticate their clients)."""
+    server = multiprocessing.forkserver._forkserver  # type: ignore[attr-defined]
+    known = all(hasattr(server, f) for f in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid"))
+    if not known or hasattr(server, "_forkserver_authkey") or server._forkserver_pid is not None \
+            or threading.active_count() > 1:
+        return False
+    for name in PRELOAD:
+        importlib.import_module(name)
+    sys.stdout.flush()  # else every worker would write this process's buffered output again at its end
+    sys.stderr.flush()
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = multiprocessing.connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        if not multiprocessing.util.is_abstract_socket_namespace(address):
+            os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()  # the server ends when its write end (this process's) closes
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(alive_w)
+                multiprocessing.forkserver.main(listener.fileno(), alive_r, [])
+            finally:
+                os._exit(0)  # never back into the command line's code
+        os.close(alive_r)
+    server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+    return True
 
 
 def _stop() -> None:
