@@ -100,7 +100,9 @@ class _ExitPeek:
             alive = [p for p in list(multiprocessing.process._children) if p not in dead]  # type: ignore[attr-defined]
             if not alive:
                 self._stop.wait(every_s)
-            elif seen := [p for p in alive if p.sentinel in set(wait([p.sentinel for p in alive], every_s))]:
+                continue
+            ready = set(wait([p.sentinel for p in alive], every_s))
+            if seen := [p for p in alive if p.sentinel in ready]:
                 self.deaths.append(seen)
 
     def first_killed(self, said: dict[int, dict[str, Any] | None]) -> dict[int, int]:
