@@ -160,7 +160,8 @@ class _AttemptFailed:
     """torch's agent's report of each failed attempt, handed to `judge` before the agent restarts
     the workers; a True answer leaves it no restart, so the job fails with that attempt's failures.
     LocalElasticAgent._monitor_workers wrapped once per process; the agent running on this thread
-    is the one judged (the agent runs in the thread that launches it)."""
+    is the one judged (the agent runs in the thread that launches it). A torch whose agent names
+    these otherwise is not judged: its restarts run as torch's agent counts them."""
 
     _judges: dict[int, Callable[[dict[int, tuple[int, int]]], bool]] = {}
 
@@ -171,12 +172,12 @@ class _AttemptFailed:
         from torch.distributed.elastic.agent.server.api import WorkerState
         from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-        monitor = LocalElasticAgent._monitor_workers
-        if not getattr(monitor, "judged", False):
+        monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
+        if monitor is not None and not getattr(monitor, "judged", False):
             def judged(agent: Any, group: Any) -> Any:
                 result = monitor(agent, group)
                 judge = _AttemptFailed._judges.get(threading.get_ident())
-                if judge and result.state == WorkerState.FAILED and agent._remaining_restarts > 0:
+                if judge and result.state == WorkerState.FAILED and getattr(agent, "_remaining_restarts", 0) > 0:
                     if judge({r: (f.pid, f.exitcode) for r, f in result.failures.items()}):
                         agent._remaining_restarts = 0
                 return result
