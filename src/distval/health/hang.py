@@ -132,7 +132,7 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str],
     dead = [r for r in ranks if states.get(r) in ("gone", "Z")]
     if dead:
         return dead, "dead", f"{ranks_text(dead)} gone (the process exited or was killed) at {_statuses(beats, dead)}"
-    live = {r: b for r, b in beats.items() if b}
+    live = _caught_up({r: b for r, b in beats.items() if b}, among)
     silent = [r for r in ranks if not beats.get(r)]
     if silent:
         return silent, "outside", f"{ranks_text(silent)} never reported (stuck before its process group came up)"
@@ -191,6 +191,22 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str],
                                      f"{describe(top, pg)}")
     return [], "network", ("every rank waits in the same collective and none is behind: the transport (network, "
                            "NCCL/Gloo) is stuck; see `distval doctor`")
+
+
+def _caught_up(live: dict[int, dict[str, Any]], among) -> dict[int, dict[str, Any]]:
+    """The beats with each group's completions brought up to the furthest any other rank of the
+    group completed: a collective one rank completed has every rank's part in it, but Gloo's
+    recorder marks a completion late (when the work is next looked at), so a rank that went on to
+    evaluate alone can still show its last all_reduce pending while its peer waits in the next one."""
+    out = {}
+    for r, b in live.items():
+        groups = {}
+        for pg, (enqueued, completed) in b.get("groups", {}).items():
+            done = max((live[o]["groups"].get(pg, [0, 0])[1] for o in among(pg) if o != r and o in live), default=0)
+            groups[pg] = [enqueued, max(completed, min(enqueued, done))]
+        pending = [p for p in b.get("pending", []) if p["seq"] > groups.get(p["pg"], [0, 0])[1]]
+        out[r] = {**b, "groups": groups, "pending": pending}
+    return out
 
 
 def _skipped(r: int, beat: dict[str, Any], g: str, what: str, pg: str, issued: int, others: list[int],
