@@ -171,6 +171,11 @@ def test_the_first_rank_killed_by_a_signal_is_seen_in_the_order_of_deaths():
         assert watch.first_killed({0: {"pid": killed.pid, "host": "elsewhere"}}) == {}  # another node's pid
         watch.deaths[:] = [[failed, killed]]  # seen at one look (a loaded host): the signal came first
         assert watch.first_killed(beats) == {1: -signal.SIGKILL}
+        watch._stop.set(), watch._thread.join()
+        watch.deaths.clear()  # the agent ended the job before this thread had a turn (a loaded host)
+        watch.close()  # what it had not seen is seen together, last
+        assert sorted(p.pid for p in watch.deaths[0]) == sorted([failed.pid, killed.pid])
+        assert watch.first_killed(beats) == {1: -signal.SIGKILL}
     finally:
         watch.close()
 

@@ -88,6 +88,7 @@ class _ExitPeek:
 
     def __init__(self, every_s: float = 0.25):
         self.deaths: list[list[multiprocessing.Process]] = []  # in the order seen: those seen at one look together
+        self._watched: set[multiprocessing.Process] = set()  # every worker looked at (the agent's join forgets them)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every_s,), name="distval-exits", daemon=True)
         self._thread.start()
@@ -98,6 +99,7 @@ class _ExitPeek:
             # which would race the agent for a fork server's exit codes
             dead = {p for seen in self.deaths for p in seen}
             alive = [p for p in list(multiprocessing.process._children) if p not in dead]  # type: ignore[attr-defined]
+            self._watched.update(alive)
             if not alive:
                 self._stop.wait(every_s)
                 continue
@@ -119,8 +121,21 @@ class _ExitPeek:
         return {ranks[killed[0].pid]: killed[0].exitcode} if killed else {}
 
     def close(self) -> None:
+        """Once torch's agent is done with its workers. On a loaded host the agent's thread can
+        find deaths, and end the job, before this one has had a turn to see them: those left are
+        seen together, last (their exit codes are safe to read now)."""
         self._stop.set()
         self._thread.join()
+        dead = {p for seen in self.deaths for p in seen}
+        if late := [p for p in self._watched - dead if _ended(p)]:
+            self.deaths.append(late)
+
+
+def _ended(p: multiprocessing.Process) -> bool:
+    try:
+        return p.exitcode is not None
+    except ValueError:  # closed by its owner: its exit code is gone with it
+        return False
 
 
 class _StartupLoop:
