@@ -97,17 +97,20 @@ def test_a_completion_marked_late_does_not_make_a_rank_that_went_on_the_culprit(
     assert (culprits, kind) == ([2], "outside") and "rank 2 has not issued barrier #51 of group 1" in verdict, verdict
 
 
-def test_a_completion_another_rank_saw_is_not_a_mismatch():
+def test_a_completion_another_rank_saw_is_not_a_mismatch_when_the_rank_computes():
     """A CI run's evidence: rank 0 alone evaluates after step 10's metric all_reduce (#25), which
     its recorder still shows pending; rank 1 completed #25 and waits in step 11's gradient
-    all_reduce #26. Rank 0 is outside any collective (a pause), not in a mismatch."""
-    beats = {0: beat(25, 24, pending(25, sizes=((1,),)), status="train.py"),
+    all_reduce #26. Rank 0 uses a core: it is outside any collective (a pause), not in a mismatch.
+    The same counts with rank 0 idle are a real mismatch (Gloo completed #25 on rank 1, which sent
+    fewer bytes, and left rank 0 waiting in it)."""
+    beats = {0: beat(25, 24, pending(25, sizes=((5,),)), status="train.py"),
              1: beat(26, 25, pending(26, sizes=((765,),)))}
-    culprits, kind, verdict = decide(beats, {})
+    culprits, kind, verdict = decide(beats, {}, running=frozenset({0}))
     assert (culprits, kind) == ([0], "outside"), verdict
     assert verdict.startswith("rank 0 has not issued all_reduce #26 of group 0 (sizes [[765]]") and \
         "waits in no collective" in verdict, verdict
-    assert not diagnose_hang(beats, 5.0, with_stacks=False).certain
+    culprits, kind, verdict = decide(beats, {}, running=frozenset({1}))  # rank 0 idle: blocked in #25
+    assert kind == "mismatch" and "rank 0 in all_reduce #25 of group 0 (sizes [[5]]" in verdict, verdict
 
 
 def test_a_mismatch_is_decided_by_majority_and_both_sides_are_named():

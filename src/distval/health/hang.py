@@ -33,7 +33,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from distval.health import ranks_text
 from distval.health.procs import cpu_seconds, main_frames, process_state, py_spy, stack_of, where
@@ -115,11 +115,12 @@ def describe(fp: tuple | None, pg: str) -> str:
 
 
 def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str],
-           members: dict[str, list[int]] | None = None) -> tuple[list[int], str, str]:
+           members: dict[str, list[int]] | None = None, running: frozenset[int] = frozenset()) -> tuple[list[int], str, str]:
     """(culprits, kind, verdict) from every rank's last heartbeat (its "status": the latest the
     rank said, which the watchdog takes from the `status` kind) and its process state.
     `members`: the ranks of each process group (a sub-group of a mesh); a group not named, or
-    every group without it, has every rank."""
+    every group without it, has every rank. `running`: the ranks seen using a core as the
+    diagnosis looked (not blocked in a collective's wait)."""
     ranks = sorted(beats)
 
     def among(pg: str) -> list[int]:
@@ -132,7 +133,7 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str],
     dead = [r for r in ranks if states.get(r) in ("gone", "Z")]
     if dead:
         return dead, "dead", f"{ranks_text(dead)} gone (the process exited or was killed) at {_statuses(beats, dead)}"
-    live = _caught_up({r: b for r, b in beats.items() if b}, among)
+    live = _caught_up({r: b for r, b in beats.items() if b}, among, running)
     silent = [r for r in ranks if not beats.get(r)]
     if silent:
         return silent, "outside", f"{ranks_text(silent)} never reported (stuck before its process group came up)"
@@ -193,13 +194,19 @@ def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str],
                            "NCCL/Gloo) is stuck; see `distval doctor`")
 
 
-def _caught_up(live: dict[int, dict[str, Any]], among) -> dict[int, dict[str, Any]]:
-    """The beats with each group's completions brought up to the furthest any other rank of the
-    group completed: a collective one rank completed has every rank's part in it, but Gloo's
-    recorder marks a completion late (when the work is next looked at), so a rank that went on to
-    evaluate alone can still show its last all_reduce pending while its peer waits in the next one."""
+def _caught_up(live: dict[int, dict[str, Any]], among: Callable[[str], list[int]],
+               running: frozenset[int]) -> dict[int, dict[str, Any]]:
+    """The beats of the running ranks with each group's completions brought up to the furthest
+    any other rank of the group completed. Gloo's recorder can mark a completion seconds late on a
+    rank whose main thread computes (a loaded host), so a rank that went on to evaluate alone can
+    still show its last all_reduce pending while its peer waits in the next one. A rank blocked
+    there (its process idle) is not caught up: Gloo completes a collective whose sizes differ on
+    the ranks that sent fewer bytes and leaves the others waiting in it (a mismatch)."""
     out = {}
     for r, b in live.items():
+        if r not in running:
+            out[r] = b
+            continue
         groups = {}
         for pg, (enqueued, completed) in b.get("groups", {}).items():
             done = max((live[o]["groups"].get(pg, [0, 0])[1] for o in among(pg) if o != r and o in live), default=0)
@@ -239,7 +246,7 @@ def diagnose_hang(beats: dict[int, dict[str, Any] | None], stalled_s: float, wit
     states.update({r: process_state(pid) for r, pid in pids.items()})
     spinning = {r: (c1 - c0) > 0.1 for r, pid in pids.items()
                 if (c0 := cpu0[r]) is not None and (c1 := cpu_seconds(pid)) is not None}
-    culprits, kind, verdict = decide(beats, states)
+    culprits, kind, verdict = decide(beats, states, running=frozenset(r for r, busy in spinning.items() if busy))
     stacks: dict[int, str] = {}
     note = ""
     binary, note = py_spy() if with_stacks else (None, "stacks not asked for")
