@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=10)
     args = p.parse_args()
     cfg = TrainConfig(model=args.model, strategy=args.strategy, steps=args.steps, peak_flops=1e12,
-                      health=HealthConfig(every=args.every))
+                      health=HealthConfig(replicas_every=args.every))
     steps = run(train_rank, cfg, LaunchOptions(nproc=args.nproc, timeout_s=600, hang=None)).results[0]["steps"][2:]
     step_s = statistics.mean(s["step_time_s"] for s in steps)
     health_s = statistics.mean(s["health_s"] for s in steps)

@@ -20,8 +20,8 @@ class HealthConfig:
     min_loss: float = knob(0.05, "--straggler-min-loss", help="... and costs the job at least this share of its step "
                            "time over the window.")
     spike: float = knob(5.0, "--grad-spike", help="A gradient norm above this many times its running median is a WARN.")
-    every: int = knob(50, "--check-replicas-every", help="Compare every rank's parameters bit for bit every N "
-                      "steps (0: never).")
+    replicas_every: int = knob(50, "--check-replicas-every", help="Compare every rank's parameters bit for bit "
+                               "every N steps (0: never).")
     # a launched script's probe (health/probe.py); `distval train` checks every step's loss and norm
     nan_every: int = knob(10, "--check-nan-every", help="Check every gradient and parameter for NaN/Inf every N "
                           "optimizer steps (1: every step; 0: never), read one step late on a GPU.")
@@ -37,8 +37,8 @@ class HealthConfig:
             raise ValueError(f"--straggler-ratio must be above 1 (got {self.slow_ratio:g}), e.g. 1.1")
         if self.nan_every < 0:
             raise ValueError(f"--check-nan-every must be 0 (off) or more (got {self.nan_every})")
-        if self.every < 0:
-            raise ValueError(f"--check-replicas-every must be 0 (off) or more (got {self.every})")
+        if self.replicas_every < 0:
+            raise ValueError(f"--check-replicas-every must be 0 (off) or more (got {self.replicas_every})")
         if self.on_nan not in ("warn", "stop"):
             raise ValueError(f"--on-nan must be warn or stop (got {self.on_nan!r})")
         if not 0 <= self.min_loss < 1:

@@ -323,7 +323,7 @@ class Ladder:
         trace = _trace_config(self.cfg, self.out) if "trace" in self.cfg.stages else None
         every = max(1, self.cfg.trace_steps // 3)  # the replica check runs three times in the short run
         cfg = TrainConfig(model=self.cfg.model, strategy=TRACED_STRATEGY, steps=self.cfg.trace_steps,
-                          health=HealthConfig(every=every))
+                          health=HealthConfig(replicas_every=every))
         if trace is not None:
             cfg = replace(cfg, trace=trace)
         self.trained = run_train(cfg, self.opts)

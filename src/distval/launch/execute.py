@@ -111,7 +111,7 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, module: bool =
             "world_size": known_world_size(opts)}
     report = Report("launch", meta=meta.collect(None, None, **info))
     traced = trace is not None and trace.enabled
-    env = {PROBE_ENV: f"{health.nan_every}:{health.every}"}  # the shim of every worker reads them (inherited
+    env = {PROBE_ENV: f"{health.nan_every}:{health.replicas_every}"}  # the shim of every worker reads them (inherited
     if traced:  # through torchrun's agent)
         env[TRACE_ENV] = f"{trace.skip}:{trace.active}:{trace.dir}"
     lost = LostTime(info["world_size"] or 1, health, step=lambda reader: monitor.next_step, on_finding=say_finding)

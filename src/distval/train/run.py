@@ -90,10 +90,10 @@ def add_health(report: Report, result: dict[str, Any], cfg: TrainConfig) -> None
     if not checks.get("replicas_applicable", True):
         replicas = f"SKIP: {cfg.strategy} shards the parameters: no replicas to compare"
     elif not checks.get("replicas"):
-        replicas = f"SKIP: no check ran: {cfg.steps} steps, a check every {cfg.health.every} (--check-replicas-every)"
+        replicas = f"SKIP: no check ran: {cfg.steps} steps, a check every {cfg.health.replicas_every} (--check-replicas-every)"
     else:
         replicas = (f"every rank's parameters bitwise equal at {checks['replicas']} check(s), every "
-                    f"{cfg.health.every} steps")
+                    f"{cfg.health.replicas_every} steps")
     report_health(report, result.get("health", []), result.get("health_ranks", []), cfg.health, replicas,
                   host=result.get("host"))
 
