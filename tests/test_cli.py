@@ -1,6 +1,7 @@
 """The command line as a user meets it: real subprocesses, real files, exit codes."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -110,59 +111,68 @@ def test_check_json_reports_each_case_and_details_when_wrong(tmp_path):
     assert "FAIL" in res.stdout and "rank 1" in res.stdout
 
 
-def test_crashing_rank_is_named_with_its_last_status(tmp_path):
-    out = tmp_path / "e.json"
-    res = run_cli("comm", "check", "--nproc", "3", "--ops", "all_reduce,broadcast", "-d", "float32", "--timeout", "4s",
-                  "--json", str(out), env={"DISTVAL_FAULT": "op=broadcast,rank=2,action=raise,nth=4"}, timeout=120)
-    assert res.returncode == 3, res.stdout + res.stderr
-    assert "Traceback" not in res.stdout + res.stderr
-    doc = json.loads(out.read_text())
-    assert doc["meta"]["world_size"] == 3 and doc["meta"]["backend"] == "gloo"
+# `comm check` jobs that fail: a rank that raises, dies, hangs, or outlasts the deadline. Each waits
+# on a timeout more than it computes, so they run three at a time, once for the module.
+FAILING = {
+    "raise": ("3", "all_reduce,broadcast", "float32", "4s", "op=broadcast,rank=2,action=raise,nth=4"),
+    "kill-2-1": ("2", "all_reduce,all_gather", "int8", "4s", "op=all_gather,rank=1,action=kill,nth=2"),
+    "kill-3-1": ("3", "all_reduce,all_gather", "int8", "4s", "op=all_gather,rank=1,action=kill,nth=2"),
+    "hang-2-1": ("2", "all_reduce,all_gather", "int8", "4s", "op=all_gather,rank=1,action=hang,nth=2"),
+    "hang-3-1": ("3", "all_reduce,all_gather", "int8", "4s", "op=all_gather,rank=1,action=hang,nth=2"),
+    "hang-3-0": ("3", "all_reduce,all_gather", "int8", "4s", "op=all_gather,rank=0,action=hang,nth=2"),
+    "deadline": ("2", "all_reduce", "float32", "60s", "op=all_reduce,rank=0,action=hang,nth=3"),
+}
+
+
+@pytest.fixture(scope="module")
+def failing_checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, dict | None]]:
+    """name -> (exit code, output, JSON report or None)."""
+    tmp_path = tmp_path_factory.mktemp("failing")
+
+    def check(name: str) -> tuple[int, str, dict | None]:
+        nproc, ops, dtype, timeout, fault = FAILING[name]
+        out = tmp_path / f"{name}.json"
+        deadline = ("--deadline", "5s") if name == "deadline" else ()
+        res = run_cli("comm", "check", "--nproc", nproc, "--ops", ops, "-d", dtype, "--timeout", timeout, *deadline,
+                      "--json", str(out), env={"DISTVAL_FAULT": fault}, timeout=120)
+        return res.returncode, res.stdout + res.stderr, json.loads(out.read_text()) if out.exists() else None
+
+    with ThreadPoolExecutor(3) as pool:
+        return dict(zip(FAILING, pool.map(check, FAILING)))
+
+
+def _failed_check(failing_checks: dict, name: str) -> tuple[dict, dict]:
+    """The job's report and its one check: an ERROR, exit 3, no traceback."""
+    code, text, doc = failing_checks[name]
+    assert code == 3 and doc is not None, text[-3000:]
+    assert "Traceback" not in text
     (check,) = doc["checks"]
+    return doc, check
+
+
+def test_crashing_rank_is_named_with_its_last_status(failing_checks):
+    doc, check = _failed_check(failing_checks, "raise")
+    assert doc["meta"]["world_size"] == 3 and doc["meta"]["backend"] == "gloo"
     assert check["status"] == "ERROR" and check["where"]["rank"] == 2
-    assert (
-        "injected failure at broadcast" in check["summary"]
-        and "comm check broadcast float32" in check["where"]["status"]
-    )
+    assert "injected failure at broadcast" in check["summary"]
+    assert "comm check broadcast float32" in check["where"]["status"]
 
 
-@pytest.mark.parametrize("nproc, rank, action, expect", [
-    (2, 1, "kill", "killed by SIGKILL"),
-    (3, 1, "kill", "killed by SIGKILL"),
-    (2, 1, "hang", "stopped after"),
-    (3, 1, "hang", "stopped after"),
-    (3, 0, "hang", "stopped after"),
+@pytest.mark.parametrize("name, rank, expect", [
+    ("kill-2-1", 1, "killed by SIGKILL"),
+    ("kill-3-1", 1, "killed by SIGKILL"),
+    ("hang-2-1", 1, "stopped after"),
+    ("hang-3-1", 1, "stopped after"),
+    ("hang-3-0", 0, "stopped after"),
 ])
-def test_dead_or_hung_rank_becomes_an_error_not_a_wait(tmp_path, nproc, rank, action, expect):
-    out = tmp_path / "e.json"
-    res = run_cli(
-        "comm",
-        "check",
-        "--nproc",
-        str(nproc),
-        "--ops",
-        "all_reduce,all_gather",
-        "-d",
-        "int8",
-        "--timeout",
-        "4s",
-        "--json",
-        str(out),
-        env={"DISTVAL_FAULT": f"op=all_gather,rank={rank},action={action},nth=2"},
-        timeout=90,
-    )
-    assert res.returncode == 3, res.stdout + res.stderr
-    (check,) = json.loads(out.read_text())["checks"]
+def test_dead_or_hung_rank_becomes_an_error_not_a_wait(failing_checks, name, rank, expect):
+    _, check = _failed_check(failing_checks, name)
     assert check["where"]["rank"] == rank and expect in check["summary"], check["summary"]
     assert "all_gather int8" in check["where"]["status"]
 
 
-def test_deadline_stops_a_slow_job_and_names_where_each_rank_was(tmp_path):
-    out = tmp_path / "e.json"
-    res = run_cli("comm", "check", "--nproc", "2", "--ops", "all_reduce", "--timeout", "60s", "--deadline", "5s",
-                  "--json", str(out), env={"DISTVAL_FAULT": "op=all_reduce,rank=0,action=hang,nth=3"}, timeout=90)
-    assert res.returncode == 3
-    (check,) = json.loads(out.read_text())["checks"]
+def test_deadline_stops_a_slow_job_and_names_where_each_rank_was(failing_checks):
+    _, check = _failed_check(failing_checks, "deadline")
     assert "deadline of 5s" in check["summary"] and check["where"]["rank"] == 0
     assert "all_reduce" in check["where"]["status"]
 
