@@ -225,3 +225,28 @@ def test_scoped_environment_is_put_back_as_it_was(monkeypatch):
             assert os.environ["DISTVAL_TEST_KEPT"] == "inside" and os.environ["DISTVAL_TEST_NEW"] == "1"
             raise RuntimeError("the block failed")
     assert os.environ["DISTVAL_TEST_KEPT"] == "before" and "DISTVAL_TEST_NEW" not in os.environ
+
+
+# methods of a config that spell flags on purpose: the world is known only at launch, when the
+# message names a flag of another config (--nproc); nccl-tests' two names at once (-n/--iters)
+SPELLED_FLAGS = {"TrainConfig.check_world", "ScaleConfig.ladder", "CheckConfig.__post_init__",
+                 "PairsConfig.__post_init__"}
+
+
+def test_a_configs_validation_names_fields_not_flags():
+    """A class with knobs raises FieldError (distval/knobs.py) naming its fields; no ValueError of
+    its methods spells a flag ("--..."), which the command line would name a second way."""
+    spelled = []
+    for path in sorted(SRC.rglob("*.py")):
+        for cls in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(cls, ast.ClassDef) and any(
+                    isinstance(n, ast.AnnAssign) and getattr(getattr(n.value, "func", None), "id", None) == "knob"
+                    for n in cls.body)):
+                continue
+            for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                for node in ast.walk(method):
+                    if (isinstance(node, ast.Raise) and getattr(getattr(node.exc, "func", None), "id", None)
+                            == "ValueError" and f"{cls.name}.{method.name}" not in SPELLED_FLAGS
+                            and any(isinstance(s, ast.Constant) and "--" in str(s.value) for s in ast.walk(node.exc))):
+                        spelled.append(f"{path.relative_to(SRC)}:{node.lineno} {cls.name}.{method.name}")
+    assert not spelled, spelled

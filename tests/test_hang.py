@@ -153,7 +153,7 @@ def test_threshold_learns_from_gaps_and_allows_startup_and_busy_phases():
     assert policy.threshold([4.0], busy=False) == 31.0  # 3 s real gaps: 10 x 3 + slop
     assert policy.threshold([0.5], busy=True) == 600.0  # a checkpoint save in progress
     assert policy.threshold([], busy=False, running=True) == 4.0  # progress seen, no gap measured yet: the floor
-    with pytest.raises(ValueError, match="--hang-after must be positive"):
+    with pytest.raises(ValueError, match="^floor_s must be positive"):
         HangPolicy(floor_s=0)
 
 

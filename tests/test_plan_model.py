@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from distval import knobs
 from distval.plan import PlanConfig, evaluate, memory_rows, presets
 from distval.plan.levers import accumulation_lever, at_world, lever_rows, scaling_rows
 from distval.plan.memory import activations, block_bytes_per_token, model_states
@@ -301,8 +302,9 @@ def test_scaling_is_weak_scaling_with_efficiency_one_at_one_rank():
     ],
 )
 def test_config_rejects_bad_input(kwargs, message):
+    """As the command line builds it from the flags: the message names them."""
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        PlanConfig(**kwargs)
+        knobs.build(PlanConfig, {(name,): value for name, value in kwargs.items()})
 
 
 def test_from_dict_rejects_unknown_keys():

@@ -38,13 +38,13 @@ def test_sweep_sizes():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"min_bytes": 2048, "max_bytes": 1024}, "-b 2K is larger than -e 1K"),
-    ({"factor": 1.0}, "-f must be greater than 1"),
+    ({"min_bytes": 2048, "max_bytes": 1024}, "min_bytes 2K is larger than max_bytes 1K"),
+    ({"factor": 1.0}, "factor must be greater than 1"),
     ({"ops": ["all_reduce", "allreduce"]}, "unknown op 'allreduce'"),
     ({"dtype": "float8"}, "unknown dtype 'float8'"),
     ({"redop": "xor"}, "unknown reduce op 'xor'"),
-    ({"iters": 0}, "-n must be at least 1"),
-    ({"inplace": "sideways"}, "--inplace must be both, in or out"),
+    ({"iters": 0}, "iters must be at least 1"),
+    ({"inplace": "sideways"}, "inplace must be both, in or out"),
 ])
 def test_bench_config_rejects_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -14,17 +14,43 @@ has the field's own type (int, float, str, bool, or one of them or None). A fiel
 dataclass with knobs of its own is a part: its knobs are flags of the command too, and the part is
 built from them by its `from_knobs(**values)` classmethod when it has one (it may return None:
 e.g. `--hang-after off` is no watchdog), else by its constructor.
+
+A config's validation names fields, not flags: `FieldError("replicas_every", "must be 0 (off) or
+more (got -1)")`. Built from flags (`build`), its message names each field by its knob's label
+(`--check-replicas-every must be ...`); in library use, by the field's name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Callable, Iterator, Optional
 
 KEY = "distval.knob"
+_FIELD = re.compile(r"\{(\w+)\}")
+
+
+class FieldError(ValueError):
+    """A value of the config's field `field` the user got wrong. `message` names other fields of
+    the same config as `{name}` (in an f-string `{{name}}`); it follows the field's name unless it
+    names `{field}` itself, where that reads better ("unknown {mode} 'x'")."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(field, message)
+        self.field, self.message = field, message
+
+    def __str__(self) -> str:
+        return self.naming()
+
+    def naming(self, labels: dict[str, str] | None = None) -> str:
+        """The message with each field named by the field's name, or by its entry in `labels` (a
+        `{text}` that has none, e.g. inside a path the user gave, stays as it is)."""
+        own = "{" + self.field + "}"
+        text = self.message if own in self.message else f"{own} {self.message}"
+        return _FIELD.sub(lambda m: m[1] if labels is None else labels.get(m[1], m[0]), text)
 
 
 @dataclass(frozen=True)
@@ -154,4 +180,13 @@ def _build(cls: type, prefix: tuple[str, ...], values: dict[tuple[str, ...], Any
         elif (kind := _part(hints[f.name])) is not None and any(p[:len(path)] == path for p in values):
             kwargs[f.name] = _build(kind, path, values)
     make = getattr(cls, "from_knobs", cls) if prefix else cls
-    return make(**kwargs)
+    try:
+        return make(**kwargs)
+    except FieldError as e:
+        raise ValueError(flagged(e, cls)) from e
+
+
+def flagged(error: FieldError, cls: type) -> str:
+    """`error`, raised by a `cls`, as the command line says it: each field named by its knob's label."""
+    fields = dataclasses.fields(cls)
+    return error.naming({f.name: f.metadata[KEY].label if KEY in f.metadata else f.name for f in fields})

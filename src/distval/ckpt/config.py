@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from distval.knobs import knob
+from distval.knobs import FieldError, knob
 
 
 @dataclass(frozen=True)
@@ -21,11 +21,11 @@ class CheckpointConfig:
                               "a checkpoint folder.")
 
     def __post_init__(self) -> None:
-        for name, flag in (("every", "--ckpt-every"), ("keep", "--ckpt-keep")):
+        for name in ("every", "keep"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{flag} must be at least 1 (got {getattr(self, name)})")
+                raise FieldError(name, f"must be at least 1 (got {getattr(self, name)})")
         if self.resume == "auto" and not self.dir:
-            raise ValueError("--resume auto needs --ckpt-dir (where to look for checkpoints)")
+            raise FieldError("resume", "auto needs {dir} (where to look for checkpoints)")
 
     @property
     def enabled(self) -> bool:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from distval.comm.names import BENCH_OPS, CHECK_OPS
-from distval.knobs import comma_list, knob, normalise
+from distval.knobs import FieldError, comma_list, knob, normalise
 from distval.units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -132,32 +132,31 @@ class BenchConfig:
         if self.redop not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {self.redop!r}; choose from {', '.join(REDUCE_OPS)}")
         if self.redop == "avg" and self.dtype not in FLOAT_DTYPES:
-            raise ValueError(
-                f"-o avg needs a floating-point dtype (got {self.dtype}): "
-                "integer averages round differently per backend"
-            )
+            raise FieldError("redop", f"avg needs a floating-point dtype (got {self.dtype}): integer averages round "
+                             "differently per backend")
         if self.min_bytes < 0 or self.max_bytes < 0:
             raise ValueError("sizes must not be negative")
         if self.min_bytes > self.max_bytes:
-            raise ValueError(f"-b {format_size(self.min_bytes)} is larger than -e {format_size(self.max_bytes)}")
+            raise FieldError("min_bytes", f"{format_size(self.min_bytes)} is larger than {{max_bytes}} "
+                             f"{format_size(self.max_bytes)}")
         if self.step_bytes is None and self.factor <= 1:
-            raise ValueError(f"-f must be greater than 1 (got {self.factor:g})")
+            raise FieldError("factor", f"must be greater than 1 (got {self.factor:g})")
         if self.step_bytes is not None and self.step_bytes <= 0:
-            raise ValueError(f"-i must be positive (got {self.step_bytes})")
+            raise FieldError("step_bytes", f"must be positive (got {self.step_bytes})")
         if self.iters < 1:
-            raise ValueError(f"-n must be at least 1 (got {self.iters})")
+            raise FieldError("iters", f"must be at least 1 (got {self.iters})")
         if self.warmup < 0 or self.check_iters < 0:
-            raise ValueError("-w and -c must not be negative")
+            raise FieldError("warmup", "and {check_iters} must not be negative")
         if self.inplace not in ("both", "in", "out"):
-            raise ValueError(f"--inplace must be both, in or out (got {self.inplace!r})")
+            raise FieldError("inplace", f"must be both, in or out (got {self.inplace!r})")
         if self.root < 0:
-            raise ValueError(f"-r must not be negative (got {self.root})")
+            raise FieldError("root", f"must not be negative (got {self.root})")
         if self.timing not in TIMINGS:
-            raise ValueError(f"--timing must be {', '.join(TIMINGS)} (got {self.timing!r})")
+            raise FieldError("timing", f"must be {', '.join(TIMINGS)} (got {self.timing!r})")
         if self.graph and self.timing == "blocking":
-            raise ValueError("-G replays bursts captured in a CUDA graph: it times bursts, not --timing blocking")
+            raise FieldError("graph", "replays bursts captured in a CUDA graph: it times bursts, not {timing} blocking")
         if self.bursts < 1:
-            raise ValueError(f"--bursts must be at least 1 (got {self.bursts})")
+            raise FieldError("bursts", f"must be at least 1 (got {self.bursts})")
 
     def method(self, device: torch.device) -> str:
         """The timing method on this device: burst or blocking."""

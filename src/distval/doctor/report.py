@@ -13,7 +13,7 @@ from distval import meta
 from distval.doctor import amd, net, ranks, system
 from distval.doctor.nccl_log import NcclLog, nccl_checks, nccl_table
 from distval.doctor.topo import Topo, topo_checks, topo_tables
-from distval.knobs import knob, normalise
+from distval.knobs import FieldError, knob, normalise
 from distval.results import Check, Report, Status, Table
 from distval.rocm.smi import AmdTopology
 
@@ -42,9 +42,9 @@ class DoctorConfig:
         if self.master_port is None and os.environ.get("MASTER_PORT", "").isdigit():
             normalise(self, master_port=int(os.environ["MASTER_PORT"]))
         if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise ValueError(f"--master-port {self.master_port} is not a TCP port (1-65535)")
+            raise FieldError("master_port", f"{self.master_port} is not a TCP port (1-65535)")
         if self.expect_world is not None and self.expect_world < 1:
-            raise ValueError(f"--expect-world must be at least 1 (got {self.expect_world})")
+            raise FieldError("expect_world", f"must be at least 1 (got {self.expect_world})")
         for var, value in self.ifname_overrides.items():
             # a flag is input: bad grammar is a usage error here, a FAIL check when it comes from the environment
             try:

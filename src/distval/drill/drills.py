@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from distval import envvars
-from distval.knobs import comma_list, knob
+from distval.knobs import FieldError, comma_list, knob
 from distval.results import Check, Report, Status, Table
 
 DRILL_COLUMNS = ["drill", "status", "detected", "diagnosis_s", "recovery_s", "steps_lost", "resumed_from_step",
@@ -87,14 +87,13 @@ class DrillConfig:
         presets.model(self.model)
         strategies.check_name(self.strategy)
         if self.nproc < 2:
-            raise ValueError(f"--nproc must be at least 2 for the drills (rank 1 is the one faulted; got {self.nproc})")
+            raise FieldError("nproc", f"must be at least 2 for the drills (rank 1 is the one faulted; got "
+                             f"{self.nproc})")
         if not 0 < self.fault_step < self.steps:
-            raise ValueError(f"--fault-step must be between 1 and --steps - 1 (got {self.fault_step})")
+            raise FieldError("fault_step", f"must be between 1 and {{steps}} - 1 (got {self.fault_step})")
         if self.ckpt_every >= self.fault_step:
-            raise ValueError(
-                f"--ckpt-every {self.ckpt_every} must be below --fault-step {self.fault_step}, so a checkpoint "
-                f"exists before the fault"
-            )
+            raise FieldError("ckpt_every", f"{self.ckpt_every} must be below {{fault_step}} {self.fault_step}, so a "
+                             "checkpoint exists before the fault")
         unknown = sorted(set(self.drills) - set(DRILLS))
         if unknown:
             raise ValueError(f"unknown drill(s) {', '.join(unknown)}; choose from {', '.join(DRILLS)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distval.knobs import knob
+from distval.knobs import FieldError, knob
 from distval.stats import percentile
 from distval.units import parse_duration
 
@@ -32,22 +32,21 @@ class HealthConfig:
 
     def __post_init__(self) -> None:
         if self.window < 4:
-            raise ValueError(f"--health-window must be at least 4 steps (got {self.window})")
+            raise FieldError("window", f"must be at least 4 steps (got {self.window})")
         if self.slow_ratio <= 1.0:
-            raise ValueError(f"--straggler-ratio must be above 1 (got {self.slow_ratio:g}), e.g. 1.1")
+            raise FieldError("slow_ratio", f"must be above 1 (got {self.slow_ratio:g}), e.g. 1.1")
         if self.nan_every < 0:
-            raise ValueError(f"--check-nan-every must be 0 (off) or more (got {self.nan_every})")
+            raise FieldError("nan_every", f"must be 0 (off) or more (got {self.nan_every})")
         if self.replicas_every < 0:
-            raise ValueError(f"--check-replicas-every must be 0 (off) or more (got {self.replicas_every})")
+            raise FieldError("replicas_every", f"must be 0 (off) or more (got {self.replicas_every})")
         if self.on_nan not in ("warn", "stop"):
-            raise ValueError(f"--on-nan must be warn or stop (got {self.on_nan!r})")
+            raise FieldError("on_nan", f"must be warn or stop (got {self.on_nan!r})")
         if not 0 <= self.min_loss < 1:
-            raise ValueError(f"--straggler-min-loss must be a share from 0 to below 1 (got {self.min_loss:g}), "
-                             "e.g. 0.05")
+            raise FieldError("min_loss", f"must be a share from 0 to below 1 (got {self.min_loss:g}), e.g. 0.05")
         if self.spike <= 1:
-            raise ValueError(f"--grad-spike must be above 1 (got {self.spike:g}), e.g. 5")
+            raise FieldError("spike", f"must be above 1 (got {self.spike:g}), e.g. 5")
         if self.imbalance <= 0:
-            raise ValueError(f"--memory-imbalance must be positive (got {self.imbalance:g}), e.g. 0.25")
+            raise FieldError("imbalance", f"must be positive (got {self.imbalance:g}), e.g. 0.25")
 
 
 HANG_AFTER_HELP = (
@@ -83,14 +82,14 @@ class HangPolicy:
 
     def __post_init__(self) -> None:
         if not self.floor_s > 0:
-            raise ValueError(f"--hang-after must be positive (got {self.floor_s:g} s), e.g. 30s")
+            raise FieldError("floor_s", f"must be positive (got {self.floor_s:g} s), e.g. 30s")
         if not self.kill_after_s >= self.floor_s:
-            raise ValueError(f"--hang-kill-after must be at least --hang-after ({self.floor_s:g} s; got "
+            raise FieldError("kill_after_s", f"must be at least {{floor_s}} ({self.floor_s:g} s; got "
                              f"{self.kill_after_s:g} s), e.g. 10m")
         if self.factor < 1:
-            raise ValueError(f"--hang-factor must be at least 1 (got {self.factor:g}), e.g. 10")
+            raise FieldError("factor", f"must be at least 1 (got {self.factor:g}), e.g. 10")
         if not (self.startup_s > 0 and self.busy_s > 0):
-            raise ValueError(f"--hang-startup and --hang-busy must be positive (got {self.startup_s:g} s and "
+            raise FieldError("startup_s", f"and {{busy_s}} must be positive (got {self.startup_s:g} s and "
                              f"{self.busy_s:g} s), e.g. 2m and 10m")
 
     @classmethod

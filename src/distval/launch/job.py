@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from distval.health.config import HangPolicy
-from distval.knobs import knob, normalise
+from distval.knobs import FieldError, knob, normalise
 from distval.results import JobResult  # noqa: F401 (re-exported: what run() returns)
 from distval.units import parse_duration
 
@@ -61,26 +61,26 @@ class LaunchOptions:
 
     def __post_init__(self) -> None:
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
-            raise ValueError(f"--metrics-port must be a TCP port, 0-65535 (got {self.metrics_port})")
+            raise FieldError("metrics_port", f"must be a TCP port, 0-65535 (got {self.metrics_port})")
         if self.nproc is not None and self.nproc < 1:
-            raise ValueError(f"--nproc must be at least 1 (got {self.nproc})")
+            raise FieldError("nproc", f"must be at least 1 (got {self.nproc})")
         if self.expect_world is not None and self.expect_world < 1:
-            raise ValueError(f"--expect-world must be at least 1 (got {self.expect_world})")
+            raise FieldError("expect_world", f"must be at least 1 (got {self.expect_world})")
         if self.timeout_s <= 0:
-            raise ValueError(f"--timeout must be positive (got {self.timeout_s:g})")
+            raise FieldError("timeout_s", f"must be positive (got {self.timeout_s:g})")
         if self.deadline_s is not None and self.deadline_s <= 0:
-            raise ValueError(f"--deadline must be positive (got {self.deadline_s:g})")
+            raise FieldError("deadline_s", f"must be positive (got {self.deadline_s:g})")
         if self.max_restarts < 0:
-            raise ValueError(f"--max-restarts must be 0 or more (got {self.max_restarts})")
+            raise FieldError("max_restarts", f"must be 0 or more (got {self.max_restarts})")
         if self.nnodes < 1:
-            raise ValueError(f"--nnodes must be at least 1 (got {self.nnodes})")
+            raise FieldError("nnodes", f"must be at least 1 (got {self.nnodes})")
         if self.nnodes > 1 and not self.rdzv_endpoint:
-            raise ValueError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT, the same on every node "
+            raise FieldError("nnodes", f"{self.nnodes} needs {{rdzv_endpoint}} HOST:PORT, the same on every node "
                              f"(the first node's address and a free port)")
         if self.rdzv_endpoint is not None:
             host, _, port = self.rdzv_endpoint.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"--rdzv-endpoint must be HOST:PORT (got {self.rdzv_endpoint!r}), e.g. node1:29400")
+                raise FieldError("rdzv_endpoint", f"must be HOST:PORT (got {self.rdzv_endpoint!r}), e.g. node1:29400")
         from distval import device as devices  # torch: only once a job is asked for, not for --help
 
         normalise(self, backend=devices.check_backend(self.backend))

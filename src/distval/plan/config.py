@@ -1,4 +1,5 @@
-"""The planner's inputs: one typed dataclass that validates itself (ValueError naming the flag).
+"""The planner's inputs: one typed dataclass that validates itself (FieldError naming the field,
+and the flag on the command line).
 
 Sizes: a `--model` preset, optionally overridden field by field (`--seq 512`), or an explicit
 architecture (all of `--layers --hidden --heads --seq --vocab`; the shape is distval's Llama-style
@@ -25,7 +26,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from distval.knobs import knob, normalise
+from distval.knobs import FieldError, knob, normalise
 from distval.plan import presets
 from distval.plan.presets import ModelSpec
 
@@ -132,9 +133,8 @@ class PlanConfig:
         self._check_choices()
         self._check_links()
         if self.model_info().spec is None and self.comm_hook == "powersgd":
-            raise ValueError(
-                "--comm-hook powersgd needs the matrix shapes: give --model or --layers --hidden --heads --seq --vocab"
-            )
+            raise FieldError("comm_hook", "powersgd needs the matrix shapes: give {model} or {num_layers} "
+                             "{hidden_size} {num_heads} {seq_len} {vocab_size}")
         self.batch()
 
     @classmethod
@@ -145,59 +145,52 @@ class PlanConfig:
         return cls(**values)
 
     def _check_numbers(self) -> None:
-        positive_ints = {"--layers": self.num_layers, "--hidden": self.hidden_size, "--heads": self.num_heads,
-                         "--kv-heads": self.num_kv_heads, "--seq": self.seq_len, "--vocab": self.vocab_size,
-                         "--micro-batch": self.micro_batch, "--global-batch": self.global_batch,
-                         "--grad-accum": self.grad_accum, "--world": self.world_size, "--nodes": self.num_nodes,
-                         "--devices-per-node": self.devices_per_node, "--nics-per-node": self.nics_per_node,
-                         "--powersgd-rank": self.powersgd_rank}
-        for flag, value in positive_ints.items():
-            if value is not None and value < 1:
-                raise ValueError(f"{flag} must be at least 1 (got {value})")
-        positive = {"--params": self.params, "--bandwidth": self.bandwidth_gbps, "--peak-tflops": self.peak_tflops,
-                    "--device-memory": self.device_memory_gb, "--bucket-mb": self.bucket_mb}
-        for flag, value in positive.items():
-            if value is not None and not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"{flag} must be positive (got {value:g})")
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "seq_len", "vocab_size", "micro_batch",
+                     "global_batch", "grad_accum", "world_size", "num_nodes", "devices_per_node", "nics_per_node",
+                     "powersgd_rank"):
+            if (value := getattr(self, name)) is not None and value < 1:
+                raise FieldError(name, f"must be at least 1 (got {value})")
+        for name in ("params", "bandwidth_gbps", "peak_tflops", "device_memory_gb", "bucket_mb"):
+            if (value := getattr(self, name)) is not None and not (value > 0 and math.isfinite(value)):
+                raise FieldError(name, f"must be positive (got {value:g})")
         if self.latency_us is not None and not (self.latency_us >= 0 and math.isfinite(self.latency_us)):
-            raise ValueError(f"--latency must not be negative (got {self.latency_us:g})")
-        for flag, value in (("--efficiency", self.efficiency), ("--mfu", self.mfu)):
-            if not 0 < value <= 1:
-                raise ValueError(f"{flag} must be in (0, 1] (got {value:g})")
+            raise FieldError("latency_us", f"must not be negative (got {self.latency_us:g})")
+        for name in ("efficiency", "mfu"):
+            if not 0 < (value := getattr(self, name)) <= 1:
+                raise FieldError(name, f"must be in (0, 1] (got {value:g})")
         if not 0 < self.comm_target < 1:
-            raise ValueError(f"--comm-target must be in (0, 1) (got {self.comm_target:g})")
+            raise FieldError("comm_target", f"must be in (0, 1) (got {self.comm_target:g})")
 
     def _check_choices(self) -> None:
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {self.strategy!r} (--strategy); known: {', '.join(STRATEGIES)}")
+            raise FieldError("strategy", f"unknown strategy {self.strategy!r} ({{strategy}}); known: "
+                             f"{', '.join(STRATEGIES)}")
         if self.attention not in ("flash", "eager"):
-            raise ValueError(f"--attention must be flash or eager (got {self.attention!r})")
+            raise FieldError("attention", f"must be flash or eager (got {self.attention!r})")
         if self.comm_hook not in COMM_HOOKS:
-            raise ValueError(f"unknown --comm-hook {self.comm_hook!r}; known: {', '.join(COMM_HOOKS)}")
+            raise FieldError("comm_hook", f"unknown {{comm_hook}} {self.comm_hook!r}; known: {', '.join(COMM_HOOKS)}")
         if self.comm_hook == "powersgd" and self.strategy != "ddp":
-            raise ValueError(
-                f"--comm-hook powersgd is a DDP communication hook; it does not apply to --strategy {self.strategy}"
-            )
+            raise FieldError("comm_hook", f"powersgd is a DDP communication hook; it does not apply to {{strategy}} "
+                             f"{self.strategy}")
         if self.model is not None:
             presets.model(self.model)
         presets.device(self.device)
         if self.calibration is not None and not Path(self.calibration).is_file():
-            raise ValueError(f"--calibration {self.calibration!r}: no such file")
+            raise FieldError("calibration", f"{self.calibration!r}: no such file")
 
     def _check_links(self) -> None:
         if self.link is not None and self.bandwidth_gbps is not None:
-            raise ValueError("--link and --bandwidth both give the link; use one")
+            raise FieldError("link", "and {bandwidth_gbps} both give the link; use one")
         if self.latency_us is not None and self.bandwidth_gbps is None:
-            raise ValueError("--latency needs --bandwidth (a preset --link has its own latency)")
+            raise FieldError("latency_us", "needs {bandwidth_gbps} (a preset {link} has its own latency)")
         for flag, name in (("--link", self.link), ("--intra-link", self.intra_link), ("--inter-link", self.inter_link)):
             if name is not None:
                 presets.link(name, flag)
         if self.world_size is not None and (self.num_nodes is not None or self.devices_per_node is not None):
             nodes, per_node = self.num_nodes or 1, self.devices_per_node or 1
             if nodes * per_node != self.world_size:
-                raise ValueError(
-                    f"--world {self.world_size} contradicts --nodes {nodes} × --devices-per-node {per_node}"
-                )
+                raise FieldError("world_size", f"{self.world_size} contradicts {{num_nodes}} {nodes} × "
+                                 f"{{devices_per_node}} {per_node}")
 
     # -- resolution ---------------------------------------------------------------------------
 
@@ -222,31 +215,28 @@ class PlanConfig:
             m = 1
         if k is None:
             if g % (m * world):
-                raise ValueError(f"--global-batch {g} is not divisible by --micro-batch {m} × world size {world}")
+                raise FieldError("global_batch", f"{g} is not divisible by {{micro_batch}} {m} × world size {world}")
             k = g // (m * world)
         if m is None:
             if g % (k * world):
-                raise ValueError(f"--global-batch {g} is not divisible by --grad-accum {k} × world size {world}")
+                raise FieldError("global_batch", f"{g} is not divisible by {{grad_accum}} {k} × world size {world}")
             m = g // (k * world)
         if m * world * k != g:
-            raise ValueError(
-                f"--global-batch {g} contradicts --micro-batch {m} × world size {world} × --grad-accum {k} "
-                f"= {m * world * k}"
-            )
+            raise FieldError("global_batch", f"{g} contradicts {{micro_batch}} {m} × world size {world} × "
+                             f"{{grad_accum}} {k} = {m * world * k}")
         return m, k
 
     def model_info(self) -> ModelInfo:
         spec = self._spec()
         if spec is None:
             if self.params is None:
-                raise ValueError(
-                    "give --model NAME, --params N, or the architecture: --layers --hidden --heads --seq --vocab"
-                )
+                raise FieldError("model", "give {model} NAME, {params} N, or the architecture: {num_layers} "
+                                 "{hidden_size} {num_heads} {seq_len} {vocab_size}")
             n = int(self.params)
             return ModelInfo(f"{n / 1e6:.0f}M params", n, n, self.seq_len, None)
         count = spec.num_params()
         if self.params is not None and abs(self.params - count) > 0.1 * count:
-            raise ValueError(f"--params {self.params:.4g} contradicts the architecture of {spec.name} "
+            raise FieldError("params", f"{self.params:.4g} contradicts the architecture of {spec.name} "
                              f"({count:,} parameters); drop one or fix the sizes")
         n = int(self.params) if self.params is not None else count
         return ModelInfo(spec.name, n, spec.flop_params() + (n - count), spec.seq_len, spec)
@@ -262,15 +252,14 @@ class PlanConfig:
             if "num_heads" in given and "num_kv_heads" not in given and base.num_kv_heads == base.num_heads:
                 given["num_kv_heads"] = given["num_heads"]
             return dataclasses.replace(base, **given) if given else base
-        shape = {"num_layers": "--layers", "hidden_size": "--hidden", "num_heads": "--heads", "vocab_size": "--vocab"}
+        shape = ("num_layers", "hidden_size", "num_heads", "vocab_size")
         if not set(shape) & set(given):
             return None  # a count, maybe with --seq
-        missing = [flag for key, flag in {**shape, "seq_len": "--seq"}.items() if key not in given]
+        missing = [name for name in (*shape, "seq_len") if name not in given]
         if missing:
-            raise ValueError(
-                "missing sizes: an explicit architecture needs --layers --hidden --heads --seq --vocab "
-                f"(missing {' '.join(missing)})"
-            )
+            named = " ".join("{" + name + "}" for name in missing)
+            raise FieldError(missing[0], "missing sizes: an explicit architecture needs {num_layers} {hidden_size} "
+                             "{num_heads} {seq_len} {vocab_size} (missing " + named + ")")
         return ModelSpec("custom", given["num_layers"], given["hidden_size"], given["num_heads"],
                          given.get("num_kv_heads", given["num_heads"]), given["seq_len"], given["vocab_size"],
                          presets.swiglu_ffn(given["hidden_size"]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distval.knobs import comma_list, knob
+from distval.knobs import FieldError, comma_list, knob
 from distval.units import format_size, parse_size
 
 # a node, link or rank is named when its figure is under this share of its peers' median (docs/scaling.md)
@@ -89,7 +89,8 @@ class ScaleConfig:
 
     def __post_init__(self) -> None:
         if self.worlds is not None and self.from_reports:
-            raise ValueError("--worlds and --join exclude each other: --join reads points measured elsewhere")
+            raise FieldError("worlds", "and {from_reports} exclude each other: {from_reports} reads points "
+                             "measured elsewhere")
 
     def ladder(self, top: int) -> tuple[int, ...]:
         """The worlds to measure when up to `top` ranks can run: the given ones (each at most

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distval.knobs import knob
+from distval.knobs import FieldError, knob
 
 MIB = 2**20  # --bucket-mb is MiB, as torch's bucket_cap_mb
 
@@ -50,13 +50,13 @@ class StrategyConfig:
 
     def __post_init__(self) -> None:
         if self.bucket_mb <= 0:
-            raise ValueError(f"--bucket-mb must be positive (got {self.bucket_mb:g})")
+            raise FieldError("bucket_mb", f"must be positive (got {self.bucket_mb:g})")
         if self.comm_hook not in ("none", "fp16", "bf16", "powersgd"):
-            raise ValueError(f"--comm-hook must be none, fp16, bf16 or powersgd (got {self.comm_hook!r})")
+            raise FieldError("comm_hook", f"must be none, fp16, bf16 or powersgd (got {self.comm_hook!r})")
         if self.powersgd_rank < 1:
-            raise ValueError(f"--powersgd-rank must be at least 1 (got {self.powersgd_rank})")
+            raise FieldError("powersgd_rank", f"must be at least 1 (got {self.powersgd_rank})")
         if self.mixed_precision not in ("none", "bf16", "fp16"):
-            raise ValueError(f"--mixed-precision must be none, bf16 or fp16 (got {self.mixed_precision!r})")
+            raise FieldError("mixed_precision", f"must be none, bf16 or fp16 (got {self.mixed_precision!r})")
 
     @property
     def bucket_bytes(self) -> int:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from distval import strategies
 from distval.ckpt.config import CheckpointConfig
 from distval.health.config import HealthConfig
-from distval.knobs import knob
+from distval.knobs import FieldError, knob
 from distval.plan import presets
 from distval.strategies.config import StrategyConfig
 from distval.trace.config import TraceConfig
@@ -47,11 +47,11 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
-            raise ValueError(f"--lr must be positive (got {self.lr:g})")
+            raise FieldError("lr", f"must be positive (got {self.lr:g})")
         if self.warmup_steps < 0:
-            raise ValueError(f"--warmup must be 0 or more steps (got {self.warmup_steps})")
+            raise FieldError("warmup_steps", f"must be 0 or more steps (got {self.warmup_steps})")
         if self.clip < 0:
-            raise ValueError(f"--clip must be 0 (off) or positive (got {self.clip:g})")
+            raise FieldError("clip", f"must be 0 (off) or positive (got {self.clip:g})")
 
     def lr_at(self, step: int, steps: int) -> float:
         """Linear warm-up to lr, then cosine decay to min_lr_ratio·lr at the last of `steps`."""
@@ -99,13 +99,13 @@ class TrainConfig:
         strategies.check_name(self.strategy)
         for name in ("steps", "micro_batch", "grad_accum"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+                raise FieldError(name, f"must be at least 1 (got {getattr(self, name)})")
         if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"--precision must be fp32 or bf16 (got {self.precision!r})")
+            raise FieldError("precision", f"must be fp32 or bf16 (got {self.precision!r})")
         strategies.REGISTRY[self.strategy].check_options(self.strategy_cfg)
-        if self.compile and not strategies.REGISTRY[self.strategy].compiles:
-            raise ValueError(f"--compile: {self.strategy} {strategies.REGISTRY[self.strategy].compiles_not}; compile "
-                             f"one of {', '.join(n for n, s in strategies.REGISTRY.items() if s.compiles)}")
+        if self.compile and not (chosen := strategies.REGISTRY[self.strategy]).compiles:
+            raise FieldError("compile", f"{{compile}}: {self.strategy} {chosen.compiles_not}; compile one of "
+                             f"{', '.join(n for n, s in strategies.REGISTRY.items() if s.compiles)}")
 
     def data_config(self) -> DataConfig:
         from distval.train.data import DataConfig  # torch: not needed to read the flags

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distval.knobs import knob
+from distval.knobs import FieldError, knob
 
 READBACKS = ("auto", "now", "late")  # readback.py
 
@@ -29,12 +29,12 @@ class MetricsConfig:
 
     def __post_init__(self) -> None:
         if self.readback not in READBACKS:
-            raise ValueError(f"--metrics-readback must be auto, now or late (got {self.readback!r})")
+            raise FieldError("readback", f"must be auto, now or late (got {self.readback!r})")
         if self.tensorboard:
             try:
                 import tensorboard  # noqa: F401
             except ImportError:
-                raise ValueError("--tensorboard needs the tensorboard package: pip install tensorboard") from None
+                raise FieldError("tensorboard", "needs the tensorboard package: pip install tensorboard") from None
 
     def resolved(self) -> MetricsConfig:
         """The paths made absolute: the workers may start in another folder."""
