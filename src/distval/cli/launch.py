@@ -22,7 +22,8 @@ from distval.launch.job import LaunchOptions
                                           "hang.floor_s", "hang.kill_after_s", "hang.factor", "hang.startup_s",
                                           "hang.busy_s", "metrics_port", "fr_dumps"),
               names={"nproc": ("--nproc-per-node", "--nproc")})
-@config_flags("health", HealthConfig, only=("slow_ratio", "nan_every", "replicas_every", "window", "min_loss", "imbalance"))
+@config_flags("health", HealthConfig,
+              only=("slow_ratio", "nan_every", "replicas_every", "window", "min_loss", "imbalance"))
 def launch_cmd(
     ctx: typer.Context,
     opts: LaunchOptions,

@@ -34,8 +34,8 @@ WORKLOAD = ("model", "steps", "micro_batch", "grad_accum", "global_batch", "opti
             "optim.clip", "seed", "precision", "compile", "data", "task", "strategy_cfg.bucket_mb",
             "strategy_cfg.comm_hook", "strategy_cfg.powersgd_rank", "strategy_cfg.mixed_precision")
 RUN = ("ckpt.dir", "ckpt.every", "ckpt.keep", "ckpt.async_save", "ckpt.resume", "metrics.log_jsonl",
-       "metrics.tensorboard", "metrics.readback", "health.slow_ratio", "health.replicas_every", "health.on_nan", "health.window",
-       "health.min_loss", "health.spike", "health.imbalance")
+       "metrics.tensorboard", "metrics.readback", "health.slow_ratio", "health.replicas_every", "health.on_nan",
+       "health.window", "health.min_loss", "health.spike", "health.imbalance")
 
 
 @app.command("train")

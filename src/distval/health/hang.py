@@ -115,7 +115,8 @@ def describe(fp: tuple | None, pg: str) -> str:
 
 
 def decide(beats: dict[int, dict[str, Any] | None], states: dict[int, str],
-           members: dict[str, list[int]] | None = None, running: frozenset[int] = frozenset()) -> tuple[list[int], str, str]:
+           members: dict[str, list[int]] | None = None,
+           running: frozenset[int] = frozenset()) -> tuple[list[int], str, str]:
     """(culprits, kind, verdict) from every rank's last heartbeat (its "status": the latest the
     rank said, which the watchdog takes from the `status` kind) and its process state.
     `members`: the ranks of each process group (a sub-group of a mesh); a group not named, or

@@ -305,7 +305,8 @@ def named_parameters(strategy: strategies.Strategy) -> list[tuple[str, torch.Ten
 
 def replicas_due(cfg: TrainConfig, strategy: strategies.Strategy, step: int) -> bool:
     """Replicas are compared after every `--check-replicas-every` K-th step where there are any."""
-    return bool(cfg.health.replicas_every) and (step + 1) % cfg.health.replicas_every == 0 and not strategy.params_sharded
+    every = cfg.health.replicas_every
+    return bool(every) and (step + 1) % every == 0 and not strategy.params_sharded
 
 
 def check_replicas(ctx: RankContext, strategy: strategies.Strategy, step: int, health: Detectors | None,

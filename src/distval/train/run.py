@@ -90,7 +90,8 @@ def add_health(report: Report, result: dict[str, Any], cfg: TrainConfig) -> None
     if not checks.get("replicas_applicable", True):
         replicas = f"SKIP: {cfg.strategy} shards the parameters: no replicas to compare"
     elif not checks.get("replicas"):
-        replicas = f"SKIP: no check ran: {cfg.steps} steps, a check every {cfg.health.replicas_every} (--check-replicas-every)"
+        replicas = (f"SKIP: no check ran: {cfg.steps} steps, a check every {cfg.health.replicas_every} "
+                    "(--check-replicas-every)")
     else:
         replicas = (f"every rank's parameters bitwise equal at {checks['replicas']} check(s), every "
                     f"{cfg.health.replicas_every} steps")
