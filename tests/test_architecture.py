@@ -250,3 +250,18 @@ def test_a_configs_validation_names_fields_not_flags():
                             and any(isinstance(s, ast.Constant) and "--" in str(s.value) for s in ast.walk(node.exc))):
                         spelled.append(f"{path.relative_to(SRC)}:{node.lineno} {cls.name}.{method.name}")
     assert not spelled, spelled
+
+
+def test_a_knob_names_its_flag_only_where_the_fields_name_does_not_give_it():
+    """`knob()` without names takes the field's name as its flag (knobs.flag_of); one that spells
+    that same flag says it twice, and the two drift apart on the next rename."""
+    from distval.knobs import flag_of
+
+    twice = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and getattr(getattr(node.value, "func", None), "id", None) == "knob"
+                    and [getattr(a, "value", None) for a in node.value.args[1:]] == [flag_of(node.target.id)]):
+                twice.append(f"{path.relative_to(SRC)}:{node.lineno} {node.target.id}")
+    assert not twice, twice

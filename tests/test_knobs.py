@@ -81,3 +81,23 @@ def test_another_field_named_in_the_message_is_named_in_both_forms():
         PlanConfig(link="10GbE", bandwidth_gbps=1.0)
     with pytest.raises(ValueError, match=r"^--link and --bandwidth both give the link; use one$"):
         knobs.build(PlanConfig, {("link",): "10GbE", ("bandwidth_gbps",): 1.0})
+
+
+@dataclass(frozen=True)
+class Derived:
+    max_restarts: int = knob(0, help="Restarts.")
+    timeout_s: float = knob(60.0, help="A duration.", parse=lambda text, flag: float(text.rstrip("s")), text="60s")
+    min_bytes: int = knob(8, "--minbytes", "-b", help="As nccl-tests names it.")
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise FieldError("timeout_s", f"must be positive (got {self.timeout_s:g})")
+
+
+def test_a_knob_without_names_takes_its_fields_name_as_its_flag():
+    by_path = {f.path: f.knob for f in knobs.flags(Derived)}
+    assert [k.names for k in by_path.values()] == [("--max-restarts",), ("--timeout",), ("--minbytes", "-b")]
+    assert by_path[("timeout_s",)].param == "timeout" and by_path[("min_bytes",)].label == "-b"
+    assert knobs.build(Derived, {("timeout_s",): "30s", ("max_restarts",): 2}) == Derived(2, 30.0)
+    with pytest.raises(ValueError, match=r"^--timeout must be positive \(got -1\)$"):
+        knobs.build(Derived, {("timeout_s",): "-1s"})

@@ -5,8 +5,11 @@ builds the config from what the user typed; the library never sees a flag.
 
 torch-free and typer-free: every config module may use it.
 
-    timeout_s: float = knob(60.0, "--timeout", help="Per-collective timeout, e.g. 60s.",
-                            parse=parse_duration, text="60s")
+    timeout_s: float = knob(60.0, help="Per-collective timeout, e.g. 60s.", parse=parse_duration, text="60s")
+    min_bytes: int = knob(8, "--minbytes", "-b", help="Smallest size in bytes.")
+
+The flag is the field's name (`flag_of`: `timeout_s` is `--timeout`); `names` only where it reads
+otherwise (nccl-tests' `--minbytes`/`-b`, torchrun's words, a short form).
 
 `parse(text, flag)` turns the flag's text into the field's value (ValueError, one line, exit 2);
 `text` is the flag's default as the user would type it (shown in --help). Without `parse` the flag
@@ -90,13 +93,29 @@ def normalise(cfg: Any, **values: Any) -> None:
 
 def knob(default: Any = MISSING, *names: str, help: str, parse: Optional[Callable[[str, str], Any]] = None,  # noqa: A002
          text: Optional[str] = None, factory: Optional[Callable[[], Any]] = None) -> Any:
-    """A dataclass field that is also a flag (see the module's docstring)."""
-    if not names or not names[0].startswith("--"):
-        raise TypeError(f"a knob needs its long flag name first (got {names!r})")
+    """A dataclass field that is also a flag (see the module's docstring). Without `names` the
+    flag is the field's name (`flag_of`); names are given where the flag reads otherwise (nccl-tests'
+    `--minbytes/-b`, torchrun's words, a short form)."""
+    if names and not names[0].startswith("--"):
+        raise TypeError(f"a knob's names start with its long flag (got {names!r})")
     meta = {KEY: Knob(tuple(names), help, parse, text)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def flag_of(name: str) -> str:
+    """A field's flag, where its knob names none: `max_restarts` -> `--max-restarts`, a unit of
+    seconds left out (`timeout_s` -> `--timeout`: the flag takes a duration, "30s")."""
+    return "--" + name.removesuffix("_s").replace("_", "-")
+
+
+def knob_of(f: dataclasses.Field) -> Knob | None:
+    """The knob of a config's field (its flag names filled in), None for a field that is no flag."""
+    meta = f.metadata.get(KEY)
+    if meta is None or meta.names:
+        return meta
+    return dataclasses.replace(meta, names=(flag_of(f.name),))
 
 
 @dataclass(frozen=True)
@@ -118,7 +137,7 @@ def flags(cls: type) -> list[Flag]:
 def _walk(cls: type, prefix: tuple[str, ...]) -> Iterator[Flag]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        meta = f.metadata.get(KEY)
+        meta = knob_of(f)
         if meta is None:
             if (kind := _part(hints[f.name])) is not None:
                 yield from _walk(kind, prefix + (f.name,))
@@ -155,19 +174,19 @@ def build(cls: type, values: dict[tuple[str, ...], Any]) -> Any:
     """The config `cls` from flag values keyed by path (text is parsed here, a value already parsed
     is kept); knobs not given, and parsed knobs whose flag was left out (None), keep the field's
     default. Parts are built first, from their own knobs."""
-    given = {path: v for path, v in values.items() if v is not None or _field(cls, path).metadata[KEY].parse is None}
+    given = {path: v for path, v in values.items() if v is not None or _knob(cls, path).parse is None}
     return _build(cls, (), {path: _parsed(cls, path, v) for path, v in given.items()})
 
 
 def _parsed(cls: type, path: tuple[str, ...], value: Any) -> Any:
-    meta = _field(cls, path).metadata[KEY]
+    meta = _knob(cls, path)
     return meta.parse(value, meta.label) if meta.parse is not None and isinstance(value, str) else value
 
 
-def _field(cls: type, path: tuple[str, ...]) -> dataclasses.Field:
+def _knob(cls: type, path: tuple[str, ...]) -> Knob:
     hints = typing.get_type_hints(cls)
     f = next(f for f in dataclasses.fields(cls) if f.name == path[0])
-    return f if len(path) == 1 else _field(_part(hints[f.name]), path[1:])  # type: ignore[arg-type]
+    return knob_of(f) if len(path) == 1 else _knob(_part(hints[f.name]), path[1:])  # type: ignore[arg-type,return-value]
 
 
 def _build(cls: type, prefix: tuple[str, ...], values: dict[tuple[str, ...], Any]) -> Any:
@@ -188,5 +207,4 @@ def _build(cls: type, prefix: tuple[str, ...], values: dict[tuple[str, ...], Any
 
 def flagged(error: FieldError, cls: type) -> str:
     """`error`, raised by a `cls`, as the command line says it: each field named by its knob's label."""
-    fields = dataclasses.fields(cls)
-    return error.naming({f.name: f.metadata[KEY].label if KEY in f.metadata else f.name for f in fields})
+    return error.naming({f.name: k.label if (k := knob_of(f)) else f.name for f in dataclasses.fields(cls)})

@@ -17,7 +17,7 @@ class CheckpointConfig:
     every: int = knob(10, "--ckpt-every", help="Save every N steps, and after the last.")
     keep: int = knob(3, "--ckpt-keep", help="Keep the newest K checkpoints.")
     async_save: bool = knob(True, "--ckpt-async/--no-ckpt-async", help="Write checkpoints in a background thread.")
-    resume: str | None = knob(None, "--resume", help="auto (newest valid checkpoint in --ckpt-dir, none: step 0) or "
+    resume: str | None = knob(None, help="auto (newest valid checkpoint in --ckpt-dir, none: step 0) or "
                               "a checkpoint folder.")
 
     def __post_init__(self) -> None:

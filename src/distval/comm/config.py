@@ -75,13 +75,13 @@ def _counts(text: str, flag: str) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class CheckConfig:
-    ops: tuple[str, ...] = knob(CHECK_OPS, "--ops", parse=comma_list, text="all",
+    ops: tuple[str, ...] = knob(CHECK_OPS, parse=comma_list, text="all",
                                 help=f"Comma list of {', '.join(CHECK_OPS)}, or all.")
     dtypes: tuple[str, ...] = knob(DTYPE_NAMES, "--dtypes", "-d", parse=comma_list, text="all", help=DTYPE_HELP)
     sizes: dict[str, int] = knob(None, "--counts", parse=_counts, factory=lambda: dict(SIZES),
                                  help="Comma list of element counts per rank to check (default 0,1,7,1000,65537).")
     iters: int = knob(1, "--check-iters", "-c", help="Repeat every check N times with fresh inputs.")
-    seed: int = knob(0, "--seed", help="Seed of the input generator.")
+    seed: int = knob(0, help="Seed of the input generator.")
 
     def __post_init__(self) -> None:
         dtypes = tuple(dtype_key(d) for d in expand_all(self.dtypes, DTYPE_NAMES))
@@ -97,7 +97,7 @@ class CheckConfig:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    ops: tuple[str, ...] = knob(("all_reduce",), "--ops", parse=comma_list, text="all_reduce",
+    ops: tuple[str, ...] = knob(("all_reduce",), parse=comma_list, text="all_reduce",
                                 help=f"Comma list of {', '.join(BENCH_OPS)}, or all.")
     dtype: str = knob("float32", "--datatype", "-d", help="Element type, e.g. float32, bfloat16, int8.")
     min_bytes: int = knob(8, "--minbytes", "-b", parse=parse_size, text="8",
@@ -111,13 +111,13 @@ class BenchConfig:
     check_iters: int = knob(1, "--check", "-c", help="Correctness passes after timing (0: none).")
     redop: str = knob("sum", "--op", "-o", help="Reduce op: sum, prod, min, max, avg.")
     root: int = knob(0, "--root", "-r", help="Root rank of rooted collectives.")
-    inplace: str = knob("both", "--inplace", help="both, in or out.")
+    inplace: str = knob("both", help="both, in or out.")
     copy_ceiling: bool = True
-    timing: str = knob("auto", "--timing", help="blocking (barrier, one op, wait: a distribution per op), burst (-n "
+    timing: str = knob("auto", help="blocking (barrier, one op, wait: a distribution per op), burst (-n "
                        "ops back to back, time / n, as nccl-tests), or auto: burst on CUDA, blocking on CPU.")
     graph: bool = knob(False, "--cuda-graph", "-G", help="Capture each burst in a CUDA graph and replay it "
                        "(nccl-tests' -G; CUDA only).")
-    bursts: int = knob(5, "--bursts", help="Burst timing: timed bursts per size.")
+    bursts: int = knob(5, help="Burst timing: timed bursts per size.")
     call_cost: bool = knob(True, "--call-cost/--no-call-cost", help="Also time all_reduce, all_gather and "
                            "reduce_scatter of 64 KiB as training issues them, one after a few ms of compute (table "
                            "call_costs: the per-call cost `distval plan --calibration` adds), and an all_reduce "

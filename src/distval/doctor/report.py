@@ -24,15 +24,15 @@ class DoctorConfig:
     address and port default to MASTER_ADDR/MASTER_PORT (else the address the host name resolves
     to); the socket-interface values, when given, are checked instead of the environment's."""
 
-    master_addr: str | None = knob(None, "--master-addr", help="Address the job rendezvouses at (default: "
+    master_addr: str | None = knob(None, help="Address the job rendezvouses at (default: "
                                    "MASTER_ADDR, else the address this host name resolves to, else 127.0.0.1).")
-    master_port: int | None = knob(None, "--master-port", help="Check TCP reachability of MASTER_ADDR:PORT "
+    master_port: int | None = knob(None, help="Check TCP reachability of MASTER_ADDR:PORT "
                                    "(default: MASTER_PORT when set).")
     gloo_ifname: str | None = knob(None, "--gloo-socket-ifname", help="Check this GLOO_SOCKET_IFNAME value instead "
                                    "of the environment's (nothing is set).")
     nccl_ifname: str | None = knob(None, "--nccl-socket-ifname", help="Check this NCCL_SOCKET_IFNAME value instead "
                                    "of the environment's (nothing is set).")
-    expect_world: int | None = knob(None, "--expect-world", help="FAIL unless the world has exactly N ranks "
+    expect_world: int | None = knob(None, help="FAIL unless the world has exactly N ranks "
                                     "(catches every process running alone).")
     under_launcher: bool = False  # a worker of torchrun/srun/mpirun: the store on MASTER_PORT must be up
 

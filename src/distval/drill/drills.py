@@ -70,12 +70,12 @@ HANG_AFTER = "3s"  # the hang drills' --hang-after: a sub-second-step job, diagn
 class DrillConfig:
     """What `distval drill` runs; each knob is a flag of the command (cli/flags.py)."""
 
-    nproc: int = knob(2, "--nproc", help="Ranks of each drill job (at least 2).")
-    model: str = knob("tiny", "--model", help="Model preset.")
-    strategy: str = knob("simple_ddp", "--strategy", help="Strategy of the drilled training.")
-    steps: int = knob(12, "--steps", help="Steps of each run.")
-    ckpt_every: int = knob(3, "--ckpt-every", help="Checkpoint every N steps.")
-    fault_step: int = knob(7, "--fault-step", help="The step k the faults fire at.")
+    nproc: int = knob(2, help="Ranks of each drill job (at least 2).")
+    model: str = knob("tiny", help="Model preset.")
+    strategy: str = knob("simple_ddp", help="Strategy of the drilled training.")
+    steps: int = knob(12, help="Steps of each run.")
+    ckpt_every: int = knob(3, help="Checkpoint every N steps.")
+    fault_step: int = knob(7, help="The step k the faults fire at.")
     timeout_s: float = 240.0  # each train run
     drills: tuple[str, ...] = knob(DRILLS, "--only", parse=comma_list,
                                    help=f"Comma list of drills ({', '.join(DRILLS)}).")

@@ -27,7 +27,7 @@ class HealthConfig:
                           "optimizer steps (1: every step; 0: never), read one step late on a GPU.")
     imbalance: float = knob(0.25, "--memory-imbalance", help="A rank whose peak memory is this share above the ranks' "
                             "median (and 64 MiB) is a WARN.")
-    on_nan: str = knob("warn", "--on-nan", help="warn: a non-finite loss or gradient is a FAIL in the report; "
+    on_nan: str = knob("warn", help="warn: a non-finite loss or gradient is a FAIL in the report; "
                        "stop: stop every rank before the update, naming the rank (nothing non-finite is saved).")
 
     def __post_init__(self) -> None:

@@ -41,9 +41,9 @@ class RunConfig:
     out_dir: str = knob("distval-report", "--out", help="Folder for report.json, report.html, bench.json and the "
                         "traces (created when missing).")
     stages: tuple[str, ...] = STAGES
-    keep_going: bool = knob(False, "--keep-going", help="Climb on past a failing stage.")
+    keep_going: bool = knob(False, help="Climb on past a failing stage.")
     quick: bool = False
-    model: str = knob("tiny", "--model", help="Model preset of the plan, compare, drills and traced run.")
+    model: str = knob("tiny", help="Model preset of the plan, compare, drills and traced run.")
     doctor: DoctorConfig = field(default_factory=DoctorConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
     bench: BenchConfig = field(default_factory=lambda: BenchConfig(

@@ -28,17 +28,17 @@ class LaunchOptions:
     """How a job's ranks are started and watched. Each knob is a flag of the commands that launch
     (cli/flags.py); `LAUNCH` are the ones every such command takes."""
 
-    nproc: int | None = knob(None, "--nproc", help="Local workers to start (default: number of GPUs, else 2; "
+    nproc: int | None = knob(None, help="Local workers to start (default: number of GPUs, else 2; "
                              "`doctor` starts none unless given, to probe the rendezvous and compare ranks). "
                              "Ignored under torchrun/Slurm.")
-    backend: str = knob("auto", "--backend", help="auto (nccl on CUDA, else gloo), gloo, nccl or mpi.")
-    expect_world: int | None = knob(None, "--expect-world", help="Fail fast unless the world has exactly N ranks "
+    backend: str = knob("auto", help="auto (nccl on CUDA, else gloo), gloo, nccl or mpi.")
+    expect_world: int | None = knob(None, help="Fail fast unless the world has exactly N ranks "
                                     "(catches every process running alone).")
-    timeout_s: float = knob(60.0, "--timeout", help="Per-collective and rendezvous timeout, e.g. 60s.",
+    timeout_s: float = knob(60.0, help="Per-collective and rendezvous timeout, e.g. 60s.",
                             parse=parse_duration, text="60s")
-    deadline_s: float | None = knob(None, "--deadline", help="Stop the whole local job after this long, naming "
+    deadline_s: float | None = knob(None, help="Stop the whole local job after this long, naming "
                                     "each rank's last status, e.g. 10m.", parse=parse_duration)
-    max_restarts: int = knob(0, "--max-restarts", help="Restart every worker up to N times after a failure, each "
+    max_restarts: int = knob(0, help="Restart every worker up to N times after a failure, each "
                              "time from the latest valid checkpoint where the job saves one (local; under torchrun "
                              "give it to torchrun); a hang ends the job.")
     # local mode: the elastic agent's run id (workers see it as TORCHELASTIC_RUN_ID; it names the run
@@ -48,14 +48,14 @@ class LaunchOptions:
     hang: HangPolicy | None = field(default_factory=HangPolicy)
     # `distval launch` across nodes (torchrun's --nnodes, --rdzv-endpoint): one launcher per node,
     # meeting at the endpoint by c10d rendezvous under `run_id` (the same on every node)
-    nnodes: int = knob(1, "--nnodes", help="Nodes of the job (as torchrun's): start one `distval launch` on each.",
+    nnodes: int = knob(1, help="Nodes of the job (as torchrun's): start one `distval launch` on each.",
                        parse=_nnodes, text="1")
-    rdzv_endpoint: str | None = knob(None, "--rdzv-endpoint", help="HOST:PORT every node meets at (as torchrun's; "
+    rdzv_endpoint: str | None = knob(None, help="HOST:PORT every node meets at (as torchrun's; "
                                      "--nnodes > 1).")
-    fr_dumps: str | None = knob(None, "--fr-dumps", help="On a hang verdict, keep every rank's Flight Recorder "
+    fr_dumps: str | None = knob(None, help="On a hang verdict, keep every rank's Flight Recorder "
                                 "dump in this folder, for `distval diagnose` (default with --json: beside the report, "
                                 "as <report>.frdumps).")
-    metrics_port: int | None = knob(None, "--metrics-port", help="Serve live OpenMetrics (Prometheus) from the "
+    metrics_port: int | None = knob(None, help="Serve live OpenMetrics (Prometheus) from the "
                                     "launcher on this port (0: any free one): per-rank step time, wait, memory, "
                                     "heartbeat age, findings (docs/health.md).")
 

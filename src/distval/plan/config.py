@@ -73,9 +73,9 @@ class ModelInfo:
 class PlanConfig:
     """The planner's inputs. Each knob is a flag of `distval plan` (cli/flags.py)."""
 
-    model: str | None = knob(None, "--model", help="Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+    model: str | None = knob(None, help="Model preset: gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
                              "smollm2-135m, smollm2-360m, smollm2-1.7b, llama-7b, llama-70b, tiny, small.")
-    params: float | None = knob(None, "--params", parse=parse_count, help="Parameter count, e.g. 760e6, 760M, "
+    params: float | None = knob(None, parse=parse_count, help="Parameter count, e.g. 760e6, 760M, "
                                 "1.5B (alone, or correcting a preset by up to 10%).")
     num_layers: int | None = knob(None, "--layers", help="Transformer blocks.")
     hidden_size: int | None = knob(None, "--hidden", help="Hidden size.")
@@ -84,45 +84,45 @@ class PlanConfig:
                                     "--heads).")
     seq_len: int | None = knob(None, "--seq", help="Sequence length in tokens.")
     vocab_size: int | None = knob(None, "--vocab", help="Vocabulary size.")
-    micro_batch: int | None = knob(None, "--micro-batch", help="Sequences per rank per micro-batch (default 1).")
-    global_batch: int | None = knob(None, "--global-batch", help="Sequences per optimizer step over all ranks.")
-    grad_accum: int | None = knob(None, "--grad-accum", help="Micro-batches per rank per optimizer step.")
-    param_dtype: str = knob("fp32", "--param-dtype", help="fp32, bf16 or fp16 (16-bit: mixed precision with an "
+    micro_batch: int | None = knob(None, help="Sequences per rank per micro-batch (default 1).")
+    global_batch: int | None = knob(None, help="Sequences per optimizer step over all ranks.")
+    grad_accum: int | None = knob(None, help="Micro-batches per rank per optimizer step.")
+    param_dtype: str = knob("fp32", help="fp32, bf16 or fp16 (16-bit: mixed precision with an "
                             "fp32 master copy).")
-    grad_dtype: str | None = knob(None, "--grad-dtype", help="Gradient dtype (default: as the params).")
-    optim_dtype: str = knob("fp32", "--optim-dtype", help="Dtype of Adam's moments.")
+    grad_dtype: str | None = knob(None, help="Gradient dtype (default: as the params).")
+    optim_dtype: str = knob("fp32", help="Dtype of Adam's moments.")
     world_size: int | None = knob(None, "--world", help="Ranks on one flat network.")
     num_nodes: int | None = knob(None, "--nodes", help="Nodes (two-level: with --devices-per-node).")
-    devices_per_node: int | None = knob(None, "--devices-per-node", help="Ranks per node.")
-    nics_per_node: int | None = knob(None, "--nics-per-node",  # None: one NIC per device (rail-optimised)
+    devices_per_node: int | None = knob(None, help="Ranks per node.")
+    nics_per_node: int | None = knob(None,  # None: one NIC per device (rail-optimised)
                                      help="NICs per node (default one per device).")
-    link: str | None = knob(None, "--link", help="Link preset between ranks: 1GbE, 2.5GbE, 10GbE, 25GbE, "
+    link: str | None = knob(None, help="Link preset between ranks: 1GbE, 2.5GbE, 10GbE, 25GbE, "
                             "100G/200G/400G-IB or -RoCE, PCIe4, PCIe5, NVLink3, NVLink4, xGMI.")
-    intra_link: str | None = knob(None, "--intra-link", help="Link preset inside a node.")
-    inter_link: str | None = knob(None, "--inter-link", help="Link preset between nodes (per rank's NIC).")
+    intra_link: str | None = knob(None, help="Link preset inside a node.")
+    inter_link: str | None = knob(None, help="Link preset between nodes (per rank's NIC).")
     bandwidth_gbps: float | None = knob(None, "--bandwidth", help="Link rate per rank and direction, GB/s (1e9 "
                                         "B/s), instead of --link.")
     latency_us: float | None = knob(None, "--latency", help="Per-message latency of --bandwidth's link, µs "
                                     "(default 0).")
-    efficiency: float = knob(0.85, "--efficiency", help="Share of the link rate collectives reach.")
-    device: str = knob("cpu", "--device", help="Device preset: RTX-4070, L4, A100, H100, H200, MI300X, cpu "
+    efficiency: float = knob(0.85, help="Share of the link rate collectives reach.")
+    device: str = knob("cpu", help="Device preset: RTX-4070, L4, A100, H100, H200, MI300X, cpu "
                        "(measured).")
-    peak_tflops: float | None = knob(None, "--peak-tflops", help="Peak TFLOP/s per device instead of the preset's.")
+    peak_tflops: float | None = knob(None, help="Peak TFLOP/s per device instead of the preset's.")
     device_memory_gb: float | None = knob(None, "--device-memory", help="Memory per device, GiB, instead of the "
                                           "preset's.")
-    mfu: float = knob(DEFAULT_MFU, "--mfu", help="Achieved fraction of peak on the executed FLOPs (default 0.4, or "
+    mfu: float = knob(DEFAULT_MFU, help="Achieved fraction of peak on the executed FLOPs (default 0.4, or "
                       "the one measured in --calibration's step costs).")
-    strategy: str = knob("ddp", "--strategy", help="ddp, zero1, zero2, zero3 or fsdp.")
-    bucket_mb: float = knob(25.0, "--bucket-mb", help="DDP bucket (and ZeRO bucket) size, MiB.")
+    strategy: str = knob("ddp", help="ddp, zero1, zero2, zero3 or fsdp.")
+    bucket_mb: float = knob(25.0, help="DDP bucket (and ZeRO bucket) size, MiB.")
     overlap: bool = knob(True, "--overlap/--no-overlap", help="Overlap communication with backward (and prefetch "
                          "for ZeRO-3).")
-    activation_checkpointing: bool = knob(False, "--activation-checkpointing", help="Recompute each block's "
+    activation_checkpointing: bool = knob(False, help="Recompute each block's "
                                           "activations in backward.")
-    attention: str = knob("flash", "--attention", help="flash (no T×T scores kept) or eager.")
-    comm_hook: str = knob("none", "--comm-hook", help="Gradient compression: none, bf16, fp16, powersgd (ddp).")
-    powersgd_rank: int = knob(4, "--powersgd-rank", help="PowerSGD matrix approximation rank.")
-    comm_target: float = knob(0.1, "--comm-target", help="Comm share of the step the levers aim under.")
-    calibration: str | None = knob(None, "--calibration", help="A `distval comm bench --json` file: use its "
+    attention: str = knob("flash", help="flash (no T×T scores kept) or eager.")
+    comm_hook: str = knob("none", help="Gradient compression: none, bf16, fp16, powersgd (ddp).")
+    powersgd_rank: int = knob(4, help="PowerSGD matrix approximation rank.")
+    comm_target: float = knob(0.1, help="Comm share of the step the levers aim under.")
+    calibration: str | None = knob(None, help="A `distval comm bench --json` file: use its "
                                    "measured α and β per collective.")
 
     def __post_init__(self) -> None:

@@ -49,9 +49,9 @@ class PairsConfig:
                              help="Bytes per message (K/M/G binary); auto: 64M on GPUs, 4M on CPU.")
     iters: int = knob(5, "--iters", "-n", help="Timed messages per pair and direction.")
     warmup: int = knob(1, "--warmup-iters", "-w", help="Untimed messages per pair and direction.")
-    outlier_share: float = knob(OUTLIER_SHARE, "--outlier-share", parse=_share, text=str(OUTLIER_SHARE),
+    outlier_share: float = knob(OUTLIER_SHARE, parse=_share, text=str(OUTLIER_SHARE),
                                 help="Name a node, link or rank under this share of its peers' median.")
-    bisect: bool = knob(False, "--bisect", help="For thousands of nodes: all_reduce on halves, then on the slower "
+    bisect: bool = knob(False, help="For thousands of nodes: all_reduce on halves, then on the slower "
                         "half, in log2(nodes) rounds, instead of every pair (names one slow node).")
     compute: bool = knob(True, "--compute/--no-compute", help="Also time a fixed matmul on every rank (a slow "
                          "host is not a slow link).")
@@ -76,10 +76,10 @@ class PairsConfig:
 
 @dataclass(frozen=True)
 class ScaleConfig:
-    worlds: tuple[int, ...] | None = knob(None, "--worlds", parse=parse_worlds, text="auto",
+    worlds: tuple[int, ...] | None = knob(None, parse=parse_worlds, text="auto",
                                           help="World sizes to measure, e.g. 1,2,4 (auto: 1, then doubling, and "
                                           "--nproc).")
-    strong: bool = knob(False, "--strong", help="Strong scaling: the global batch stays that of the largest world "
+    strong: bool = knob(False, help="Strong scaling: the global batch stays that of the largest world "
                         "(micro-batch x largest world); default weak: the per-rank batch stays.")
     bench: bool = knob(True, "--bench/--no-bench", help="Calibrate the planner with a comm bench at the largest world "
                        "(its alpha-beta and per-call cost) and one-rank step costs; without, no planned efficiency.")

@@ -41,11 +41,11 @@ def _one_size(text: str, flag: str) -> float:
 
 @dataclass(frozen=True)
 class StrategyConfig:
-    bucket_mb: float = knob(25.0, "--bucket-mb", parse=_one_size, text="25",
+    bucket_mb: float = knob(25.0, parse=_one_size, text="25",
                             help=BUCKET_HELP)
-    comm_hook: str = knob("none", "--comm-hook", help="pytorch_ddp: none, fp16, bf16 or powersgd.")
-    powersgd_rank: int = knob(1, "--powersgd-rank", help="Rank of PowerSGD's approximation.")
-    mixed_precision: str = knob("none", "--mixed-precision", help="fsdp2: none or bf16 (bf16 parameters for "
+    comm_hook: str = knob("none", help="pytorch_ddp: none, fp16, bf16 or powersgd.")
+    powersgd_rank: int = knob(1, help="Rank of PowerSGD's approximation.")
+    mixed_precision: str = knob("none", help="fsdp2: none or bf16 (bf16 parameters for "
                                 "compute, fp32 gradient reduction).")
 
     def __post_init__(self) -> None:

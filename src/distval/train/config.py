@@ -39,11 +39,11 @@ class StepProbe:
 class OptimConfig:
     """AdamW with linear warm-up and cosine decay, and global gradient-norm clipping."""
 
-    lr: float = knob(3e-3, "--lr", help="Peak learning rate (AdamW, warm-up then cosine).")
+    lr: float = knob(3e-3, help="Peak learning rate (AdamW, warm-up then cosine).")
     warmup_steps: int = knob(5, "--warmup", help="Warm-up steps.")
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
-    clip: float = knob(1.0, "--clip", help="Clip the global gradient norm to this (0: off).")
+    clip: float = knob(1.0, help="Clip the global gradient norm to this (0: off).")
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -70,18 +70,18 @@ STRATEGIES_HELP = ("simple_ddp, simple_ddp_ga, simple_ddp_hook, simple_ddp_async
 class TrainConfig:
     """A training run. Its knobs are the flags of `distval train` and `compare` (cli/flags.py)."""
 
-    model: str = knob("tiny", "--model", help="Model preset: tiny, small, gpt2, smollm2-135m, ...")
-    strategy: str = knob("simple_ddp", "--strategy", help=STRATEGIES_HELP)
-    steps: int = knob(20, "--steps", help="Optimizer steps.")
-    micro_batch: int = knob(2, "--micro-batch", help="Sequences per rank per micro-batch.")
-    grad_accum: int = knob(1, "--grad-accum", help="Micro-batches per optimizer step.")
-    global_batch: int | None = knob(None, "--global-batch",  # checked against the world in check_world
+    model: str = knob("tiny", help="Model preset: tiny, small, gpt2, smollm2-135m, ...")
+    strategy: str = knob("simple_ddp", help=STRATEGIES_HELP)
+    steps: int = knob(20, help="Optimizer steps.")
+    micro_batch: int = knob(2, help="Sequences per rank per micro-batch.")
+    grad_accum: int = knob(1, help="Micro-batches per optimizer step.")
+    global_batch: int | None = knob(None,  # checked against the world in check_world
                                     help="Sequences per step; must equal micro-batch x ranks x grad-accum.")
-    seed: int = knob(0, "--seed", help="Seed of the model init and the data order.")
-    precision: str = knob("fp32", "--precision", help="fp32 or bf16 (autocast).")
-    data: str = knob("synthetic", "--data",
+    seed: int = knob(0, help="Seed of the model init and the data order.")
+    precision: str = knob("fp32", help="fp32 or bf16 (autocast).")
+    data: str = knob("synthetic",
                      help="synthetic, a .txt/.jsonl/.csv/.parquet path, or hf:NAME (offline cache).")
-    task: str = knob("lm", "--task", help="lm (next token) or classify (label, text columns).")
+    task: str = knob("lm", help="lm (next token) or classify (label, text columns).")
     optim: OptimConfig = field(default_factory=OptimConfig)
     strategy_cfg: StrategyConfig = field(default_factory=StrategyConfig)
     ckpt: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -91,7 +91,7 @@ class TrainConfig:
     return_params: bool = False  # gather the final parameters (parity checks)
     probe: StepProbe | None = None  # compare's reference run: after training, time strategies on its rank
     peak_flops: float | None = None  # per device; None: the GPU's datasheet peak, or a measured matmul rate
-    compile: bool = knob(False, "--compile", help="torch.compile the model's forward (every strategy but zero3 "
+    compile: bool = knob(False, help="torch.compile the model's forward (every strategy but zero3 "
                          "and dp; docs/training.md).")
 
     def __post_init__(self) -> None:

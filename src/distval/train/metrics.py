@@ -21,8 +21,8 @@ READBACKS = ("auto", "now", "late")  # readback.py
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    log_jsonl: str | None = knob(None, "--log-jsonl", help="Append one JSON line per step (rank 0).")
-    tensorboard: str | None = knob(None, "--tensorboard", help="Write TensorBoard scalars to this folder.")
+    log_jsonl: str | None = knob(None, help="Append one JSON line per step (rank 0).")
+    tensorboard: str | None = knob(None, help="Write TensorBoard scalars to this folder.")
     readback: str = knob("auto", "--metrics-readback", help="When a step's loss, gradient norm and times reach the "
                          "host: late (one step on, so nothing in a step waits for the GPU), now (every step: a host "
                          "sync on a GPU), auto (late on a GPU, now on CPU).")
