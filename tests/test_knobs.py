@@ -3,6 +3,7 @@ by its knob's label, in library use by the field's name."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -101,3 +102,14 @@ def test_a_knob_without_names_takes_its_fields_name_as_its_flag():
     assert knobs.build(Derived, {("timeout_s",): "30s", ("max_restarts",): 2}) == Derived(2, 30.0)
     with pytest.raises(ValueError, match=r"^--timeout must be positive \(got -1\)$"):
         knobs.build(Derived, {("timeout_s",): "-1s"})
+
+
+def test_an_error_of_a_config_built_otherwise_is_told_by_its_flags():
+    """A config made by dataclasses.replace (a sweep's value) raises its FieldError outside any
+    build from flags: `told` names its fields by their owner's knobs all the same."""
+    base = knobs.build(Whole, {})
+    with pytest.raises(FieldError) as raised:
+        dataclasses.replace(base, nodes=2)
+    assert raised.value.owner is Whole and str(raised.value) == "nodes 2 needs endpoint HOST:PORT"
+    assert knobs.told(raised.value) == "--nodes 2 needs --endpoint HOST:PORT"
+    assert knobs.told(ValueError("--sweep 'x': use NAME=v1,v2")) == "--sweep 'x': use NAME=v1,v2"

@@ -165,6 +165,10 @@ def test_sweep_prints_one_row_per_value(capsys, tmp_path):
         (["--params", "1e9", "--mfu", "0"], "--mfu must be in (0, 1]"),
         (["--params", "1e9", "--sweep", "gpus=1,2"], "--sweep 'gpus=1,2': use NAME=v1,v2"),
         (["--params", "1e9", "--sweep", "world=2,x"], "--sweep world: 'x' is not a valid int"),
+        (  # a value only the sweep gives: the config is built by replace(), its error still named by flags
+            ["--model", "tiny", "--world", "2", "--global-batch", "8", "--sweep", "world=2,3"],
+            "--global-batch 8 is not divisible by --micro-batch 1 × world size 3",
+        ),
         (["--params", "1e9", "--calibration", "/nonexistent/bench.json"], "no such file"),
         ([], "give --model NAME, --params N"),
     ],

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import sys
 import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Callable, Iterator, Optional
@@ -39,11 +40,16 @@ _FIELD = re.compile(r"\{(\w+)\}")
 class FieldError(ValueError):
     """A value of the config's field `field` the user got wrong. `message` names other fields of
     the same config as `{name}` (in an f-string `{{name}}`); it follows the field's name unless it
-    names `{field}` itself, where that reads better ("unknown {mode} 'x'")."""
+    names `{field}` itself, where that reads better ("unknown {mode} 'x'"). Raised from a method
+    of the config (its `self` or `cls`), which is kept as `owner`: the command line names the
+    fields by its knobs (`told`), however the config came to be built (flags, a sweep's replace)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(field, message)
         self.field, self.message = field, message
+        raiser = sys._getframe(1).f_locals
+        owner = raiser.get("self", raiser.get("cls"))
+        self.owner: type | None = owner if isinstance(owner, type) or owner is None else type(owner)
 
     def __str__(self) -> str:
         return self.naming()
@@ -202,9 +208,12 @@ def _build(cls: type, prefix: tuple[str, ...], values: dict[tuple[str, ...], Any
     try:
         return make(**kwargs)
     except FieldError as e:
-        raise ValueError(flagged(e, cls)) from e
+        raise ValueError(told(e)) from e
 
 
-def flagged(error: FieldError, cls: type) -> str:
-    """`error`, raised by a `cls`, as the command line says it: each field named by its knob's label."""
-    return error.naming({f.name: k.label if (k := knob_of(f)) else f.name for f in dataclasses.fields(cls)})
+def told(error: Exception) -> str:
+    """An error as the command line says it: a FieldError's fields named by their owner's knobs'
+    labels (`--check-replicas-every must be ...`), any other error as it is."""
+    if not isinstance(error, FieldError) or error.owner is None or not dataclasses.is_dataclass(error.owner):
+        return str(error)
+    return error.naming({f.name: k.label if (k := knob_of(f)) else f.name for f in dataclasses.fields(error.owner)})

@@ -30,6 +30,7 @@ from distval.cli import (  # noqa: F401 (each adds its commands)
     train,
 )
 from distval.cli.app import app
+from distval.knobs import told
 from distval.results import EXIT_CANNOT_RUN, EXIT_USAGE, CannotRun
 
 __all__ = ["app", "main"]
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = app(args=args, prog_name="distval", standalone_mode=False)
     except ValueError as e:
-        _fail(str(e), EXIT_USAGE)
+        _fail(told(e), EXIT_USAGE)  # a config's FieldError by its flags, however the config was built
     except CannotRun as e:
         _fail(str(e), EXIT_CANNOT_RUN)
     except KeyboardInterrupt:
