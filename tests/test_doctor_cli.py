@@ -161,9 +161,11 @@ def test_port_that_nothing_listens_on():
     (["--master-port", "70000"], "--master-port 70000 is not a TCP port"),
     (["--nproc", "0"], "--nproc must be at least 1"),
 ])
-def test_bad_input_is_one_line_exit_2(args, message, tmp_path):
+def test_bad_input_is_one_line_exit_2(args, message, tmp_path, cli, monkeypatch):
+    for name in [k for k in os.environ if k.startswith(CLEAN)]:
+        monkeypatch.delenv(name)
     out = tmp_path / "d.json"
-    res = run_cli("doctor", *args, "--json", str(out), env=clean_env(), timeout=60)
+    res = cli("doctor", *args, "--json", str(out))
     assert res.returncode == 2 and one_line_error(res) and message in res.stderr, res.stderr
     assert not out.exists()
 
