@@ -22,9 +22,9 @@ def test_more_nccl_ranks_than_gpus_is_refused_naming_both(monkeypatch):
     devices.check_local_workers(2, "gloo")
 
 
-def test_more_workers_than_the_host_holds_is_one_line_exit_2(tmp_path):
+def test_more_workers_than_the_host_holds_is_one_line_exit_2(tmp_path, cli):
     for args in (["comm", "bench", "--nproc", "100000"], ["launch", "--nproc", "100000", __file__]):
-        res = run_cli(*args, "--json", str(tmp_path / "x.json"))
+        res = cli(*args, "--json", str(tmp_path / "x.json"))
         assert res.returncode == 2 and res.stderr.count("\n") == 1, (args, res.stderr)
         assert "--nproc 100000: this host cannot start that many workers" in res.stderr and "--nnodes" in res.stderr
         assert not (tmp_path / "x.json").exists()
