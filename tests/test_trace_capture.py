@@ -63,7 +63,7 @@ def test_compare_traces_agree_with_the_harness(tmp_path):
     assert "Where each rank's step time goes" in res.stdout
 
 
-def test_trace_steps_outside_the_run_and_bad_bucket_lists_are_refused(tmp_path):
+def test_trace_steps_outside_the_run_and_bad_bucket_lists_are_refused(tmp_path, cli):
     with pytest.raises(ValueError, match="give SKIP:N"):
         TraceConfig.parse("x", 4)
     with pytest.raises(ValueError, match="SKIP >= 0 and N >= 1"):
@@ -72,9 +72,9 @@ def test_trace_steps_outside_the_run_and_bad_bucket_lists_are_refused(tmp_path):
         bucket_sizes("5,0")
     assert TraceConfig.parse("3", 4) == (0, 3) and bucket_sizes("1, 5,25") == [1.0, 5.0, 25.0]
     # through the command line: one line, exit 2, before any worker starts
-    res = run_cli("train", "--nproc", "2", "--steps", "4", "--trace", "3:2", "--trace-dir", str(tmp_path))
+    res = cli("train", "--nproc", "2", "--steps", "4", "--trace", "3:2", "--trace-dir", str(tmp_path))
     assert res.returncode == 2 and "records up to step 5, but the run has 4 steps" in res.stderr
-    res = run_cli("train", "--nproc", "2", "--bucket-mb", "1,5")
+    res = cli("train", "--nproc", "2", "--bucket-mb", "1,5")
     assert res.returncode == 2 and "one size here (compare sweeps a list)" in res.stderr
 
 

@@ -151,8 +151,8 @@ def test_review_classification_trains_a_classifier(tmp_path):
     assert len(rows) == 2 and all(r["comm_bytes"] > 0 for r in rows)
 
 
-def test_classification_columns_are_checked_before_starting(tmp_path):
+def test_classification_columns_are_checked_before_starting(tmp_path, cli):
     data = tmp_path / "reviews.csv"
     data.write_text("stars,body\n1,meh\n")
-    res = run_cli("train", "--model", "small", "--data", str(data), "--task", "classify", timeout=60)
+    res = cli("train", "--model", "small", "--data", str(data), "--task", "classify")
     assert res.returncode == 2 and "label" in res.stderr and "stars" in res.stderr
