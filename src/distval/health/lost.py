@@ -55,7 +55,7 @@ import time
 from typing import Any, Callable
 
 from distval.health.monitor import Finding, HealthConfig
-from distval.health.procs import stat_fields
+from distval.health.procs import cpu_ticks, host_busy_ticks, job_family, read_state, scheduled_s, throttled_s
 from distval.protocol import Kind
 
 BUCKET_S = 1.0  # the unit of the rule: lost shares per second
@@ -69,54 +69,6 @@ STARTUP_S = 30.0  # where the job's steps are unknown, judging begins this long 
 HOST_QUEUE = 0.2  # every rank queued this share of its runnable time: the host is oversubscribed (said once)
 FOREIGN_CPUS = 0.25  # other processes' CPU below this: a rank's longer compute is the job's own oversubscription
 HOST_HISTORY = 3600  # buckets the host note is the median of (the last hour)
-
-
-def read_state(fd: int) -> str:
-    """The state letter of an open /proc/<pid>/stat ("" once the process is gone)."""
-    try:
-        return stat_fields(os.pread(fd, 512, 0))[0].decode()
-    except (OSError, IndexError):
-        return ""
-
-
-def throttled_s(pid: int) -> float:
-    """The cumulative time the CPU cgroup of `pid` was throttled by its quota, in seconds (cgroup
-    v1 `cpu.stat` throttled_time, v2 throttled_usec; 0 in a cgroup without a quota or stats)."""
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            lines = [line.rstrip("\n").split(":", 2) for line in f]
-    except OSError:
-        return 0.0
-    stats = [(f"/sys/fs/cgroup/cpu{path}/cpu.stat", "throttled_time", 1e9) for _, controllers, path in lines
-             if "cpu" in controllers.split(",")]  # v1
-    stats += [(f"/sys/fs/cgroup{path}/cpu.stat", "throttled_usec", 1e6) for hid, controllers, path in lines
-              if hid == "0" and not controllers]  # v2
-    for stat, key, unit in stats:
-        try:
-            with open(stat) as f:
-                values = dict(line.split() for line in f if line.strip())
-            return int(values[key]) / unit
-        except (OSError, ValueError, KeyError):
-            continue
-    return 0.0
-
-
-def scheduled_s(pid: int) -> tuple[float, float] | None:
-    """The time every thread of `pid` ran on a CPU and waited runnable in the run queue, summed,
-    in seconds (None: gone, or a kernel without schedstat)."""
-    ran = queued = 0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                fields = f.read().split()
-            ran, queued = ran + int(fields[0]), queued + int(fields[1])
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that ended between the listing and the read
-    return ran / 1e9, queued / 1e9
 
 
 class _Rank:
@@ -329,7 +281,7 @@ class Slowed:
 
 class HostCpu:
     """The CPU other processes took on this host, per bucket: the host's busy time (/proc/stat)
-    less the job's (`_family`, found again every `RESCAN` buckets), in CPUs; None where /proc/stat is not
+    less the job's (`job_family`, found again every `RESCAN` buckets), in CPUs; None where /proc/stat is not
     readable."""
 
     RESCAN = 10
@@ -338,61 +290,20 @@ class HostCpu:
         self.tick_s = 1 / os.sysconf("SC_CLK_TCK")
         self.job: set[int] = set()
         self.cpu: dict[int, int] = {}  # pid -> its utime + stime at the last bucket, in ticks
-        self.busy0, self.t0, self.scans = _host_busy(), time.monotonic(), 0
+        self.busy0, self.t0, self.scans = host_busy_ticks(), time.monotonic(), 0
 
     def take(self, pids: set[int]) -> float | None:
         if self.scans % self.RESCAN == 0 or not pids <= self.job:
-            self.job = _family(pids)
+            self.job = job_family(pids)
         self.scans += 1
-        busy, now = _host_busy(), time.monotonic()
-        cpu = {pid: t for pid in self.job if (t := _cpu_ticks(pid)) is not None}
+        busy, now = host_busy_ticks(), time.monotonic()
+        cpu = {pid: t for pid in self.job if (t := cpu_ticks(pid)) is not None}
         job = sum(t - self.cpu.get(pid, 0) for pid, t in cpu.items())  # a new process: all of its time is new
         foreign = None
         if busy is not None and self.busy0 is not None and now > self.t0:
             foreign = max((busy - self.busy0 - job) * self.tick_s, 0.0) / (now - self.t0)
         self.cpu, self.busy0, self.t0 = cpu, busy, now
         return foreign
-
-
-def _host_busy() -> int | None:
-    """The host's busy CPU time in ticks: user, nice, system, irq, softirq (not idle, iowait, steal)."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-        return sum(int(fields[i]) for i in (1, 2, 3, 6, 7))
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _cpu_ticks(pid: int) -> int | None:
-    """A process's CPU time (utime + stime, every thread), in ticks; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = stat_fields(f.read())
-        return int(fields[11]) + int(fields[12])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _family(pids: set[int]) -> set[int]:
-    """The job on this host: the ranks' `pids`, their parents (an agent, a launcher) and every
-    descendant of them or of this process (data loader workers, a fork server), from one scan of
-    /proc."""
-    parent: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    parent[int(name)] = int(stat_fields(f.read())[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    family = set(pids) | {parent[p] for p in pids if parent.get(p, 1) > 1} | {os.getpid()}
-    grew = True
-    while grew:
-        more = {p for p, pp in parent.items() if pp in family and p not in family}
-        family |= more
-        grew = bool(more)
-    return family
 
 
 class LostTime:

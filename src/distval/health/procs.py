@@ -1,6 +1,8 @@
 """Facts about a rank's process read from outside it, and its ending: the /proc state letter and
-CPU time, its Python stack (py-spy), the frame it is in; SIGTERM then SIGKILL. The hang watchdog
-(health/watchdog.py), the node digests (health/digest.py) and the launcher read them here."""
+CPU time, its scheduling (run-queue delay, its cgroup's throttling), the job's processes and the
+host's busy time, its Python stack (py-spy), the frame it is in; SIGTERM then SIGKILL. The hang
+watchdog (health/watchdog.py), the lost-time rule (health/lost.py), the node digests
+(health/digest.py) and the launcher read them here."""
 
 from __future__ import annotations
 
@@ -32,12 +34,97 @@ def process_state(pid: int) -> str:
 
 
 def cpu_seconds(pid: int) -> float | None:
+    ticks = cpu_ticks(pid)
+    return None if ticks is None else ticks / os.sysconf("SC_CLK_TCK")
+
+
+def read_state(fd: int) -> str:
+    """The state letter of an open /proc/<pid>/stat ("" once the process is gone)."""
+    try:
+        return stat_fields(os.pread(fd, 512, 0))[0].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+def throttled_s(pid: int) -> float:
+    """The cumulative time the CPU cgroup of `pid` was throttled by its quota, in seconds (cgroup
+    v1 `cpu.stat` throttled_time, v2 throttled_usec; 0 in a cgroup without a quota or stats)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return 0.0
+    stats = [(f"/sys/fs/cgroup/cpu{path}/cpu.stat", "throttled_time", 1e9) for _, controllers, path in lines
+             if "cpu" in controllers.split(",")]  # v1
+    stats += [(f"/sys/fs/cgroup{path}/cpu.stat", "throttled_usec", 1e6) for hid, controllers, path in lines
+              if hid == "0" and not controllers]  # v2
+    for stat, key, unit in stats:
+        try:
+            with open(stat) as f:
+                values = dict(line.split() for line in f if line.strip())
+            return int(values[key]) / unit
+        except (OSError, ValueError, KeyError):
+            continue
+    return 0.0
+
+
+def scheduled_s(pid: int) -> tuple[float, float] | None:
+    """The time every thread of `pid` ran on a CPU and waited runnable in the run queue, summed,
+    in seconds (None: gone, or a kernel without schedstat)."""
+    ran = queued = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                fields = f.read().split()
+            ran, queued = ran + int(fields[0]), queued + int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended between the listing and the read
+    return ran / 1e9, queued / 1e9
+
+
+def host_busy_ticks() -> int | None:
+    """The host's busy CPU time in ticks: user, nice, system, irq, softirq (not idle, iowait, steal)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return sum(int(fields[i]) for i in (1, 2, 3, 6, 7))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """A process's CPU time (utime + stime, every thread), in ticks; None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = stat_fields(f.read())
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
         return None
+
+
+def job_family(pids: set[int]) -> set[int]:
+    """The job on this host: the ranks' `pids`, their parents (an agent, a launcher) and every
+    descendant of them or of this process (data loader workers, a fork server), from one scan of
+    /proc."""
+    parent: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    parent[int(name)] = int(stat_fields(f.read())[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    family = set(pids) | {parent[p] for p in pids if parent.get(p, 1) > 1} | {os.getpid()}
+    grew = True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in family and p not in family}
+        family |= more
+        grew = bool(more)
+    return family
 
 
 def py_spy() -> tuple[str | None, str]:
