@@ -224,7 +224,7 @@ def test_a_longer_compute_the_host_scheduling_explains_is_no_straggler_but_a_nei
     waited for a CPU 30% of its runnable time against its peer's 10%, which alone makes it
     0.9/0.7 = 1.29x slower. With other processes taking the CPU it is a straggler slowed from
     outside after all; with equal queues its longer compute is its own."""
-    from distval.health.monitor import Stragglers
+    from distval.health.stragglers import Stragglers
 
     def lopsided(i, rng):
         return {0: bucket(queued=0.30, runnable=1.0), 1: bucket(queued=0.10, runnable=1.0)}

@@ -54,7 +54,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from distval.health.monitor import Finding, HealthConfig
+from distval.health.config import HealthConfig
+from distval.health.findings import Finding
 from distval.health.procs import cpu_ticks, host_busy_ticks, job_family, read_state, scheduled_s, throttled_s
 from distval.protocol import Kind
 

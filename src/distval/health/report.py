@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from distval.health.config import HealthConfig
-from distval.health.monitor import STRAGGLER_HINT
+from distval.health.stragglers import STRAGGLER_HINT
 from distval.results import Check, Report, Status, Table
 
 HEALTH_COLUMNS = ["kind", "status", "step", "ranks", "summary"]

@@ -24,7 +24,8 @@ import time
 from typing import Any, Callable
 
 from distval.health.config import HealthConfig
-from distval.health.monitor import Detectors, Finding, compare_replicas, nonfinite_in_script
+from distval.health.findings import Finding
+from distval.health.monitor import Detectors, compare_replicas, nonfinite_in_script
 from distval.health.report import add_health
 from distval.health.steps import KEEP, aligned_rows
 from distval.protocol import Kind

@@ -1,0 +1,30 @@
+"""A health finding, as every detector reports one (health/monitor.py's, the straggler rule's,
+health/lost.py's, a launched script's), and what the detectors share."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+WARMUP_STEPS = 10  # steps no detector judges: allocation, warm caches, the first collectives
+
+
+@dataclass
+class Finding:
+    kind: str  # straggler | nonfinite | grad_spike | replicas | memory_imbalance | memory_growth
+    status: str  # WARN | FAIL
+    step: int  # the first step it was seen at
+    ranks: list[int]
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def fast_median(xs: Iterable[float]) -> float:
+    """statistics.median without its checks (a hot path: every step, every rank)."""
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
