@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from distval.health.faults import throttle
-from distval.health.lost import PERSIST, WINDOW, HostCpu, Slowed, _Rank
+from distval.health.lost import HostCpu, _Rank
 from distval.health.monitor import HealthConfig
+from distval.health.slowed import PERSIST, WINDOW, Slowed
 
 
 def bucket(stopped: float = 0.0, queued: float = 0.08, runnable: float = 0.25, throttled: float = 0.0):

@@ -1,10 +1,10 @@
 """Job health: the heartbeat and the hang watchdog (heartbeat.py, hang.py), pauses (pauses.py),
 collective fingerprints (fingerprints.py), the plane at 1,000+ ranks: node digests and the leader
-(digest.py), the training health monitor (monitor.py, config.py; its straggler rule
-stragglers.py, the finding every detector reports findings.py) and its report (report.py), a script's steps and probe under `distval launch` (steps.py,
-probe.py) and the launcher's monitor over them (script.py), ranks slowed from outside (lost.py),
-live OpenMetrics (metrics.py), naming the rank that broke a job (diagnose.py) and the test/drill
-faults (faults.py)."""
+(digest.py), the training health monitor (monitor.py, config.py; its straggler rule stragglers.py,
+the finding every detector reports findings.py) and its report (report.py), a script's steps and
+probe under `distval launch` (steps.py, probe.py) and the launcher's monitor over them (script.py),
+ranks slowed from outside (lost.py samples, slowed.py's rule judges), live OpenMetrics (metrics.py),
+naming the rank that broke a job (diagnose.py) and the test/drill faults (faults.py)."""
 
 from __future__ import annotations
 
