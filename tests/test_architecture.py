@@ -265,3 +265,16 @@ def test_a_knob_names_its_flag_only_where_the_fields_name_does_not_give_it():
                     and [getattr(a, "value", None) for a in node.value.args[1:]] == [flag_of(node.target.id)]):
                 twice.append(f"{path.relative_to(SRC)}:{node.lineno} {node.target.id}")
     assert not twice, twice
+
+
+def test_every_config_with_knobs_lives_in_its_packages_config_py():
+    """A config whose fields are flags is found where the next engineer looks: its package's
+    config.py (torch-free: the command line reads its flags without importing torch)."""
+    elsewhere = []
+    for path in sorted(SRC.rglob("*.py")):
+        for cls in ast.walk(ast.parse(path.read_text())):
+            if isinstance(cls, ast.ClassDef) and any(
+                    isinstance(n, ast.AnnAssign) and getattr(getattr(n.value, "func", None), "id", None) == "knob"
+                    for n in cls.body) and path.name != "config.py":
+                elsewhere.append(f"{path.relative_to(SRC)} {cls.name}")
+    assert not elsewhere, elsewhere

@@ -15,11 +15,11 @@ from distval import knobs
 from distval.cli import app
 from distval.comm.config import BenchConfig, CheckConfig
 from distval.comm.names import BENCH_OPS
-from distval.doctor.report import DoctorConfig
-from distval.drill.drills import DrillConfig
+from distval.doctor.config import DoctorConfig
+from distval.drill.config import DrillConfig
 from distval.health.config import HealthConfig
 from distval.ladder.config import RunConfig
-from distval.launch.job import LAUNCH, LaunchOptions
+from distval.launch.config import LAUNCH, LaunchOptions
 from distval.plan.config import PlanConfig
 from distval.train.config import TrainConfig
 
@@ -121,8 +121,7 @@ def test_every_config_is_frozen_and_normalised_at_construction():
     from distval.health.config import HangPolicy, HealthConfig
     from distval.strategies.config import StrategyConfig
     from distval.trace.config import TraceConfig
-    from distval.train.config import OptimConfig
-    from distval.train.metrics import MetricsConfig
+    from distval.train.config import MetricsConfig, OptimConfig
 
     for cls in (LaunchOptions, HangPolicy, TrainConfig, OptimConfig, StrategyConfig, CheckpointConfig, MetricsConfig,
                 HealthConfig, TraceConfig, PlanConfig, CheckConfig, BenchConfig, DoctorConfig, DrillConfig, RunConfig):

@@ -374,7 +374,8 @@ def test_report_of_two_hosts_keeps_every_hosts_checks_and_interfaces():
     """Rank 0's report from what two hosts' first ranks sent (their facts as this host has them)."""
     import copy
 
-    from distval.doctor.report import DoctorConfig, build_ranks_report, host_checks
+    from distval.doctor.config import DoctorConfig
+    from distval.doctor.report import build_ranks_report, host_checks
     from distval.launch import JobResult
 
     cfg = DoctorConfig(master_addr="127.0.0.1")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from distval.readback import Readback, StepMarks, lag_for, to_host
-from distval.train.metrics import MetricsConfig
+from distval.train.config import MetricsConfig
 
 
 def test_lag_one_finishes_the_previous_step_when_the_next_is_issued():

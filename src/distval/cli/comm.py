@@ -20,7 +20,7 @@ from distval.cli.app import (
 )
 from distval.cli.flags import config_flags
 from distval.comm.config import BenchConfig, CheckConfig
-from distval.launch.job import LAUNCH, LaunchOptions
+from distval.launch.config import LAUNCH, LaunchOptions
 from distval.results import atomic_write_text
 from distval.scale.config import PairsConfig
 

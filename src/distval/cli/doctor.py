@@ -10,8 +10,8 @@ from typing import Annotated, Optional
 from distval.cli.app import JsonOut, app, check_outputs, finish, make_console
 from distval.cli.app import option as O  # noqa: N812
 from distval.cli.flags import config_flags
-from distval.doctor.report import DoctorConfig
-from distval.launch.job import LaunchOptions
+from distval.doctor.config import DoctorConfig
+from distval.launch.config import LaunchOptions
 
 
 @app.command("doctor")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from distval.cli.app import JsonOut, app, check_outputs, finish, make_console
 from distval.cli.flags import config_flags
-from distval.drill.drills import DrillConfig
+from distval.drill.config import DrillConfig
 
 
 @app.command("drill")

@@ -13,7 +13,7 @@ import typer
 from distval.cli.app import JsonOut, TraceDir, app, check_outputs, finish, make_console, option, trace_config
 from distval.cli.flags import config_flags
 from distval.health.config import HealthConfig
-from distval.launch.job import LaunchOptions
+from distval.launch.config import LaunchOptions
 
 
 @app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,

@@ -25,7 +25,7 @@ from distval.cli.app import (
 )
 from distval.cli.flags import config_flags
 from distval.ladder.config import RunConfig
-from distval.launch.job import LAUNCH, LaunchOptions
+from distval.launch.config import LAUNCH, LaunchOptions
 from distval.results import output_dir
 
 _STYLE = {"OK": "green", "WARN": "yellow", "FAIL": "red", "ERROR": "magenta", "SKIP": "dim"}

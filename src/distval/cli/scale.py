@@ -21,7 +21,7 @@ from distval.cli.app import (
 )
 from distval.cli.flags import config_flags
 from distval.cli.train import WORKLOAD
-from distval.launch.job import LAUNCH, LaunchOptions
+from distval.launch.config import LAUNCH, LaunchOptions
 from distval.scale.config import ScaleConfig
 from distval.train.config import TrainConfig
 

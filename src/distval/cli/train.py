@@ -25,7 +25,7 @@ from distval.cli.app import (
     trace_config,
 )
 from distval.cli.flags import config_flags
-from distval.launch.job import LAUNCH, LaunchOptions
+from distval.launch.config import LAUNCH, LaunchOptions
 from distval.strategies.config import BUCKET_HELP, bucket_sizes
 from distval.train.config import TrainConfig
 

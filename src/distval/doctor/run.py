@@ -15,8 +15,8 @@ from distval.doctor.nccl_log import NcclLog
 from distval.doctor.ranks import bound_sockets, rank_facts
 from distval.doctor.topo import Topo, parse_topo, run_nvidia_smi
 from distval.health.diagnose import WorkerFailure
+from distval.launch.config import LaunchOptions
 from distval.launch.execute import execute
-from distval.launch.job import LaunchOptions
 from distval.results import Check, Report, Status
 from distval.rocm.smi import AmdTopology
 

@@ -3,6 +3,7 @@ the job detects the fault, recovers from its last checkpoint and ends bitwise wh
 uninterrupted run ends, or that it names the hang, the straggler or the non-finite loss it was
 given (drill/drills.py `DRILLS`)."""
 
-from distval.drill.drills import DRILLS, DrillConfig, run_drills
+from distval.drill.config import DRILLS, DrillConfig
+from distval.drill.drills import run_drills
 
 __all__ = ["DRILLS", "DrillConfig", "run_drills"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from distval.comm.config import BenchConfig, CheckConfig
-from distval.doctor.report import DoctorConfig
+from distval.doctor.config import DoctorConfig
 from distval.knobs import knob
 from distval.plan import presets
 

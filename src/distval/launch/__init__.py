@@ -16,7 +16,8 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from distval.launch.job import JobResult, LaunchOptions, RankFn
+from distval.launch.config import LaunchOptions
+from distval.launch.job import JobResult, RankFn
 
 if TYPE_CHECKING:
     from distval.launch.monitor import Watcher

@@ -37,7 +37,8 @@ from distval.health.pauses import Pause
 from distval.health.watchdog import Watchdog, stop_ranks
 from distval.launch import channel as channels
 from distval.launch import forkserver
-from distval.launch.job import JobResult, LaunchOptions, RankFn
+from distval.launch.config import LaunchOptions
+from distval.launch.job import JobResult, RankFn
 from distval.launch.modes import planned_world_size
 from distval.launch.monitor import MonitorLoop, Watcher
 from distval.protocol import Kind

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from distval.launch.job import LaunchOptions
+from distval.launch.config import LaunchOptions
 from distval.results import CannotRun
 
 

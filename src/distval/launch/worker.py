@@ -30,7 +30,8 @@ from distval.health.heartbeat import Heartbeat, enable_flight_recorder, last_col
 from distval.health.metrics import exporter_for
 from distval.launch import channel as channels
 from distval.launch import watcher
-from distval.launch.job import JobResult, LaunchOptions, RankFn
+from distval.launch.config import LaunchOptions
+from distval.launch.job import JobResult, RankFn
 from distval.launch.monitor import MonitorLoop, Watcher
 from distval.protocol import Kind
 from distval.rank import RankContext, state_payload

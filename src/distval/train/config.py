@@ -6,8 +6,10 @@ names the journal, the live progress view — travels beside it (LaunchOptions, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distval import strategies
@@ -17,10 +19,35 @@ from distval.knobs import FieldError, knob
 from distval.plan import presets
 from distval.strategies.config import StrategyConfig
 from distval.trace.config import TraceConfig
-from distval.train.metrics import MetricsConfig
 
 if TYPE_CHECKING:
     from distval.train.data import DataConfig
+
+
+READBACKS = ("auto", "now", "late")  # readback.py
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    log_jsonl: str | None = knob(None, help="Append one JSON line per step (rank 0).")
+    tensorboard: str | None = knob(None, help="Write TensorBoard scalars to this folder.")
+    readback: str = knob("auto", "--metrics-readback", help="When a step's loss, gradient norm and times reach the "
+                         "host: late (one step on, so nothing in a step waits for the GPU), now (every step: a host "
+                         "sync on a GPU), auto (late on a GPU, now on CPU).")
+
+    def __post_init__(self) -> None:
+        if self.readback not in READBACKS:
+            raise FieldError("readback", f"must be auto, now or late (got {self.readback!r})")
+        if self.tensorboard:
+            try:
+                import tensorboard  # noqa: F401
+            except ImportError:
+                raise FieldError("tensorboard", "needs the tensorboard package: pip install tensorboard") from None
+
+    def resolved(self) -> MetricsConfig:
+        """The paths made absolute: the workers may start in another folder."""
+        paths = {k: getattr(self, k) for k in ("log_jsonl", "tensorboard")}
+        return dataclasses.replace(self, **{k: str(Path(v).resolve()) for k, v in paths.items() if v})
 
 
 @dataclass(frozen=True)

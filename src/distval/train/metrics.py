@@ -8,38 +8,11 @@ starts). (The console's live view reads rank 0's steps from the rank channel: tr
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distval.knobs import FieldError, knob
-
-READBACKS = ("auto", "now", "late")  # readback.py
-
-
-@dataclass(frozen=True)
-class MetricsConfig:
-    log_jsonl: str | None = knob(None, help="Append one JSON line per step (rank 0).")
-    tensorboard: str | None = knob(None, help="Write TensorBoard scalars to this folder.")
-    readback: str = knob("auto", "--metrics-readback", help="When a step's loss, gradient norm and times reach the "
-                         "host: late (one step on, so nothing in a step waits for the GPU), now (every step: a host "
-                         "sync on a GPU), auto (late on a GPU, now on CPU).")
-
-    def __post_init__(self) -> None:
-        if self.readback not in READBACKS:
-            raise FieldError("readback", f"must be auto, now or late (got {self.readback!r})")
-        if self.tensorboard:
-            try:
-                import tensorboard  # noqa: F401
-            except ImportError:
-                raise FieldError("tensorboard", "needs the tensorboard package: pip install tensorboard") from None
-
-    def resolved(self) -> MetricsConfig:
-        """The paths made absolute: the workers may start in another folder."""
-        paths = {k: getattr(self, k) for k in ("log_jsonl", "tensorboard")}
-        return dataclasses.replace(self, **{k: str(Path(v).resolve()) for k, v in paths.items() if v})
+from distval.train.config import MetricsConfig
 
 
 class MetricsLogger:
