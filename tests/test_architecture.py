@@ -278,3 +278,17 @@ def test_every_config_with_knobs_lives_in_its_packages_config_py():
                     for n in cls.body) and path.name != "config.py":
                 elsewhere.append(f"{path.relative_to(SRC)} {cls.name}")
     assert not elsewhere, elsewhere
+
+
+def test_a_field_error_is_raised_by_its_configs_own_method():
+    """FieldError takes its owner from the raising method's `self` or `cls` (knobs.py): raised
+    anywhere else the command line could not name the field by its flag."""
+    stray = []
+    for path in sorted(SRC.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = fn.args.args[0].arg if fn.args.args else None
+                stray += [f"{path.relative_to(SRC)}:{node.lineno} {fn.name}" for node in ast.walk(fn)
+                          if isinstance(node, ast.Raise) and getattr(getattr(node.exc, "func", None), "id", None)
+                          == "FieldError" and first not in ("self", "cls")]
+    assert not stray, stray
