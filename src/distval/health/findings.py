@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-WARMUP_STEPS = 10  # steps no detector judges: allocation, warm caches, the first collectives
+WARMUP_STEPS = 10  # steps the straggler and memory rules leave alone: allocation, warm caches, first collectives
 
 
 @dataclass
