@@ -1,5 +1,6 @@
-"""FieldError: a config's validation names fields; built from flags, the message names each field
-by its knob's label, in library use by the field's name."""
+"""Knobs (distval/knobs.py): a knob's flag is its field's name unless it names another; FieldError:
+a config's validation names fields; built from flags (or told by `told`), the message names each
+field by its knob's label, in library use by the field's name."""
 
 from __future__ import annotations
 
