@@ -98,7 +98,7 @@ class _ExitPeek:
         while not self._stop.is_set():
             # multiprocessing's own set of this process's children: public listings poll them,
             # which would race the agent for a fork server's exit codes
-            dead = {p for seen in self.deaths for p in seen}
+            dead = self._seen()
             alive = [p for p in list(multiprocessing.process._children) if p not in dead]  # type: ignore[attr-defined]
             self._watched.update(alive)
             if not alive:
@@ -127,9 +127,11 @@ class _ExitPeek:
         seen together, last (their exit codes are safe to read now)."""
         self._stop.set()
         self._thread.join()
-        dead = {p for seen in self.deaths for p in seen}
-        if late := [p for p in self._watched - dead if _ended(p)]:
+        if late := [p for p in self._watched - self._seen() if _ended(p)]:
             self.deaths.append(late)
+
+    def _seen(self) -> set[multiprocessing.Process]:
+        return {p for seen in self.deaths for p in seen}
 
 
 def _ended(p: multiprocessing.Process) -> bool:
