@@ -131,7 +131,8 @@ def write_dump(rank: int) -> None:
     """This rank's Flight Recorder dump (the pickle NCCL's watchdog writes on a timeout) as
     `rank<N>` in the folder the launcher named (DISTVAL_FR_DUMPS), where it named one: what a rank
     stopped after a hang verdict, or failing, leaves for `distval diagnose`. Written whole or not at
-    all; a few ms."""
+    all, by each writer through a file of its own (on SIGTERM a thread writes it while the main
+    thread may too: sharing one part file, one truncated what the other had renamed); a few ms."""
     folder = os.environ.get(FR_DUMPS.name)
     if not folder:
         return
@@ -139,7 +140,7 @@ def write_dump(rank: int) -> None:
         from torch._C._distributed_c10d import _dump_fr_trace
 
         data = _dump_fr_trace()
-        part = os.path.join(folder, f".rank{rank}.part")
+        part = os.path.join(folder, f".rank{rank}.{os.getpid()}.{threading.get_ident()}.part")
         with open(part, "wb") as f:
             f.write(data)
         os.replace(part, os.path.join(folder, f"rank{rank}"))
