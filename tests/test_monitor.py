@@ -37,11 +37,22 @@ def test_a_persistently_slow_rank_is_a_straggler_from_the_step_it_slowed():
 
 def test_a_busy_stretch_before_the_slowdown_does_not_move_its_onset():
     monitor = Detectors(HealthConfig())
-    found = run(monitor, 7, world=2)
-    found += run(monitor, 23, slow={1: 1.25}, world=2, seed=1, first=7)  # a busy host: over the ratio, not slow
+    found = run(monitor, 12, world=2)
+    found += run(monitor, 10, slow={1: 1.25}, world=2, seed=1, first=12)  # a busy host: over the ratio, not slow
+    found += run(monitor, 16, world=2, seed=3, first=22)  # (drains what the stretch added)
     assert found == []
-    (found,) = run(monitor, 100, slow={1: 2.0}, world=2, seed=2, first=30)  # the rank slows at step 30
-    assert found.ranks == [1] and found.step == 30, found.summary
+    (found,) = run(monitor, 100, slow={1: 2.0}, world=2, seed=2, first=38)  # the rank slows at step 38
+    assert found.ranks == [1] and found.step == 38, found.summary
+
+
+def test_a_slowdown_in_two_levels_starts_at_the_first():
+    # a host busier as the rank slows (1.5x), then less (2x): named since step 20, not at the larger step
+    monitor = Detectors(HealthConfig())
+    found = run(monitor, 20, world=2)
+    found += run(monitor, 45, slow={1: 1.5}, world=2, seed=1, first=20)
+    assert found == []
+    (found,) = run(monitor, 100, slow={1: 2.0}, world=2, seed=2, first=65)
+    assert found.ranks == [1] and found.step == 20, found.summary
 
 
 def test_noise_and_a_one_off_hiccup_are_not_stragglers():

@@ -8,7 +8,7 @@ import collections
 import statistics
 
 from distval.health.config import HealthConfig
-from distval.health.findings import Finding
+from distval.health.findings import Finding, onset
 
 BUCKET_S = 1.0  # the unit of the rule: lost shares per second
 WINDOW = 9  # buckets the median excess is taken over (9 s): a burst under 6 s never holds it for PERSIST
@@ -178,14 +178,8 @@ class Slowed:
                        {**details, "detected_step": step})
 
     def _onset(self, r: int) -> int | None:
-        """The step its excess began: the change point of its excess series (the split whose two
-        sides sit closest to their own medians), as in the compute rule."""
+        """The step its excess began: `findings.onset` of its excess series against the rule's
+        threshold, as in the compute rule."""
         series = list(self.excess[r])
-        xs = [x for _, x in series]
-
-        def spread(part: list[float]) -> float:
-            mid = statistics.median(part)
-            return sum(abs(x - mid) for x in part)
-
-        split = min(range(1, len(xs)), key=lambda i: (spread(xs[:i]) + spread(xs[i:]), i))
-        return next((s for s, _ in series[split:] if s is not None), None)
+        start = onset([x for _, x in series], self.threshold)
+        return next((s for s, _ in series[start:] if s is not None), None)

@@ -15,7 +15,7 @@ import collections
 from typing import Callable
 
 from distval.health.config import HealthConfig
-from distval.health.findings import WARMUP_STEPS, Finding, fast_median
+from distval.health.findings import WARMUP_STEPS, Finding, fast_median, onset
 
 PERSIST_S = 8.0  # a straggler's window must have met the rule this long (and `window` steps) in a row
 HISTORY_STEPS = 4000  # steps of ratios kept to find a straggler's onset in (8 s of 2 ms steps, with room)
@@ -106,23 +106,15 @@ class Stragglers:
         return {r: fast_median(ratios) for r, ratios in enumerate(self.ratio) if ratios}
 
     def _onset(self, r: int) -> int:
-        """The step rank r's slowness began: the change point of its compute ratio over the history
-        (back past the streak's start: a streak lasts `window` steps and `PERSIST_S`), the split
-        whose two sides sit closest to their own medians, over the medians of blocks of steps
-        (`ONSET_POINTS` at most: exact to a block). Unlike counting steps over the threshold, a
-        stretch of a busy host's scheduling (ratios a little over it) sides with the healthy
-        level, not the slow one."""
+        """The step rank r's slowness began: `findings.onset` of its compute ratio over the history
+        (back past the streak's start: a streak lasts `window` steps and `PERSIST_S`) against the
+        rule's ratio, taken over the medians of blocks of steps (`ONSET_POINTS` at most: exact to a
+        block; a single slow step does not count)."""
         block = -(-len(self.history) // ONSET_POINTS)
-        steps = [s for s, _ in self.history]
-        ratios = [fast_median(all_ranks[r] for _, all_ranks in list(self.history)[i:i + block])
-                  for i in range(0, len(self.history), block)]
-
-        def spread(xs: list[float]) -> float:
-            mid = fast_median(xs)
-            return sum(abs(x - mid) for x in xs)
-
-        split = min(range(1, len(ratios)), key=lambda i: (spread(ratios[:i]) + spread(ratios[i:]), i))
-        return steps[split * block]
+        history = list(self.history)
+        ratios = [fast_median(all_ranks[r] for _, all_ranks in history[i:i + block])
+                  for i in range(0, len(history), block)]
+        return history[onset(ratios, self.cfg.slow_ratio) * block][0]
 
 
 def _figures(rows: list[dict[str, float]], r: int) -> tuple[float, float, float]:
