@@ -25,7 +25,7 @@ from distval.health.hang import Hang, compiling, decide, diagnose_hang
 from distval.health.heartbeat import Compiles
 from distval.health.pauses import Pause, Sites, kill_limit, site_of
 from distval.health.procs import process_state, where
-from distval.health.watchdog import Watchdog
+from distval.health.watchdog import Phase, Watchdog
 
 from conftest import free_port, run_cli
 
@@ -231,9 +231,10 @@ def test_ranks_that_move_on_while_their_stacks_are_taken_are_not_hung(clock, mon
     _progressing(dog, reader, clock)
     reader.beats = {0: beat(11, 10, pending(11)), 1: beat(11, 10, pending(11))}
     _ticks(dog, reader, clock, 5.5)  # the first look at the 4 s threshold, the second due at 7
-    assert not fired
+    assert not fired and dog.phase is Phase.SUSPECTED
     reader.beats = {0: beat(12, 11, pending(12)), 1: beat(12, 11, pending(12))}
     _ticks(dog, reader, clock, 1.0)  # progress anew: the learned allowance is longer, the look to come dropped
+    assert dog.phase is Phase.WATCHING
     _ticks(dog, reader, clock, 4.0)
     assert not fired
     reader.beats = {0: beat(13, 12, pending(13)), 1: beat(13, 12, pending(13))}
@@ -242,6 +243,7 @@ def test_ranks_that_move_on_while_their_stacks_are_taken_are_not_hung(clock, mon
     _ticks(dog, reader, clock, first + 4.0)
     assert len(fired) == 1 and fired[0].kind == "network" and fired[0].certain
     assert first + 3.0 <= fired[0].stalled_s < first + 3.5 and "(and still so 3 s later)" in fired[0].verdict
+    assert dog.phase is Phase.HUNG
 
 
 def test_a_watchdog_that_came_late_takes_stepping_ranks_for_a_running_loop(clock):
@@ -297,12 +299,12 @@ def test_a_rank_outside_any_collective_is_a_pause_named_live_and_the_job_goes_on
     reader.beats = {0: beat(10, 10), 1: beat(11, 10, pending(11))}
     dog.tick(reader)
     _ticks(dog, reader, clock, 20.0)
-    assert not fired and dog.pause is not None and dog.pause.culprits == [0]
+    assert not fired and dog.phase is Phase.PAUSED and dog.pause.culprits == [0]
     assert len(said) == 1 and said[0].startswith("distval: pause: rank 0 outside any collective for 4 s")
     assert "at train step 7; rank 1 waits in all_reduce #11 of group 0" in said[0]  # the status kind: fresher
     assert "ended at 60 s (--hang-kill-after)" in said[0]
     _progressing(dog, reader, clock, start=10)  # rank 0 is back: the pause is over
-    assert dog.pause is None and [round(p.length_s) for p in dog.pauses] == [20]
+    assert dog.phase is Phase.WATCHING and dog.pause is None and [round(p.length_s) for p in dog.pauses] == [20]
     assert said[-1].startswith("distval: pause over: rank 0 back in collectives after 20 s")
     assert max(dog.gaps) < 1  # a pause is not learned as a gap: the next certain hang is named as fast
     said.clear()
@@ -324,6 +326,9 @@ def test_a_pause_is_ended_past_the_kill_limit_or_once_it_turns_certain(clock):
     assert not fired and len(said) == 1
     _ticks(dog, reader, clock, 5.0)
     assert len(fired) == 1 and fired[0].culprits == [0] and "past the kill limit of 12 s" in fired[0].verdict
+    assert dog.phase is Phase.HUNG and dog.pause is None
+    _ticks(dog, reader, clock, 5.0)
+    assert len(fired) == 1  # declared once: nothing more is watched
     # a pause whose culprit goes on to wait in another group's collective (progress, so the pause
     # is over): at the next threshold it skipped one, which is certain
     fired.clear()

@@ -23,6 +23,7 @@ import socket
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable
@@ -313,7 +314,11 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         try:
             try:
                 with _AttemptFailed(loop.failed if loop else lambda failures: False):
-                    results = elastic_launch(config, entrypoint)(*args)
+                    ended = _Ended(results=elastic_launch(config, entrypoint)(*args))
+            except ChildFailedError as e:  # the agent's: one failure, the first it found
+                ended = _Ended(exitcodes={r: f.exitcode for r, f in e.failures.items()})
+            except (SignalException, _Stopped):
+                ended = _Ended(stopped=True)
             finally:
                 exits.close()
                 monitor.close()
@@ -321,26 +326,58 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
                     pauses.extend(watchdog.pauses)
                 for sig, handler in saved_handlers.items():
                     signal.signal(sig, handler)
-            _raise_hang(watchdog, dumps)  # a mismatch in the job's last collectives, found as it ended
-            return results
-        except ChildFailedError as e:
-            _raise_hang(watchdog, dumps)
-            _raise_no_restart(monitor, reader, run_dir, world, show_output)
-            if loop is not None and loop.found is not None:
-                raise _said(_repeated(_diagnose(reader, run_dir, world, dict([loop.found]))), show_output) from None
-            exitcodes = {r: f.exitcode for r, f in e.failures.items()}  # the agent's: one failure, the first it found
-            beats = reader.all(world, Kind.HEARTBEAT)
-            ranks = {**reader.all(world, Kind.STATUS), **{r: b for r, b in beats.items() if b}}
-            exitcodes.update({r: c for r, c in exits.first_killed(ranks).items() if r not in exitcodes})
-            raise _said(_diagnose(reader, run_dir, world, exitcodes), show_output) from None
-        except (SignalException, _Stopped):
-            _raise_hang(watchdog, dumps)
-            _raise_no_restart(monitor, reader, run_dir, world, show_output)
-            if monitor.deadline_expired:
-                raise _said(_diagnose(reader, run_dir, world, {}, deadline_s=opts.deadline_s), show_output) from None
-            raise KeyboardInterrupt from None
+            return _Watched(reader, run_dir, world, show_output, monitor, watchdog, dumps, loop, exits,
+                            opts.deadline_s).verdict(ended)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@dataclass
+class _Ended:
+    """How torch's agent ended a job: with every worker's result, with the exit codes of a failed
+    attempt (by global rank), or stopped by SIGTERM (the deadline, a no-restart note, the
+    watchdog's verdict, or the user)."""
+    results: dict[int, Any] | None = None
+    exitcodes: dict[int, int] | None = None
+    stopped: bool = False
+
+
+@dataclass
+class _Watched:
+    """What the launch watched the job with; `verdict` turns how it ended into its results or the
+    failure that names its cause, reading only what the watchers saw and the ranks published."""
+    reader: channels.ChannelReader
+    run_dir: str
+    world: int
+    show_output: bool
+    monitor: MonitorLoop
+    watchdog: Watchdog | None
+    dumps: tuple[str, str] | None  # (where the ranks wrote their Flight Recorder dumps, where the user keeps them)
+    loop: _StartupLoop | None
+    exits: _ExitPeek
+    deadline_s: float | None
+
+    def verdict(self, ended: _Ended) -> dict[int, Any]:
+        """In this order: the watchdog's hang or mismatch (found also as a job ended well: in its
+        last collectives), the results, a worker's note that a restart cannot help, the deadline
+        or the user's stop, the same start-up death twice, the failure the ranks' states name."""
+        _raise_hang(self.watchdog, self.dumps)
+        if ended.results is not None:
+            return ended.results
+        _raise_no_restart(self.monitor, self.reader, self.run_dir, self.world, self.show_output)
+        if ended.stopped and self.monitor.deadline_expired:
+            raise _said(_diagnose(self.reader, self.run_dir, self.world, {}, deadline_s=self.deadline_s),
+                        self.show_output)
+        if ended.stopped:
+            raise KeyboardInterrupt
+        if self.loop is not None and self.loop.found is not None:
+            failure = _diagnose(self.reader, self.run_dir, self.world, dict([self.loop.found]))
+            raise _said(_repeated(failure), self.show_output)
+        exitcodes = dict(ended.exitcodes or {})
+        beats = self.reader.all(self.world, Kind.HEARTBEAT)
+        ranks = {**self.reader.all(self.world, Kind.STATUS), **{r: b for r, b in beats.items() if b}}
+        exitcodes.update({r: c for r, c in self.exits.first_killed(ranks).items() if r not in exitcodes})
+        raise _said(_diagnose(self.reader, self.run_dir, self.world, exitcodes), self.show_output)
 
 
 def _abort(hang: Hang, stop: Callable[[], None]) -> None:
