@@ -1,5 +1,6 @@
-"""Shared helpers: run the real CLI in a subprocess with a hard timeout, so a hang fails the test
-instead of the suite; train the one-process reference the multi-rank tests compare against."""
+"""Shared helpers: run the real CLI in a process of its own with a hard timeout, so a hang fails
+the test instead of the suite (forked from a warm interpreter where that runs it as a fresh one
+would: tests/cliserver.py); train the one-process reference the multi-rank tests compare against."""
 
 from __future__ import annotations
 
@@ -11,20 +12,43 @@ from pathlib import Path
 
 import pytest
 
+from cliserver import CliServer
+
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ("tiers",)  # the fast tier and the `job` marker (tests/tiers.py)
 
 
 def run_cli(*args: str, timeout: float = 180, env: dict[str, str] | None = None, cwd: str | Path | None = None,
             prefix: list[str] | None = None) -> subprocess.CompletedProcess:
-    full_env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_", "DISTVAL_FAULT"))
-    }
-    full_env.update(env or {})
+    full_env = {**_base_env(), **(env or {})}
+    if prefix is None and _server().serves(full_env):
+        from tiers import starting  # (the plugin's module, loaded by then)
+
+        starting("distval")  # the fork is the server's: the test starts a process all the same
+        return _server().run(list(args), full_env, cwd, timeout)
     cmd = (prefix or [sys.executable, "-m", "distval"]) + list(args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+
+
+def _base_env() -> dict[str, str]:
+    """This process's environment less what would make a command a rank of some job."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_", "DISTVAL_FAULT"))}
+
+
+_servers: list[CliServer] = []
+
+
+def _server() -> CliServer:
+    """The suite's command server, started at the first command."""
+    if not _servers:
+        _servers.append(CliServer(_base_env()))
+    return _servers[0]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for server in _servers:
+        server.close()
 
 
 def reference_run(cfg, world: int, **changes) -> dict:

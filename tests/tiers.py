@@ -73,7 +73,7 @@ def _program(args: tuple) -> str:
     return os.path.basename(os.fsdecode(first)) if isinstance(first, (str, bytes)) else ""
 
 
-def _starting(program: str = "") -> None:
+def starting(program: str = "") -> None:
     """Called as this process forks: note who did; in the fast tier, fail an unmarked test."""
     if not _running or program in UTILITIES:
         return
@@ -86,7 +86,7 @@ def _starting(program: str = "") -> None:
 
 def _wrap(fn: Any) -> Any:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        _starting(_program(args))
+        starting(_program(args))
         return fn(*args, **kwargs)
 
     wrapped.__wrapped__ = fn  # type: ignore[attr-defined]
