@@ -45,6 +45,16 @@ def test_a_busy_stretch_before_the_slowdown_does_not_move_its_onset():
     assert found.ranks == [1] and found.step == 38, found.summary
 
 
+def test_a_slowdown_just_over_the_ratio_starts_where_it_began():
+    onsets = []
+    for seed in range(6):  # 1.17x: the 1.15 rule barely met (against the rule's ratio alone: up to step 54)
+        monitor = Detectors(HealthConfig())
+        run(monitor, 40, world=2, seed=seed + 10)
+        found = run(monitor, 400, slow={1: 1.17}, world=2, seed=seed, first=40)  # (at the rule's edge: may end and
+        onsets.append(found[0].step)  # be named again)
+    assert all(37 <= step <= 42 for step in onsets), onsets
+
+
 def test_a_slowdown_in_two_levels_starts_at_the_first():
     # a host busier as the rank slows (1.5x), then less (2x): named since step 20, not at the larger step
     monitor = Detectors(HealthConfig())

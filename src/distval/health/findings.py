@@ -31,7 +31,8 @@ def fast_median(xs: Iterable[float]) -> float:
 
 
 def onset(series: Sequence[float], threshold: float) -> int:
-    """Where a series' lasting rise over `threshold` began: one past the last point at which its
+    """Where a series' lasting rise over `threshold` (a level between the healthy one and the
+    level now) began: one past the last point at which its
     excess over the threshold, summed and never below zero (Page's CUSUM), was nil. A point a
     little over the threshold adds little and points under it drain that, so a noisy stretch
     before the rise does not move its start unless it runs into it; a rise in two levels (a host

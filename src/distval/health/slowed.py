@@ -153,7 +153,7 @@ class Slowed:
         # of the two (a throttled thread is queued too: not both).
         slowdown = max(1 / (1 - min(max(held, 0.0), 0.9)), (1 - peers_ratio) / (1 - min(ratio, 0.95))
                        if ratio > peers_ratio else 1.0)
-        since = self.current[r].step if r in self.current else self._onset(r)
+        since = self.current[r].step if r in self.current else self._onset(r, excess)
         causes = [f"{label} {share:.0%} of the time" for label, share in (("stopped", stopped), (
             "throttled by its cgroup's CPU quota", throttled)) if share >= 0.01]
         if queued >= 0.01 and ratio - peers_ratio >= 0.05:  # a queue its peers have too is not a cause
@@ -177,9 +177,9 @@ class Slowed:
         return Finding("straggler", "WARN", since if since is not None else 0, [r], text,
                        {**details, "detected_step": step})
 
-    def _onset(self, r: int) -> int | None:
+    def _onset(self, r: int, excess: float) -> int | None:
         """The step its excess began: `findings.onset` of its excess series against the rule's
-        threshold, as in the compute rule."""
+        threshold, or half the `excess` now where that is lower, as in the compute rule."""
         series = list(self.excess[r])
-        start = onset([x for _, x in series], self.threshold)
+        start = onset([x for _, x in series], min(self.threshold, excess / 2))
         return next((s for s, _ in series[start:] if s is not None), None)

@@ -77,7 +77,7 @@ class Stragglers:
                 continue  # not yet lasting: a streak of a busy host's scheduling is not a straggler
             if r not in self.current and self.by_host is not None and self.by_host(r, slowdown):
                 continue  # served less CPU than its peers by a host the job itself oversubscribes
-            since = self.current[r].step if r in self.current else self._onset(r)
+            since = self.current[r].step if r in self.current else self._onset(r, slowdown)
             waiting = fast_median(self.waiting[r])
             work, unit = (tokens, "tokens/s") if tokens is not None else (1.0, "steps/s")  # a script: no tokens
             now, fixed = work / step_s, work / max(step_s - max(excess, 0.0), 1e-9)
@@ -105,16 +105,17 @@ class Stragglers:
         with `slow_ratio`)."""
         return {r: fast_median(ratios) for r, ratios in enumerate(self.ratio) if ratios}
 
-    def _onset(self, r: int) -> int:
+    def _onset(self, r: int, slowdown: float) -> int:
         """The step rank r's slowness began: `findings.onset` of its compute ratio over the history
-        (back past the streak's start: a streak lasts `window` steps and `PERSIST_S`) against the
-        rule's ratio, taken over the medians of blocks of steps (`ONSET_POINTS` at most: exact to a
-        block; a single slow step does not count)."""
+        (back past the streak's start: a streak lasts `window` steps and `PERSIST_S`), taken over
+        the medians of blocks of steps (`ONSET_POINTS` at most: exact to a block; a single slow step
+        does not count), against the rule's ratio, or halfway from a healthy rank's 1.0 to the
+        `slowdown` now where that is lower (a slowdown just over the ratio rises clear of it)."""
         block = -(-len(self.history) // ONSET_POINTS)
         history = list(self.history)
         ratios = [fast_median(all_ranks[r] for _, all_ranks in history[i:i + block])
                   for i in range(0, len(history), block)]
-        return history[onset(ratios, self.cfg.slow_ratio) * block][0]
+        return history[onset(ratios, min(self.cfg.slow_ratio, (1 + slowdown) / 2)) * block][0]
 
 
 def _figures(rows: list[dict[str, float]], r: int) -> tuple[float, float, float]:
