@@ -39,7 +39,9 @@ def test_a_busy_stretch_before_the_slowdown_does_not_move_its_onset():
     monitor = Detectors(HealthConfig())
     found = run(monitor, 12, world=2)
     found += run(monitor, 10, slow={1: 1.25}, world=2, seed=1, first=12)  # a busy host: over the ratio, not slow
-    found += run(monitor, 16, world=2, seed=3, first=22)  # (drains what the stretch added)
+    found += run(monitor, 8, world=2, seed=3, first=22)  # (drains what the stretch added)
+    found += monitor.update(30, rows([0.1, 0.5]), 1.0, None, 1e4)  # and one step 5x slower
+    found += run(monitor, 7, world=2, seed=4, first=31)
     assert found == []
     (found,) = run(monitor, 100, slow={1: 2.0}, world=2, seed=2, first=38)  # the rank slows at step 38
     assert found.ranks == [1] and found.step == 38, found.summary

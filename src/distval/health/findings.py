@@ -30,17 +30,18 @@ def fast_median(xs: Iterable[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def onset(series: Sequence[float], threshold: float) -> int:
+def onset(series: Sequence[float], threshold: float, cap: float) -> int:
     """Where a series' lasting rise over `threshold` (a level between the healthy one and the
-    level now) began: one past the last point at which its
-    excess over the threshold, summed and never below zero (Page's CUSUM), was nil. A point a
-    little over the threshold adds little and points under it drain that, so a noisy stretch
-    before the rise does not move its start unless it runs into it; a rise in two levels (a host
-    busier at its start, then less) starts at the first, where a split into two sides that sit
-    closest to their own medians would cut at the larger step in between."""
+    level now, `cap`) began: one past the last point at which its excess over the threshold,
+    summed and never below zero (Page's CUSUM), was nil. A point a little over the threshold adds
+    little, and one far over it no more than the level now, and points under it drain that: a
+    noisy stretch or a lone slow step before the rise does not move its start unless it runs into
+    it. A rise in two levels (a host busier at its start, then less) starts at the first, where a
+    split into two sides that sit closest to their own medians would cut at the larger step in
+    between."""
     excess, start = 0.0, 0
     for i, x in enumerate(series):
-        excess = max(0.0, excess + x - threshold)
+        excess = max(0.0, excess + min(x, cap) - threshold)
         if excess == 0.0:
             start = i + 1
     return min(start, len(series) - 1)

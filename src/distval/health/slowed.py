@@ -181,5 +181,5 @@ class Slowed:
         """The step its excess began: `findings.onset` of its excess series against the rule's
         threshold, or half the `excess` now where that is lower, as in the compute rule."""
         series = list(self.excess[r])
-        start = onset([x for _, x in series], min(self.threshold, excess / 2))
+        start = onset([x for _, x in series], min(self.threshold, excess / 2), excess)
         return next((s for s, _ in series[start:] if s is not None), None)
