@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from distval.launch import LaunchOptions, check_world, detect_mode, first_slurm_host, forkserver, run, worker_env
-from distval.launch.local import _ExitPeek, _start_method
+from distval.launch.local import _Ended, _ExitPeek, _run, _start_method, _Stopped
 from distval.results import CannotRun
 
 from conftest import free_port, run_cli
@@ -145,6 +145,32 @@ def _die(code: int) -> None:
     if code < 0:
         os.kill(os.getpid(), -code)
     raise SystemExit(code)
+
+
+def test_how_a_job_ended_counts_a_stop_that_arrives_as_the_watchers_close():
+    """A watcher that acted as the job ended (a verdict's SIGTERM) can stop it while the agent's
+    cleanup runs: the job was stopped, whether the agent had failed or returned."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    failure = ProcessFailure(local_rank=1, pid=123, exitcode=-9, error_file="")
+
+    def failed() -> dict:
+        raise ChildFailedError("job", {1: failure})
+
+    def stopped_late() -> None:
+        raise SignalException("got signal: 15", signal.SIGTERM)
+
+    assert _run(lambda: {0: "ok"}, lambda: None) == _Ended(results={0: "ok"})
+    assert _run(failed, lambda: None) == _Ended(exitcodes={1: -9})
+    assert _run(failed, stopped_late) == _Ended(stopped=True)
+    assert _run(lambda: {0: "ok"}, stopped_late) == _Ended(stopped=True)
+
+    def stopped_early() -> dict:
+        raise _Stopped()
+
+    closed = []
+    assert _run(stopped_early, lambda: closed.append(True)) == _Ended(stopped=True) and closed == [True]
 
 
 def test_the_first_rank_killed_by_a_signal_is_seen_in_the_order_of_deaths():

@@ -250,8 +250,7 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
     hang watchdog, `watchers`); a failed or hung job becomes a WorkerFailure naming its cause.
     The pauses the watchdog saw the job survive (ranks outside any collective while the others
     waited: health/pauses.py) are appended to `pauses`."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     nproc = opts.nproc or devices.default_nproc()
@@ -310,26 +309,43 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
             if config.start_method == "forkserver":
                 forkserver.start()
                 args = (*args, True, forkserver.Environ())
+        def launch() -> dict[int, Any]:
+            with _AttemptFailed(loop.failed if loop else lambda failures: False):
+                return elastic_launch(config, entrypoint)(*args)
+
+        def after() -> None:  # the watchers stopped, torch's agent's signal handlers put back
+            exits.close()
+            monitor.close()
+            if watchdog and pauses is not None:
+                pauses.extend(watchdog.pauses)
+            for sig, handler in saved_handlers.items():
+                signal.signal(sig, handler)
+
         monitor.start()
         try:
-            try:
-                with _AttemptFailed(loop.failed if loop else lambda failures: False):
-                    ended = _Ended(results=elastic_launch(config, entrypoint)(*args))
-            except ChildFailedError as e:  # the agent's: one failure, the first it found
-                ended = _Ended(exitcodes={r: f.exitcode for r, f in e.failures.items()})
-            except (SignalException, _Stopped):
-                ended = _Ended(stopped=True)
-            finally:
-                exits.close()
-                monitor.close()
-                if watchdog and pauses is not None:
-                    pauses.extend(watchdog.pauses)
-                for sig, handler in saved_handlers.items():
-                    signal.signal(sig, handler)
+            ended = _run(launch, after)
             return _Watched(reader, run_dir, world, show_output, monitor, watchdog, dumps, loop, exits,
                             opts.deadline_s).verdict(ended)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _run(launch: Callable[[], dict[int, Any]], after: Callable[[], None]) -> _Ended:
+    """How the job ended: `launch()` runs torch's agent, `after()` follows it whatever happened. A
+    stop (SIGTERM: the deadline, a verdict, the user) may arrive while `after` runs, from a watcher
+    that acted as the job ended: the job was stopped all the same."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        try:
+            return _Ended(results=launch())
+        except ChildFailedError as e:  # the agent's: one failure, the first it found
+            return _Ended(exitcodes={r: f.exitcode for r, f in e.failures.items()})
+        finally:
+            after()
+    except (SignalException, _Stopped):
+        return _Ended(stopped=True)
 
 
 @dataclass
