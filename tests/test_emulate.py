@@ -505,7 +505,7 @@ def test_one_slow_link_sets_the_pace(tmp_path, no_leftovers):
 
 def _pairs(tmp_path, *emulate: str, bisect: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "pairs.json"
-    res = run_cli("emulate", "--nodes", "4", *emulate, "--", "comm", "pairs", "-b", "1M", "-n", "4",
+    res = run_cli("emulate", "--nodes", "4", *emulate, "--", "comm", "pairs", "-b", "1M", "-n", "8",
                   *(["--bisect"] if bisect else []), "--json", str(out), timeout=180)
     assert out.exists(), res.stdout[-3000:] + res.stderr[-3000:]
     return res, json.loads(out.read_text())

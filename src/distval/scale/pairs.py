@@ -21,11 +21,11 @@ more for a rank still under the share of the median. Ranks sharing one machine's
 same boot id: emulated nodes, or several CPU ranks of a host) take turns, each pass through every
 turn; GPUs probe at once, each its own.
 
-Confirmation: every pair a link rule would name is measured again alone (no other pair in flight,
-at most MAX_RETRIES pairs) and each direction keeps the better of its two figures (`retried`): a
-pair slowed by its round's neighbours on a shared host or switch is not a bad link; a bad link is
-slow both times. The better figures move the medians, so the rules run again (up to three times)
-until they name no pair not yet measured again.
+Confirmation: every pair a link rule would name is measured again alone, twice (no other pair in
+flight, at most MAX_RETRIES pairs), and each direction keeps the best of its three figures
+(`retried`): a pair slowed by its round's neighbours or a busy moment on a shared host or switch is
+not a bad link; a bad link is slow every time. The better figures move the medians, so the rules run
+again (up to three times) until they name no pair not yet measured again.
 
 The rules (`findings`), each against the median of its peers with the share `--outlier-share`
 (0.7) stated in the output:
@@ -137,16 +137,17 @@ def pairs_rank(ctx: RankContext, cfg: PairsConfig) -> dict[str, Any]:
 
 
 MAX_RETRIES = 64  # pairs measured again, alone, before a link is named
+AGAIN = 2  # times each such pair is measured again: a link is named when all 1 + AGAIN figures are slow
 
 
 def _confirm(ctx: RankContext, cfg: PairsConfig, out: dict[str, Any], size: int,
              rounds: int = 3) -> list[dict[str, Any]]:
-    """Every pair a link finding would name, measured again alone (no other pair in flight), each
-    direction's best of the two kept: a pair slowed by its round's neighbours on a shared host or
-    switch is not a bad link; a bad link is slow both times. Pairs measured again change the
-    medians the rules compare with, so the rules run again on the new figures, up to `rounds`
-    times, until they name no pair not yet measured again. Every rank decides the same pairs from
-    every rank's times."""
+    """Every pair a link finding would name, measured again alone (no other pair in flight) AGAIN
+    times, each direction's best figure kept: a pair slowed by its round's neighbours or by a busy
+    moment on a shared host or switch is not a bad link; a bad link is slow every time. Pairs
+    measured again change the medians the rules compare with, so the rules run again on the new
+    figures, up to `rounds` times, until they name no pair not yet measured again. Every rank
+    decides the same pairs from every rank's times."""
     records: list[dict[str, Any]] = []
     done: set[tuple[str, int, int, int]] = set()
     for _ in range(rounds):
@@ -160,7 +161,8 @@ def _confirm(ctx: RankContext, cfg: PairsConfig, out: dict[str, Any], size: int,
             break
         for level, a, b, index in suspects:
             ctx.status(f"comm pairs again {a}-{b}")
-            records += [{**t, "attempt": 1} for t in _round(ctx, cfg, [(a, b)], size, level, index)]
+            for attempt in range(1, AGAIN + 1):
+                records += [{**t, "attempt": attempt} for t in _round(ctx, cfg, [(a, b)], size, level, index)]
         done.update(suspects)
     return records
 
