@@ -23,7 +23,7 @@ from distval.health.config import HangPolicy
 from distval.health.diagnose import diagnose, fewer_collectives
 from distval.health.hang import Hang, compiling, decide, diagnose_hang
 from distval.health.heartbeat import Compiles
-from distval.health.pauses import Pause, Sites, kill_limit, site_of
+from distval.health.pauses import Pause, Sites, kill_limit, site_of, user_frames
 from distval.health.procs import process_state, where
 from distval.health.watchdog import Phase, Watchdog
 
@@ -355,6 +355,23 @@ def test_a_pause_site_is_the_part_of_the_script_every_look_shares():
     sites.survived(Pause([0], "", 0.0, 0.0, samples=[b], length_s=25.0))
     assert list(sites.longest.values()) == [25.0]
     assert kill_limit(600, 25.0) == 600 and kill_limit(600, 400.0) == 800 and kill_limit(600, None) == 600
+
+
+def test_a_scripts_own_frames_are_those_inside_the_shim():
+    """py-spy's frames, innermost first, of a script's rank forked from the launcher's fork server:
+    the launcher's frames outside the shim (the command line, the server) are not the script's."""
+    frames = ["forward (/job/model.py:90)", "train (/job/train.py:40)", "<module> (/job/train.py:70)",
+              "_run_code (<frozen runpy>:88)", "main (/v/site-packages/distval/launch/shim.py:150)",
+              "from_server (/v/site-packages/distval/launch/shim.py:120)",
+              "_script_entry (/v/site-packages/distval/launch/local.py:80)",
+              "_wrap (/v/site-packages/torch/multiprocessing/spawn.py:87)",
+              "main (/usr/lib/python3.11/multiprocessing/forkserver.py:274)",
+              "_forked (/v/site-packages/distval/launch/forkserver.py:83)",
+              "main (/v/site-packages/distval/cli/__init__.py:52)", "<module> (/v/bin/distval:8)"]
+    assert user_frames(frames) == ("<module> (/job/train.py:70)", "train (/job/train.py:40)",
+                                   "forward (/job/model.py:90)")
+    own = ["step (/v/site-packages/distval/train/loop.py:90)", "main (/v/site-packages/distval/cli/__init__.py:52)"]
+    assert user_frames(own) == tuple(reversed(own))  # distval's own worker: no shim, nothing cut
 
 
 def test_ranks_whose_script_returned_are_exiting_not_hung(clock):

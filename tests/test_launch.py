@@ -352,7 +352,8 @@ def test_the_command_line_starts_the_fork_server_for_the_commands_that_start_wor
     cases = {("train", "--nproc", "2"): True, ("compare", "--model", "tiny"): True, ("run",): True,
              ("doctor", "--nproc", "2"): True, ("doctor",): False,
              ("train", "--nproc", "1"): False, ("train", "--nproc=1"): False, ("train", "--help"): False,
-             ("plan",): False, ("launch", "train.py"): False, (): False}
+             ("plan",): False, ("launch", "train.py"): True, ("launch", "--nproc-per-node", "1", "train.py"): False,
+             ("launch", "--nproc-per-node=1", "train.py"): False, (): False}
     for args, expected in cases.items():
         started.clear()
         _start_fork_server(list(args))

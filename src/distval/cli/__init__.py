@@ -37,7 +37,7 @@ __all__ = ["app", "main"]
 
 
 # the commands that start distval's own workers on this host
-_LAUNCHING = {"comm", "compare", "doctor", "run", "scale", "train"}
+_LAUNCHING = {"comm", "compare", "doctor", "launch", "run", "scale", "train"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,8 +119,9 @@ def _start_fork_server(args: list[str]) -> None:
     the server is started and not used: a fork of this process, idle)."""
     from distval.launch.modes import detect_mode
 
-    nproc = next((b for a, b in zip(args, args[1:]) if a == "--nproc"),
-                 next((a.split("=", 1)[1] for a in args if a.startswith("--nproc=")), None))
+    flags = ("--nproc", "--nproc-per-node")
+    nproc = next((b for a, b in zip(args, args[1:]) if a in flags),
+                 next((a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in flags and "=" in a), None))
     starts = nproc is not None if args and args[0] == "doctor" else nproc != "1"  # doctor probes with --nproc only
     if (sys.platform.startswith("linux") and args and args[0] in _LAUNCHING and starts and "--help" not in args
             and detect_mode() == "local"):

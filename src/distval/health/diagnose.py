@@ -37,6 +37,9 @@ STARTUP_EXIT_HINT = ("the process ended before its first optimizer step without 
                      "output above")
 TEARDOWN_EXITS = (-signal.SIGTERM, 128 + signal.SIGTERM)  # the agent's SIGTERM, with and without a rank's handler
 
+# a rank's log: the last LOG_TAIL lines kept in the verdict's details, the last LOG_READ searched for
+# the backend's abort (a fatal error's stack of a rank forked from the fork server is ~20 lines)
+LOG_TAIL, LOG_READ = 8, 64
 _SIZE_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
 MISMATCH_HINT = ("the ranks issued different collectives at the same point: a rank-dependent branch (a metric "
                  "all_reduce inside `if rank ...`, an early `continue`) or a rank-dependent tensor shape; make every "
@@ -80,7 +83,7 @@ def diagnose(states: dict[int, dict[str, Any] | None], statuses: dict[int, dict[
     details = {"ranks": {r: {"error": (states[r] or {}).get("error"), "status": status[r],
                              "issued": (states[r] or {}).get("issued"), "exitcode": exitcodes.get(r),
                              "pending": [p["op"] for p in (states[r] or {}).get("pending", [])],
-                             "log_tail": log_tails.get(r, [])} for r in ranks}}
+                             "log_tail": log_tails.get(r, [])[-LOG_TAIL:]} for r in ranks}}
     aborted = backend_mismatch(states, exitcodes, log_tails, details)
     if aborted is not None:
         return aborted

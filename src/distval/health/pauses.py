@@ -26,15 +26,18 @@ from typing import Any
 from distval.health import ranks_text
 
 LOOK_EVERY_S = 3.0  # a pause in progress is diagnosed again (stacks included) this often
-_NOT_USER = ("torch/", "/lib/python3", "threading.py", "<frozen ", "runpy.py", "distval/launch/shim.py",
-             "distval/comm/")
+_SHIM = "distval/launch/shim.py"
+_NOT_USER = ("torch/", "/lib/python3", "threading.py", "<frozen ", "runpy.py", _SHIM, "distval/comm/")
 
 
 def user_frames(main_frames: list[str]) -> tuple[str, ...]:
     """The main thread's frames (innermost first, as py-spy prints them) that belong to the
     user's program (or distval's training loop) — not torch, not the standard library, not
-    distval's launch shim or collective layer — outermost first."""
-    return tuple(f for f in reversed(main_frames) if not any(part in f for part in _NOT_USER))
+    distval's launch shim or collective layer, nothing outside the shim (the launcher's fork
+    server a script's rank was forked from) — outermost first."""
+    frames = main_frames[::-1]
+    shim = next((i for i, f in enumerate(frames) if _SHIM in f), 0)
+    return tuple(f for f in frames[shim:] if not any(part in f for part in _NOT_USER))
 
 
 def _split(frame: str) -> tuple[str, str, str]:

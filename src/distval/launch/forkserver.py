@@ -28,7 +28,8 @@ import socket
 import sys
 import threading
 
-PRELOAD = ["distval.launch.worker", "distval.train.loop"]  # torch, torch.distributed, the trainer and strategies
+PRELOAD = ["distval.launch.worker", "distval.train.loop", "distval.launch.shim"]  # torch, torch.distributed,
+# the trainer and strategies, what a launched script runs in
 
 
 # Signals the server never receives (blocked from its start, as multiprocessing's resource

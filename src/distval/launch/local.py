@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from distval import device as devices
 from distval.envvars import FR_DUMPS, scoped
-from distval.health.diagnose import TEARDOWN_EXITS, WorkerFailure, diagnose, in_startup
+from distval.health.diagnose import LOG_READ, TEARDOWN_EXITS, WorkerFailure, diagnose, in_startup
 from distval.health.hang import HINTS, Hang, summary
 from distval.health.heartbeat import flight_recorder_env
 from distval.health.metrics import exporter_for
@@ -76,6 +76,15 @@ def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, from_server: bo
     from distval.launch.worker import run_worker
 
     return run_worker(rank_fn, cfg, opts, "local")
+
+
+def _script_entry(argv: list[str], cwd: str, from_server: bool = False, environ: None = None) -> None:
+    """A launched script's worker started from the fork server: launch/shim.py's main, as
+    `python -m distval.launch.shim ARGV` runs it in a new interpreter (shim.from_server). Only from
+    the server: elsewhere a script's worker is that program (`_entry`)."""
+    from distval.launch import shim
+
+    shim.from_server(argv, cwd)
 
 
 class _ExitPeek:
@@ -210,17 +219,30 @@ class _AttemptFailed:
 
 
 def _start_method() -> str:
-    """How the agent starts distval's own workers (a function, not a program): from the fork
-    server (launch/forkserver.py) where that is safe, so that a worker starts with torch and
-    distval already imported, else `spawn` as torchrun. Safe: Linux, no GPU (kept as torchrun
-    starts them there), and every worker at one intra-op thread (OMP_NUM_THREADS=1, as the
-    launcher sets it for more than one worker): the server's OpenMP read its thread count before
-    this job chose one."""
+    """How the agent starts a job's workers: from the fork server (launch/forkserver.py) where that
+    is safe, so that a worker starts with torch and distval already imported, else as torchrun
+    does (`spawn` for distval's own, a script's as a new interpreter). Safe: Linux, no GPU (kept
+    as torchrun starts them there), and every worker at one intra-op thread (OMP_NUM_THREADS=1, as
+    the launcher sets it for more than one worker): the server's OpenMP read its thread count
+    before this job chose one."""
     import torch
 
     safe = (sys.platform.startswith("linux") and os.environ.get("OMP_NUM_THREADS") == "1"
             and torch.cuda.device_count() == 0)
     return "forkserver" if safe else "spawn"
+
+
+def _entry(entrypoint: Any, args: tuple) -> tuple[Any, tuple, str]:
+    """(entrypoint, args, start method) for torch's agent, in the job's environment: distval's own
+    workers and a script's from the fork server where it is safe (`_start_method`); else distval's
+    spawned, a script's as the program `python -m distval.launch.shim SCRIPT ARGS`."""
+    method = _start_method()
+    if method == "forkserver":
+        forkserver.start()
+        return entrypoint, (*args, True, forkserver.Environ()), method
+    if entrypoint is _script_entry:
+        return sys.executable, ("-m", "distval.launch.shim", *args[0]), method
+    return entrypoint, args, method
 
 
 def run_local(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, watchers: list[Watcher] | tuple = (),
@@ -238,18 +260,17 @@ def run_script(script: str, args: list[str], opts: LaunchOptions, watchers: list
     number of ranks; a failure or hang raises WorkerFailure naming the culprit."""
     target = ("-m", script) if module else (script,)
     devices.check_local_workers(opts.nproc or devices.default_nproc(), "any")  # the script picks its backend
-    run_agent(sys.executable, ("-m", "distval.launch.shim", *target, *args), opts, watchers, show_output=True,
-              pauses=pauses)
+    run_agent(_script_entry, ([*target, *args], os.getcwd()), opts, watchers, show_output=True, pauses=pauses)
     return planned_world_size(opts)
 
 
 def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[Watcher] | tuple,
               show_output: bool, pauses: list[Pause] | None = None) -> dict[int, Any]:
-    """torchrun's elastic agent in this process: `entrypoint(*args)` on every worker (a function,
-    or a program), the rank channel's store, the monitor loop (deadline, no-restart notes, the
-    hang watchdog, `watchers`); a failed or hung job becomes a WorkerFailure naming its cause.
-    The pauses the watchdog saw the job survive (ranks outside any collective while the others
-    waited: health/pauses.py) are appended to `pauses`."""
+    """torchrun's elastic agent in this process: `entrypoint(*args)` on every worker (`_local_entry`
+    or `_script_entry`, each started as `_entry` says), the rank channel's store, the monitor loop
+    (deadline, no-restart notes, the hang watchdog, `watchers`); a failed or hung job becomes a
+    WorkerFailure naming its cause. The pauses the watchdog saw the job survive (ranks outside any
+    collective while the others waited: health/pauses.py) are appended to `pauses`."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -304,11 +325,8 @@ def run_agent(entrypoint: Any, args: tuple, opts: LaunchOptions, watchers: list[
         os.makedirs(dumps[0], exist_ok=True)
         env[FR_DUMPS.name] = dumps[0]
     with scoped(env):  # the workers inherit it at their start; put back as it was after the job
-        if entrypoint is _local_entry:  # distval's own workers (a program is started by its path whatever the method)
-            config.start_method = _start_method()
-            if config.start_method == "forkserver":
-                forkserver.start()
-                args = (*args, True, forkserver.Environ())
+        entrypoint, args, config.start_method = _entry(entrypoint, args)
+
         def launch() -> dict[int, Any]:
             with _AttemptFailed(loop.failed if loop else lambda failures: False):
                 return elastic_launch(config, entrypoint)(*args)
@@ -471,7 +489,7 @@ def _diagnose(reader: channels.ChannelReader, run_dir: str, world: int, exitcode
               deadline_s: float | None = None) -> WorkerFailure:
     """`exitcodes`: of this node's workers, by global rank (the agent's). The log tails are kept
     by local rank: read on one node only."""
-    tails = {r: _log_tail(run_dir, r) for r in range(world)} if world == len(_local_logs(run_dir)) else {}
+    tails = {r: _log_tail(run_dir, r, LOG_READ) for r in range(world)} if world == len(_local_logs(run_dir)) else {}
     return diagnose(reader.all(world, Kind.STATE), reader.all(world, Kind.STATUS), exitcodes, tails, deadline_s,
                     reader.all(world, Kind.HEARTBEAT))
 
@@ -481,7 +499,7 @@ def _local_logs(run_dir: str) -> set[str]:
     return {p.parent.name for p in Path(run_dir, "logs").rglob("attempt_*/*/stderr.log")}
 
 
-def _log_tail(run_dir: str, rank: int, lines: int = 8) -> list[str]:
+def _log_tail(run_dir: str, rank: int, lines: int) -> list[str]:
     # the last attempt's log (the agent numbers attempts 0, 1, ... when it restarts workers)
     for path in sorted(Path(run_dir, "logs").rglob(f"attempt_*/{rank}/stderr.log"),
                        key=lambda p: int(p.parent.parent.name.split("_")[1]), reverse=True):

@@ -159,6 +159,64 @@ def main(argv: list[str]) -> None:
         channel.close()
 
 
+def from_server(argv: list[str], cwd: str) -> None:
+    """`main(argv)` in a worker forked from the launcher's fork server (launch/forkserver.py)
+    instead of the new interpreter `python -m distval.launch.shim ARGV`, which it is first made to
+    look like: SIGTERM no longer blocked, one intra-op thread (the server imported torch before
+    the job set OMP_NUM_THREADS=1), multiprocessing's start method not chosen yet (a script may
+    choose it), the job's working directory first on sys.path as under `python -m`. It ends as
+    that interpreter would: non-daemon threads joined, then the atexit functions run (the server
+    would skip them), with the exit status it would give (the script's sys.exit code, 1 after an
+    uncaught exception, SIGINT's after a KeyboardInterrupt), and at once: a rank whose script
+    returned early (it skipped a collective) must not linger, its connections open, until every
+    rank has returned, as torch's function workers do (`_returned`)."""
+    import atexit
+    import multiprocessing.context
+
+    import torch
+
+    from distval.launch import forkserver
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, forkserver.BLOCKED)
+    torch.set_num_threads(1)
+    multiprocessing.context._default_context._actual_context = None  # type: ignore[attr-defined]
+    os.chdir(cwd)
+    sys.path[0] = cwd
+    code: Any = 0
+    interrupted = False
+    try:
+        main(argv)
+    except SystemExit as e:
+        code = e.code
+    except KeyboardInterrupt as e:
+        interrupted = True
+        sys.excepthook(type(e), e, e.__traceback__)
+    finally:
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    if code not in (None, 0):
+        raise SystemExit(code)  # multiprocessing's exit: the code, or 1 after printing a message
+    _returned()
+
+
+def _returned() -> None:
+    """The script returned: this worker's result (None) handed to torch's agent, then its exit. A
+    function worker of torch's agent otherwise waits after returning until every worker has (its
+    `_wrap`); found by its frame, where torch keeps the result's queue. Without it (another torch)
+    the worker returns and waits as torch's do."""
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "_wrap" and "ret_val_" in frame.f_locals):
+        frame = frame.f_back
+    if frame is not None:
+        frame.f_locals["ret_val_"].put(None)
+        os._exit(0)
+
+
 def _say_first_step(channel: channels.RankChannel, said: dict[str, Any]) -> None:
     """The script's first optimizer step, written at once (`stepped`): a rank killed soon after it
     did not die during start-up, though its last heartbeat (every 0.5 s, not flushed) says step 0."""
