@@ -127,6 +127,71 @@ def test_a_fork_server_forked_from_the_command_line_starts_workers_alike(tmp_pat
                        for r in range(2)], results
 
 
+FRESH_LOOKING = """
+import atexit, multiprocessing as mp, os, sys, threading, time
+import numpy as np
+import torch, torch.distributed as dist
+import helper  # beside the script
+
+
+def child(q):
+    q.put(helper.X)
+
+
+returned = threading.Event()
+
+
+def late(rank):  # a non-daemon thread still running as the script returns: the interpreter waits for it
+    returned.wait()
+    time.sleep(0.3)
+    print(f"rank {rank} thread done", flush=True)
+
+
+def main():
+    mp.set_start_method("spawn")  # a new interpreter has not chosen one yet
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    atexit.register(print, f"rank {rank} atexit", flush=True)
+    threading.Thread(target=late, args=(rank,)).start()
+    q = mp.Queue()
+    p = mp.Process(target=child, args=(q,))  # a spawned child imports this script as __mp_main__
+    p.start()
+    got = q.get(timeout=60)
+    p.join()
+    draws = [None, None]
+    dist.all_gather_object(draws, int(np.random.randint(1 << 30)))
+    print(f"rank {rank} forked={mp.parent_process() is not None} threads={torch.get_num_threads()} child={got} "
+          f"exit={p.exitcode} same_numpy={draws[0] == draws[1]} cwd={os.getcwd() == sys.argv[1]}", flush=True)
+    dist.destroy_process_group()
+    returned.set()
+    return int(sys.argv[2])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_scripts_rank_from_the_fork_server_runs_and_ends_as_in_a_new_interpreter(tmp_path, code):
+    """`distval launch` forks a script's ranks from the fork server (Linux, no GPU, one thread):
+    each looks like a new interpreter (its start method its own to choose, numpy seeded apart,
+    the working directory, one thread) and ends like one (threads joined, atexit run, the
+    script's `sys.exit` code)."""
+    (tmp_path / "train.py").write_text(FRESH_LOOKING)
+    (tmp_path / "helper.py").write_text("X = 7\n")
+    res = run_cli("launch", "--nproc", "2", str(tmp_path / "train.py"), str(tmp_path), str(code), cwd=tmp_path)
+    out = res.stdout + res.stderr
+    for rank in (0, 1):
+        assert (f"[rank{rank}]: rank {rank} forked=True threads=1 child=7 exit=0 same_numpy=False cwd=True"
+                in out), out[-3000:]
+        said = [line for line in out.splitlines() if line.startswith(f"[rank{rank}]: rank {rank} ")]
+        assert said[-2:] == [f"[rank{rank}]: rank {rank} thread done", f"[rank{rank}]: rank {rank} atexit"], said
+    assert res.returncode == (0 if code == 0 else 3), out[-3000:]
+    if code:
+        assert "SystemExit: 3" in out, out[-3000:]
+
+
 def test_the_fork_server_only_where_it_is_safe(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert _start_method() == "forkserver"

@@ -39,6 +39,15 @@ PRELOAD = ["distval.launch.worker", "distval.train.loop", "distval.launch.shim"]
 BLOCKED = {signal.SIGTERM}
 
 
+def in_worker() -> None:
+    """First thing in a worker the server forked: SIGTERM no longer blocked, one intra-op thread
+    (the server imported torch before the job set OMP_NUM_THREADS=1)."""
+    import torch
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, BLOCKED)
+    torch.set_num_threads(1)
+
+
 def start(fork: bool = False) -> None:
     """The fork server, running from now on (nothing if it already is). `fork`: forked from this
     process once it has imported PRELOAD (by a caller that has started no thread yet), else

@@ -69,10 +69,7 @@ def _local_entry(rank_fn: RankFn, cfg: Any, opts: LaunchOptions, from_server: bo
     """A worker of distval's own. `environ` was forkserver.Environ: unpickling it put the launching
     process's environment in place already."""
     if from_server:
-        import torch
-
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, forkserver.BLOCKED)
-        torch.set_num_threads(1)  # the server imported torch before the launcher chose the thread count
+        forkserver.in_worker()
     from distval.launch.worker import run_worker
 
     return run_worker(rank_fn, cfg, opts, "local")

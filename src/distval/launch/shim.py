@@ -162,24 +162,25 @@ def main(argv: list[str]) -> None:
 def from_server(argv: list[str], cwd: str) -> None:
     """`main(argv)` in a worker forked from the launcher's fork server (launch/forkserver.py)
     instead of the new interpreter `python -m distval.launch.shim ARGV`, which it is first made to
-    look like: SIGTERM no longer blocked, one intra-op thread (the server imported torch before
-    the job set OMP_NUM_THREADS=1), multiprocessing's start method not chosen yet (a script may
-    choose it), the job's working directory first on sys.path as under `python -m`. It ends as
-    that interpreter would: non-daemon threads joined, then the atexit functions run (the server
-    would skip them), with the exit status it would give (the script's sys.exit code, 1 after an
-    uncaught exception, SIGINT's after a KeyboardInterrupt), and at once: a rank whose script
-    returned early (it skipped a collective) must not linger, its connections open, until every
-    rank has returned, as torch's function workers do (`_returned`)."""
+    look like: SIGTERM no longer blocked, one intra-op thread (`forkserver.in_worker`),
+    multiprocessing's start method not chosen yet (a script may choose it), numpy's global generator
+    seeded afresh (a new interpreter seeds it from the OS; forked ranks would share the server's
+    stream; Python's `random` reseeds itself at a fork), the job's working directory first on
+    sys.path as under `python -m`. It ends as that interpreter would: non-daemon threads joined,
+    then the atexit functions run (the server would skip them), with the exit status it would give
+    (the script's sys.exit code, 1 after an uncaught exception, SIGINT's after a KeyboardInterrupt),
+    and at once: a rank whose script returned early (it skipped a collective) must not linger, its
+    connections open, until every rank has returned, as torch's function workers do
+    (`_returned`)."""
     import atexit
     import multiprocessing.context
 
-    import torch
-
     from distval.launch import forkserver
 
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, forkserver.BLOCKED)
-    torch.set_num_threads(1)
+    forkserver.in_worker()
     multiprocessing.context._default_context._actual_context = None  # type: ignore[attr-defined]
+    if "numpy.random" in sys.modules:  # imported by the server (today it is not: a rank imports it afresh)
+        sys.modules["numpy.random"].seed()
     os.chdir(cwd)
     sys.path[0] = cwd
     code: Any = 0
