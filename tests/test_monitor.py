@@ -47,6 +47,17 @@ def test_a_busy_stretch_before_the_slowdown_does_not_move_its_onset():
     assert found.ranks == [1] and found.step == 38, found.summary
 
 
+def test_a_rank_held_a_little_behind_before_it_slows_is_slow_from_the_slowdown():
+    # a host that keeps rank 1 at 1.25x its peer (over the 1.15 ratio, not long enough to be named),
+    # then the rank slows to 2x at step 30: its onset is the slowdown, not the start of the job
+    for seed in range(4):
+        monitor = Detectors(HealthConfig())
+        found = run(monitor, 30, slow={1: 1.25}, world=2, seed=seed)
+        assert found == []
+        (found,) = run(monitor, 100, slow={1: 2.0}, world=2, seed=seed + 10, first=30)
+        assert found.ranks == [1] and 30 <= found.step <= 32, found.summary
+
+
 def test_a_slowdown_just_over_the_ratio_starts_where_it_began():
     onsets = []
     for seed in range(6):  # 1.17x: the 1.15 rule barely met (against the rule's ratio alone: up to step 54)

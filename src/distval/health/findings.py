@@ -30,18 +30,26 @@ def fast_median(xs: Iterable[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def onset(series: Sequence[float], threshold: float, cap: float) -> int:
-    """Where a series' lasting rise over `threshold` (a level between the healthy one and the
-    level now, `cap`) began: one past the last point at which its excess over the threshold,
-    summed and never below zero (Page's CUSUM), was nil. A point a little over the threshold adds
-    little, and one far over it no more than the level now, and points under it drain that: a
-    noisy stretch or a lone slow step before the rise does not move its start unless it runs into
-    it. A rise in two levels (a host busier at its start, then less) starts at the first, where a
-    split into two sides that sit closest to their own medians would cut at the larger step in
-    between."""
+def onset(series: Sequence[float], rule: float, cap: float, healthy: float) -> int:
+    """Where a series' lasting rise to the level `cap` it has now began: one past the last point at
+    which its excess over a reference, summed and never below zero (Page's CUSUM), was nil. A point
+    a little over the reference adds little, one far over it no more than the level now, and points
+    under it drain that: a noisy stretch or a lone slow step before the rise does not move its start
+    unless it runs into it. A rise in two levels (a host busier at its start, then less) starts at
+    the first, where a split into two sides that sit closest to their own medians would cut at the
+    larger step in between.
+
+    The reference is the rule's threshold `rule`, or halfway from the `healthy` level to `cap`
+    where that is lower (a rise just over the threshold rises clear of it); and, where the series'
+    own low level (its tenth percentile) sits over the threshold (a host that keeps a rank a little
+    behind its peers before it slows for real), a quarter of the way from that level to `cap`, at
+    most halfway from `healthy`: the healthy stretch's own spread drains, the rise does not."""
+    mid = (healthy + cap) / 2
+    low = sorted(series)[len(series) // 10] if series else healthy
+    reference = max(min(rule, mid), min(low + (cap - low) / 4, mid))
     excess, start = 0.0, 0
     for i, x in enumerate(series):
-        excess = max(0.0, excess + min(x, cap) - threshold)
+        excess = max(0.0, excess + min(x, cap) - reference)
         if excess == 0.0:
             start = i + 1
     return min(start, len(series) - 1)

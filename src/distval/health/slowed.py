@@ -178,8 +178,8 @@ class Slowed:
                        {**details, "detected_step": step})
 
     def _onset(self, r: int, excess: float) -> int | None:
-        """The step its excess began: `findings.onset` of its excess series against the rule's
-        threshold, or half the `excess` now where that is lower, as in the compute rule."""
+        """The step its excess began: `findings.onset` of its excess series, a healthy rank's
+        excess being nil."""
         series = list(self.excess[r])
-        start = onset([x for _, x in series], min(self.threshold, excess / 2), excess)
+        start = onset([x for _, x in series], self.threshold, excess, healthy=0.0)
         return next((s for s, _ in series[start:] if s is not None), None)

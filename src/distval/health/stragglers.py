@@ -108,14 +108,13 @@ class Stragglers:
     def _onset(self, r: int, slowdown: float) -> int:
         """The step rank r's slowness began: `findings.onset` of its compute ratio over the history
         (back past the streak's start: a streak lasts `window` steps and `PERSIST_S`), taken over
-        the medians of blocks of steps (`ONSET_POINTS` at most: exact to a block), against the
-        rule's ratio, or halfway from a healthy rank's 1.0 to the `slowdown` now where that is lower
-        (a slowdown just over the ratio rises clear of it)."""
+        the medians of blocks of steps (`ONSET_POINTS` at most: exact to a block), a healthy rank's
+        ratio being 1.0."""
         block = -(-len(self.history) // ONSET_POINTS)
         history = list(self.history)
         ratios = [fast_median(all_ranks[r] for _, all_ranks in history[i:i + block])
                   for i in range(0, len(history), block)]
-        return history[onset(ratios, min(self.cfg.slow_ratio, (1 + slowdown) / 2), slowdown) * block][0]
+        return history[onset(ratios, self.cfg.slow_ratio, slowdown, healthy=1.0) * block][0]
 
 
 def _figures(rows: list[dict[str, float]], r: int) -> tuple[float, float, float]:
