@@ -34,22 +34,25 @@ run: setup
 	$(VENV)/bin/distval run
 
 # compileall: where PYTHONDONTWRITEBYTECODE is set (these machines), every process of the suite
-# would compile distval's modules again (0.2-0.3 s of a core each)
+# would compile distval's modules again (0.2-0.3 s of a core each).
+# WORKERS: the suite's worker processes, a test file to each (tests/parallel.py); 0 runs it in one.
+WORKERS ?= 2
 test: setup browser
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m compileall -q src
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+	$(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadfile --durations=15
 
 # The fast tier: every test that starts no process, and one smoke job per command (tests/tiers.py);
 # a test that starts a process without being recorded as a job fails here and says so.
 test-fast: setup
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m compileall -q src
-	DISTVAL_TEST_TIER=fast $(PY) -m pytest -q -p no:cacheprovider -m "not job or smoke" --durations=10
+	DISTVAL_TEST_TIER=fast $(PY) -m pytest -q -p no:cacheprovider -n $(WORKERS) --dist loadfile -m "not job or smoke" --durations=10
 
-# Record which tests and fixtures start processes (tests/jobs.txt): a whole run of the suite.
+# Record which tests and fixtures start processes (tests/jobs.txt): a whole run of the suite, in one
+# process (the record is one file).
 jobs-list: setup
-	DISTVAL_TEST_RECORD=tests/jobs.txt $(PY) -m pytest -q -p no:cacheprovider
+	DISTVAL_TEST_RECORD=tests/jobs.txt $(PY) -m pytest -q -p no:cacheprovider -n 0
 
 bench: setup
 	$(PY) benchmarks/overhead_vs_bare.py --nproc 2 -b 1M -e 64M

@@ -15,7 +15,7 @@ import pytest
 from cliserver import CliServer
 
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ("tiers",)  # the fast tier and the `job` marker (tests/tiers.py)
+pytest_plugins = ("tiers", "parallel")  # the fast tier and the `job` marker; the suite on two workers
 
 
 def run_cli(*args: str, timeout: float = 180, env: dict[str, str] | None = None, cwd: str | Path | None = None,

@@ -117,6 +117,7 @@ def test_evidence_must_last_in_seconds_and_steps_and_start_up_is_not_judged():
     assert rule.update(40, {r: bucket(stopped=0.4 if r == 1 else 0.0) for r in range(3)}).ranks == [1]
 
 
+@pytest.mark.alone  # (tests/parallel.py)
 def test_the_foreign_cpu_is_a_busy_neighbour_s_and_not_the_job_s():
     """A child of this process spinning is the job's own; a process outside the job's family (an
     orphan, as another user's job is) is foreign."""
@@ -163,6 +164,7 @@ def test_a_host_that_stops_every_rank_names_none_and_a_finding_ends_when_the_sto
     assert found.ranks == [0] and 600 <= found.details["until_step"] <= 700, found.details
 
 
+@pytest.mark.alone  # (tests/parallel.py)
 def test_the_kernel_shares_of_a_stopped_and_of_a_queued_process():
     """A busy child stopped 1/3 of the time by the throttle fault's process; a busy child pinned on one
     core with another busy process: half of its runnable time queued."""
@@ -189,6 +191,7 @@ def test_the_kernel_shares_of_a_stopped_and_of_a_queued_process():
     assert os.cpu_count() >= 2
 
 
+@pytest.mark.alone  # (tests/parallel.py)
 def test_the_kernel_share_of_a_process_throttled_by_its_cgroup(tmp_path):
     """A busy child in a cpu cgroup whose quota is 30 ms of every 100 ms: throttled ~70% of the time
     on an idle host (less on a loaded one, where it also waits for a CPU), never running more than 30%."""
