@@ -115,7 +115,7 @@ def test_unreachable_master_names_the_interface_in_a_namespace():
     """In a namespace whose eth0 reaches 10.79.0.1 and whose decoy0 leads nowhere, a rank whose
     hostname resolves to decoy0's address gets the ERROR naming decoy0 and eth0 within the
     probe's timeout (1 s here)."""
-    ns = f"dv-{os.getpid()}-nc"
+    ns = f"netcheck-{os.getpid()}"  # not emulate's dv- prefix: test_emulate's leftover check runs beside it
     etc = f"/etc/netns/{ns}"
     script = (
         "import sys; from distval.launch.netcheck import preflight\n"

@@ -33,7 +33,9 @@ def test_compare_traces_agree_with_the_harness(tmp_path):
     for r in rows:  # the shares add up, MFU is there (the model's FLOPs ride in the trace)
         assert abs(sum(r[c] for c in ("compute", "optimizer", "comm_overlapped", "comm_exposed",
                                       "waiting_for_peers", "memcpy", "data", "idle")) - 100) < 0.1
-        assert 0 < r["mfu"] < 1 and r["compute"] > 10
+        # the model's forward and backward outweigh its optimizer step (each 10% and 2% of a step here,
+        # quiet; a share of the step alone moves with the host's load: 7% beside another job)
+        assert 0 < r["mfu"] < 1 and r["compute"] > 2 * r["optimizer"] > 0, r
 
     sweep = doc["tables"]["bucket_sweep"]["rows"]  # 0.05 MiB: a bucket per few tensors; 1 MiB: one bucket
     assert [(r["bucket_mb"], r["comm_calls_per_step"]) for r in sweep] == [(0.05, 9), (1.0, 1)]
