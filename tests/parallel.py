@@ -2,11 +2,13 @@
 to a worker (its module-scoped jobs stay one per file): many tests wait (on a timeout, a hang's
 threshold, a rank's sleep) while the cores idle, so two workers take about half the time of one.
 
-A test marked `alone` measures this host's CPU itself (the kernel's shares of a stopped, queued or
-throttled process; the CPU of a busy neighbour) or loads every core while it does: it runs with the
-host to itself. Every test, from its fixtures' set-up to their teardown, holds a lock the workers
-share; an `alone` test holds it exclusively. A turnstile before the lock keeps an `alone` test from
-waiting for ever: once it waits, no other test starts. Run serially (`-n 0`), nothing is locked.
+A test marked `alone` measures what another test's load would skew: this host's CPU itself (the
+kernel's shares of a stopped, queued or throttled process; the CPU of a busy neighbour, loading
+every core meanwhile), or links emulated at a rate the host's CPU paces (`comm pairs` across
+emulated nodes). It runs with the host to itself. Every test, from its fixtures' set-up to their
+teardown, holds a lock the workers share; an `alone` test holds it exclusively. A turnstile before
+the lock keeps an `alone` test from waiting for ever: once it waits, no other test starts. Run
+serially (`-n 0`), nothing is locked.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ WORKER_KEY = "distval_locks"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "alone: measures the host's CPU: runs while no other test does")
+    config.addinivalue_line("markers", "alone: measures what another test's load would skew; runs while no other does")
     if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
         config.stash[LOCKS] = tempfile.mkdtemp(prefix="distval-suite-")
 
