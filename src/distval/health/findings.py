@@ -40,10 +40,10 @@ def onset(series: Sequence[float], rule: float, cap: float, healthy: float) -> i
     larger step in between.
 
     The reference is the rule's threshold `rule`, or halfway from the `healthy` level to `cap`
-    where that is lower (a rise just over the threshold rises clear of it); and, where the series'
-    own low level (its tenth percentile) sits over the threshold (a host that keeps a rank a little
-    behind its peers before it slows for real), a quarter of the way from that level to `cap`, at
-    most halfway from `healthy`: the healthy stretch's own spread drains, the rise does not."""
+    where that is lower (a rise just over the threshold rises clear of it); and at least a quarter
+    of the way from the series' own low level (its tenth percentile) to `cap`, at most halfway from
+    `healthy`: where a host kept a rank a little behind its peers, over the threshold, before it
+    slowed for real, that stretch drains instead of counting as the rise."""
     mid = (healthy + cap) / 2
     low = sorted(series)[len(series) // 10] if series else healthy
     reference = max(min(rule, mid), min(low + (cap - low) / 4, mid))

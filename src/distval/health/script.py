@@ -27,7 +27,7 @@ from distval.health.config import HealthConfig
 from distval.health.findings import Finding
 from distval.health.monitor import Detectors, compare_replicas, nonfinite_in_script
 from distval.health.report import add_health
-from distval.health.steps import KEEP, aligned_rows
+from distval.health.steps import aligned_rows
 from distval.protocol import Kind
 from distval.results import Report
 
@@ -72,7 +72,8 @@ class ScriptDetectors:
             if payload:
                 self.hosts.add(payload["host"])
                 for row in payload["rows"]:
-                    self.rows[rank][row[0]] = row
+                    if row[0] >= self.next_step:  # (a step fed already is never needed again)
+                        self.rows[rank][row[0]] = row
         self.feed()
         for rank, payload in reader.all(self.world_size, Kind.PROBE).items():
             if payload:
@@ -84,19 +85,19 @@ class ScriptDetectors:
 
     def feed(self) -> None:
         """Every step all ranks have reported, in order (one host only: one clock)."""
+        newest = min((max(mine) if mine else -1) for mine in self.rows)  # the step every rank has passed
         while len(self.hosts) == 1:
-            if not all(self.next_step in mine for mine in self.rows):
-                if all(mine and max(mine) > self.next_step for mine in self.rows):
-                    self.next_step += 1  # a rank never resolved this step (its recorder had moved on): skip it
-                    continue
-                break
-            ranks = aligned_rows(self.rows, self.next_step)
+            every = all(self.next_step in mine for mine in self.rows)
+            if not every and newest <= self.next_step:
+                break  # not every rank has reported it yet
+            # (a step some rank never resolved once every rank is past it: its recorder had moved on)
+            ranks = aligned_rows(self.rows, self.next_step) if every else None
             if ranks is not None:
                 self.steps_seen += 1
                 for found in self.health.update(self.next_step, ranks, None, None, None):
                     self.on_finding(found)
             for mine in self.rows:
-                mine.pop(self.next_step - KEEP, None)  # only what a late step could still need
+                mine.pop(self.next_step, None)  # fed: never needed again
             self.next_step += 1
 
     def _nonfinite(self, final: bool = False) -> None:

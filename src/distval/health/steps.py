@@ -7,8 +7,9 @@ has enqueued (the Flight Recorder's counters, about 40 µs). A daemon thread of 
 reads the recorder's entries every `interval_s` (a few ms, off the training thread), looks up
 when this rank created each new step's last collective on its busiest group, and publishes the
 newest steps on the rank channel under kind `steps`:
-{host, rows: [[step, step_s, pg, seq, created_ns, mem_current, mem_peak], ...]} (the last KEEP
-rows, so a reader that missed a publication loses nothing). With a probe (health/probe.py) the
+{host, rows: [[step, step_s, pg, seq, created_ns, mem_current, mem_peak], ...]} (every row of the
+last KEEP_S seconds, and at least the last KEEP: a reader that polls less often than that, or
+missed a publication, loses nothing, however short the steps). With a probe (health/probe.py) the
 hook also takes the memory counters and the probe's numerics and replica checks, and the thread
 publishes the probe's notes.
 
@@ -25,6 +26,7 @@ host; across hosts the check says so (SKIP).
 from __future__ import annotations
 
 import collections
+import itertools
 import socket
 import threading
 import time
@@ -33,7 +35,9 @@ from typing import Any, Callable
 from distval.health.heartbeat import group_progress, recorded
 from distval.protocol import Kind
 
-KEEP = 64  # rows each publication carries
+KEEP = 64  # rows each publication carries at least
+KEEP_S = 1.0  # and every row noted this recently (two of the launcher's reads, 0.5 s apart: health/script.py)
+MAX_ROWS = 4096  # at most (1 s of 0.25 ms steps)
 
 
 def follow_first_optimizer(callback: Callable[[Any], None]) -> Any:
@@ -62,7 +66,7 @@ class StepClock:
         self._probed = 0  # the probe's version last published
         self.pending: collections.deque[tuple[int, float, dict[str, list[int]], tuple[int, int]]] = \
             collections.deque()
-        self.rows: collections.deque[list[Any]] = collections.deque(maxlen=KEEP)
+        self.rows: collections.deque[tuple[float, list[Any]]] = collections.deque(maxlen=MAX_ROWS)  # (noted, row)
         self.step, self.last_t = 0, time.perf_counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="distval-steps", daemon=True)
@@ -90,14 +94,17 @@ class StepClock:
         if not self.pending:
             return
         by_key = {(e["process_group"][0], e["collective_seq_id"]): e["time_created_ns"] for e in recorded()}
+        now = time.perf_counter()
         while self.pending:
             step, step_s, groups, memory = self.pending.popleft()
             if not groups:
                 continue  # no process group (yet), or no recorder
             pg, (seq, _) = max(groups.items(), key=lambda kv: kv[1][0])  # the busiest group
             if (pg, seq) in by_key:
-                self.rows.append([step, step_s, pg, seq, by_key[(pg, seq)], *memory])
-        self.channel.publish(Kind.STEPS, {"host": socket.gethostname(), "rows": list(self.rows)})
+                self.rows.append((now, [step, step_s, pg, seq, by_key[(pg, seq)], *memory]))
+        recent = sum(1 for noted, _ in self.rows if noted >= now - KEEP_S)
+        rows = [row for _, row in itertools.islice(self.rows, max(0, len(self.rows) - max(recent, KEEP)), None)]
+        self.channel.publish(Kind.STEPS, {"host": socket.gethostname(), "rows": rows})
 
     def _publish_probe(self) -> None:
         version, payload = self.probe.payload()
