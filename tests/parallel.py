@@ -1,6 +1,7 @@
 """The suite on two workers. `make test` runs it in worker processes of pytest-xdist, a test file
 to a worker (its module-scoped jobs stay one per file): many tests wait (on a timeout, a hang's
-threshold, a rank's sleep) while the cores idle, so two workers take about half the time of one.
+threshold, a rank's sleep) while the cores idle, so two workers take about three quarters of the
+time of one (docs/results/2026-11-29-suite-on-two-workers.md).
 
 A test marked `alone` measures what another test's load would skew: this host's CPU itself (the
 kernel's shares of a stopped, queued or throttled process; the CPU of a busy neighbour, loading
