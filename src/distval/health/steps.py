@@ -4,7 +4,7 @@ arrived at each step's last collective, seen from outside the training loop.
 Rank side (the shim, launch/shim.py): a global optimizer step hook (`StepClock`) notes, at each
 `step()` of the first optimizer that steps, the time and the last collective each process group
 has enqueued (the Flight Recorder's counters, about 40 µs). A daemon thread of the same object
-reads the recorder's entries every `interval_s` (a few ms, off the training thread), looks up
+reads the recorder's entries every `interval_s` (0.5 s, off the training thread), looks up
 when this rank created each new step's last collective on its busiest group, and publishes the
 newest steps on the rank channel under kind `steps`:
 {host, rows: [[step, step_s, pg, seq, created_ns, mem_current, mem_peak], ...]} (every row of the
