@@ -15,6 +15,7 @@ from distval.trace.config import TraceConfig
 from conftest import run_cli
 
 
+@pytest.mark.alone  # a step's breakdown moves with another job's load (optimizer 6.4% of a step beside one, 1.8% alone)
 def test_compare_traces_agree_with_the_harness(tmp_path):
     out, traces = tmp_path / "c.json", tmp_path / "traces"
     res = run_cli("compare", "--nproc", "2", "--model", "tiny", "--strategies", "simple_ddp,bucket_ddp_async",
@@ -34,7 +35,7 @@ def test_compare_traces_agree_with_the_harness(tmp_path):
         assert abs(sum(r[c] for c in ("compute", "optimizer", "comm_overlapped", "comm_exposed",
                                       "waiting_for_peers", "memcpy", "data", "idle")) - 100) < 0.1
         # the model's forward and backward outweigh its optimizer step (each 10% and 2% of a step here,
-        # quiet; a share of the step alone moves with the host's load: 7% beside another job)
+        # quiet: 7% and 6% beside another job, so the test runs alone)
         assert 0 < r["mfu"] < 1 and r["compute"] > 2 * r["optimizer"] > 0, r
 
     sweep = doc["tables"]["bucket_sweep"]["rows"]  # 0.05 MiB: a bucket per few tensors; 1 MiB: one bucket
