@@ -36,9 +36,9 @@ run: setup
 # compileall: where PYTHONDONTWRITEBYTECODE is set (these machines), every process of the suite
 # would compile distval's modules again (0.2-0.3 s of a core each).
 # WORKERS: the suite's worker processes, a test file to each (tests/parallel.py); 0 runs it in one.
-# Two take about three quarters of the time here, but timing tests beyond the `alone` ones can still be
-# skewed by the other worker (docs/results/2026-11-29-suite-on-two-workers.md): one is the default.
-WORKERS ?= 0
+# Two take about four fifths of one process's time here; a test another test's load would skew is
+# marked `alone` (docs/results/2026-11-29-suite-on-two-workers.md).
+WORKERS ?= 2
 test: setup browser
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m compileall -q src
