@@ -133,18 +133,23 @@ def _ranks(value: Any) -> list[int]:
     return list(_parsed(value)) if isinstance(value, str) else sorted(int(r) for r in value)
 
 
-def find(folder: Path) -> list[Path]:
-    """The files under `folder` that may be dumps: every file but hidden ones and logs."""
-    if not folder.exists():
-        raise DumpError(folder, "no such file or folder")
+def candidates(folder: Path) -> list[Path]:
+    """The files under `folder` that may be dumps: every file but hidden ones, logs and text."""
     if folder.is_file():
         return [folder]
-    files = sorted(f for f in folder.rglob("*") if f.is_file() and not f.name.startswith(".")
-                   and not f.name.endswith((".log", ".txt", ".md", ".out", ".err")))
+    return sorted(f for f in folder.rglob("*") if f.is_file() and not f.name.startswith(".")
+                  and not f.name.endswith((".log", ".txt", ".md", ".out", ".err")))
+
+
+def find(folder: Path) -> list[Path]:
+    """`candidates`, at least one: DumpError for a folder with none."""
+    if not folder.exists():
+        raise DumpError(folder, "no such file or folder")
+    files = candidates(folder)
     if not files and any(folder.rglob("fr_trace_*.txt")):
         raise DumpError(folder, "these are torch.distributed.debug's periodic fr_trace tables (its analyzer's "
-                        "output, not the ranks' dumps); point diagnose at the ranks' own dumps "
-                        "(TORCH_FR_DUMP_TEMP_FILE, or each rank's /fr_trace_json)")
+                        "output, not the ranks' dumps) without its stacks files; point diagnose at the ranks' own "
+                        "dumps (TORCH_FR_DUMP_TEMP_FILE, or each rank's /fr_trace_json)")
     if not files:
         raise DumpError(folder, "no Flight Recorder dumps here (PyTorch writes them where TORCH_FR_DUMP_TEMP_FILE "
                         "points, one file per rank)")

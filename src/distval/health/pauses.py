@@ -20,6 +20,7 @@ the longest one survived there. Without stacks (py-spy missing) every pause shar
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,16 @@ def user_frames(main_frames: list[str]) -> tuple[str, ...]:
     frames = main_frames[::-1]
     shim = next((i for i, f in enumerate(frames) if _SHIM in f), 0)
     return tuple(f for f in frames[shim:] if not any(part in f for part in _NOT_USER))
+
+
+def user_place(main_frames: list[str]) -> str:
+    """The innermost frame of the user's program (`user_frames`) with its file by name:
+    "estimate_loss (train.py:31)"; "" without one."""
+    own = user_frames(main_frames)
+    if not own:
+        return ""
+    fn, _, place = own[-1].rpartition(" (")
+    return f"{fn} ({os.path.basename(place)}"
 
 
 def _split(frame: str) -> tuple[str, str, str]:

@@ -19,15 +19,14 @@ behind.
 from __future__ import annotations
 
 import collections
-import os
 from pathlib import Path
 from typing import Any
 
-from distval.health import fingerprints, ranks_text
-from distval.health.frdump import RankDump, read
+from distval.health import debugstacks, fingerprints, ranks_text, spans
+from distval.health.frdump import RankDump, candidates, read
 from distval.health.hang import HINTS, decide, describe
 from distval.health.heartbeat import pending_collectives
-from distval.health.pauses import user_frames
+from distval.health.pauses import user_place
 from distval.results import Check, Report, Status, Table
 
 MISSING_HINT = ("a rank without a dump could not write one (stopped, killed, or never timed out); its own log or a "
@@ -86,11 +85,7 @@ def frames(entry: dict[str, Any] | None) -> list[str]:
 def _where(entry: dict[str, Any] | None) -> str:
     """The innermost frame of the user's code in the entry's stack, its file by name ("" without
     one: the JSON form records no stacks)."""
-    own = user_frames(frames(entry))
-    if not own:
-        return ""
-    fn, _, place = own[-1].rpartition(" (")
-    return f"{fn} ({os.path.basename(place)}"
+    return user_place(frames(entry))
 
 
 def recorded_mismatch(dumps: list[RankDump]) -> tuple[list[int], str, str, int] | None:
@@ -132,7 +127,12 @@ def _last_completed(d: RankDump, pg: str, completed: int) -> str:
 
 
 def diagnose(paths: list[Path]) -> Report:
-    """The report of `distval diagnose`: which dumps were read, the verdict, per rank and per group."""
+    """The report of `distval diagnose`: which dumps were read, the verdict, per rank and per group.
+    Folders of torch.distributed.debug's dumps without a Flight Recorder dump are judged from the
+    ranks' stacks instead (debugstacks.py)."""
+    stacks = debugstacks.files(paths)
+    if stacks and not any(candidates(p) for p in paths if p.exists()):
+        return debugstacks.diagnose(stacks, paths)
     dumps = read(paths)
     members = members_of(dumps)
     world = sorted({r for rs in members.values() for r in rs} | {d.rank for d in dumps})
@@ -230,17 +230,6 @@ def _rank_table(dumps: list[RankDump], beats: dict[int, dict[str, Any]], culprit
         table.add(ranks=spans(ranks), culprit=culprit, waiting_in=waiting, last_completed=completed, where=where,
                   dumps="yes" if dumped else "none")
     return table
-
-
-def spans(ranks: list[int]) -> str:
-    """"0-2, 5, 7-1023": ranks as runs of consecutive numbers."""
-    runs: list[list[int]] = []
-    for r in sorted(ranks):
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _waits_in(pending: dict[str, Any]) -> str:
