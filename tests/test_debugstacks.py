@@ -78,6 +78,11 @@ def test_stacks_that_do_not_decide_are_said_as_such():
     running = RankStack(0, ("step (/w/train.py:9)", "<module> (/w/train.py:5)"))
     assert verdict({0: running, 1: RankStack(1, running.frames)}) == (
         [], "none", "no rank waits in a collective: the job was running when the stacks were taken")
+    silent = RankStack(2, answered=False)
+    assert verdict({0: running, 2: silent}) == (
+        [], "none", "no rank waits in a collective: the job was running when the stacks were taken; rank 2 did not "
+                    "answer")
+    assert verdict({2: silent})[2] == "no rank answered the dumper (rank 2): the stacks say nothing"
     backward = RankStack(1, ("_engine_run_backward (/v/torch/autograd/graph.py:824)", "<module> (/w/train.py:5)"))
     assert backward.op == "backward" and verdict({0: waiting, 1: backward})[:2] == ([1], "mismatch")
 
@@ -96,6 +101,9 @@ def test_the_cli_reads_a_debug_folder_and_refuses_one_without_stacks(tmp_path, c
     res = cli("diagnose", str(FOLDERS / "mismatch"), "--json", str(tmp_path / "d.json"))
     assert res.returncode == 1 and "rank 2 waits in broadcast" in res.stdout, res.stdout + res.stderr
     assert json.loads((tmp_path / "d.json").read_text())["meta"]["source"] == "torch.distributed.debug stacks"
+    one = sorted((FOLDERS / "stopped").glob("stacks_*.txt"))[-1]  # a stacks file named alone
+    res = cli("diagnose", str(one))
+    assert res.returncode == 1 and "rank 2 did not answer" in res.stdout, res.stdout + res.stderr
     (tmp_path / "fr").mkdir()
     (tmp_path / "fr" / "fr_trace_20261129_044911.txt").write_text("=== FR Trace ===\n")
     with pytest.raises(DumpError, match="fr_trace tables .* without its stacks files"):

@@ -84,8 +84,9 @@ class RankStack:
 
 
 def files(paths: list[Path]) -> list[Path]:
-    """The stacks files under `paths` (folders of torch.distributed.debug's dumps), oldest first."""
-    found = [f for p in paths if p.is_dir() for f in p.rglob("stacks_*.txt") if _TIME.search(f.name)]
+    """The stacks files among `paths` and under them (folders of torch.distributed.debug's dumps),
+    oldest first."""
+    found = [f for p in paths for f in (p.rglob("stacks_*.txt") if p.is_dir() else [p]) if _TIME.search(f.name)]
     return sorted(found, key=lambda f: _TIME.search(f.name).group(1))  # type: ignore[union-attr]
 
 
@@ -147,7 +148,10 @@ def verdict(stacks: dict[int, RankStack]) -> tuple[list[int], str, str]:
     if waiting:
         return [], "none", (f"{_waits(stacks, sorted(waiting))}: the stacks cannot say which rank is behind (the "
                             "Flight Recorder's dumps can: TORCH_FR_DUMP_TEMP_FILE)")
-    return [], "none", "no rank waits in a collective: the job was running when the stacks were taken"
+    if not outside:
+        return [], "none", f"no rank answered the dumper ({ranks_text(silent)}): the stacks say nothing"
+    return [], "none", ("no rank waits in a collective: the job was running when the stacks were taken"
+                        + (f"; {ranks_text(silent)} did not answer" if silent else ""))
 
 
 def _by(stacks: dict[int, RankStack], ranks: list[int], attr: str) -> list[tuple[str, list[int]]]:
@@ -191,7 +195,7 @@ def diagnose(stack_files: list[Path], inputs: list[Path]) -> Report:
     details = {"hang": kind, "culprits": culprits, "held_files": held,
                "stacks": {str(r): "\n".join(s.frames) for r, s in stacks.items() if s.frames}}
     if kind == "none":
-        report.add(Check("diagnose verdict", Status.WARN if any(s.op for s in stacks.values()) else Status.OK,
+        report.add(Check("diagnose verdict", Status.WARN if silent or any(s.op for s in stacks.values()) else Status.OK,
                          text + since, details))
     else:
         report.add(Check("diagnose verdict", Status.FAIL, text + since, details,

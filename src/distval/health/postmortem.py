@@ -131,7 +131,7 @@ def diagnose(paths: list[Path]) -> Report:
     Folders of torch.distributed.debug's dumps without a Flight Recorder dump are judged from the
     ranks' stacks instead (debugstacks.py)."""
     stacks = debugstacks.files(paths)
-    if stacks and not any(candidates(p) for p in paths if p.exists()):
+    if stacks and not [f for p in paths if p.exists() for f in candidates(p) if f not in stacks]:
         return debugstacks.diagnose(stacks, paths)
     dumps = read(paths)
     members = members_of(dumps)
