@@ -86,7 +86,8 @@ class RankStack:
 def files(paths: list[Path]) -> list[Path]:
     """The stacks files among `paths` and under them (folders of torch.distributed.debug's dumps),
     oldest first."""
-    found = [f for p in paths for f in (p.rglob("stacks_*.txt") if p.is_dir() else [p]) if _TIME.search(f.name)]
+    found = [f for p in paths for f in (p.rglob("stacks_*.txt") if p.is_dir() else [p] if p.is_file() else [])
+             if _TIME.search(f.name)]
     return sorted(found, key=lambda f: _TIME.search(f.name).group(1))  # type: ignore[union-attr]
 
 
