@@ -26,11 +26,13 @@ def _checks(folder: Path) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("case, culprits, kind, summary", [
     ("outside", [1], "outside", "rank 1 is outside any collective at evaluate (make_stacks.py:23) while ranks 0, 2 "
-                                "wait in all_reduce at <module> (make_stacks.py:33)"),
+                                "wait in all_reduce at <module> (make_stacks.py:38)"),
     ("mismatch", [2], "mismatch", "rank 2 waits in broadcast at <module> (make_stacks.py:29), while ranks 0, 1 wait "
-                                  "in all_reduce at <module> (make_stacks.py:33)"),
-    ("stopped", [2], "outside", "ranks 0, 1 wait in all_reduce at <module> (make_stacks.py:33); rank 2 did not answer "
+                                  "in all_reduce at <module> (make_stacks.py:38)"),
+    ("stopped", [2], "outside", "ranks 0, 1 wait in all_reduce at <module> (make_stacks.py:38); rank 2 did not answer "
                                 "the dumper: the one they wait for"),
+    ("ddp", [0], "outside", "rank 0 is outside any collective at evaluate (make_stacks.py:23) while ranks 1, 2 wait in "
+                            "backward at <module> (make_stacks.py:36)"),  # DDP's gradient all_reduce, inside autograd
 ])
 def test_each_case_names_its_rank_and_kind_from_the_stacks(case, culprits, kind, summary):
     read_check, check = _checks(FOLDERS / case)
@@ -41,14 +43,16 @@ def test_each_case_names_its_rank_and_kind_from_the_stacks(case, culprits, kind,
     assert ("rank 2 did not answer" in read_check["summary"]) == (case == "stopped"), read_check
     assert read_check["status"] == ("WARN" if case == "stopped" else "OK")
     stacks = check["details"]["stacks"]
-    assert sorted(stacks) == (["0", "1"] if case == "stopped" else ["0", "1", "2"])  # innermost first, full paths
-    assert stacks["0"].splitlines()[0].startswith("all_reduce (") and "distributed_c10d.py:" in stacks["0"]
+    assert sorted(stacks) == (["0", "1"] if case == "stopped" else ["0", "1", "2"])  # innermost frame first
+    innermost = stacks["1" if case == "ddp" else "0"].splitlines()[0]
+    assert innermost.startswith("_engine_run_backward (" if case == "ddp" else "all_reduce ("), innermost
+    assert "/site-packages/torch/" in innermost
 
 
 def test_the_ranks_table_groups_ranks_alike():
     rows = diagnose([FOLDERS / "stopped"]).to_dict()["tables"]["diagnose_ranks"]["rows"]
     assert rows == [
-        {"ranks": "0-1", "culprit": False, "state": "waits in all_reduce", "where": "<module> (make_stacks.py:33)"},
+        {"ranks": "0-1", "culprit": False, "state": "waits in all_reduce", "where": "<module> (make_stacks.py:38)"},
         {"ranks": "2", "culprit": True, "state": "did not answer", "where": None}]
 
 

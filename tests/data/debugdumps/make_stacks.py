@@ -20,7 +20,7 @@ for _ in range(5):
 
 
 def evaluate():
-    time.sleep(60)  # rank 1 alone, outside any collective
+    time.sleep(60)  # one rank alone, outside any collective
 
 
 if case == "outside" and rank == 1:
@@ -29,5 +29,10 @@ elif case == "mismatch" and rank == 2:
     dist.broadcast(t, src=0)
 elif case == "stopped" and rank == 2:
     os.kill(os.getpid(), signal.SIGSTOP)
+elif case == "ddp":  # rank 0 saves alone while the others wait in DDP's gradient all_reduce, inside backward
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    if rank == 0:
+        evaluate()
+    model(torch.randn(4, 8)).sum().backward()
 else:
     dist.all_reduce(t)
