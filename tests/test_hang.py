@@ -24,7 +24,7 @@ from distval.health.diagnose import diagnose, fewer_collectives
 from distval.health.hang import Hang, compiling, decide, diagnose_hang
 from distval.health.heartbeat import Compiles
 from distval.health.pauses import Pause, Sites, kill_limit, site_of, user_frames
-from distval.health.procs import process_state, where
+from distval.health.procs import process_state, stack_of, where
 from distval.health.watchdog import Phase, Watchdog
 
 from conftest import free_port, run_cli
@@ -482,6 +482,25 @@ def test_where_is_the_innermost_frame_outside_torch_and_the_collective_layer():
             wait (threading.py:331)
         """)
     assert where(stack) == "train_step (distval/train/loop.py:98)" and where(None) == ""
+
+    unnamed = stack.replace(' (idle): "MainThread"', " (idle)").replace(' (idle): "distval-heartbeat"', " (idle)")
+    assert where(unnamed) == ""  # no thread named, none at a script's <module>: no guess
+    script = unnamed.replace("    train_step (distval/train/loop.py:98)\n",
+                             "    train_step (distval/train/loop.py:98)\n    <module> (train.py:7)\n")
+    assert where(script) == "train_step (distval/train/loop.py:98)"  # names lost in a racing read: the script's
+
+
+def test_a_stack_read_that_races_with_the_process_is_tried_again(tmp_path):
+    """py-spy's non-blocking read can fail while the process runs on; a missing permission is not retried."""
+    tries = tmp_path / "tries"
+    fake = tmp_path / "py-spy"
+    fake.write_text(f"#!/bin/sh\necho x >> {tries}\n[ $(wc -l < {tries}) -ge 2 ] && echo 'Thread 1' && exit 0\n"
+                    "echo 'Error: Failed to copy PyCodeObject' >&2; exit 1\n")
+    fake.chmod(0o755)
+    assert stack_of(os.getpid(), str(fake)) == ("Thread 1\n", "") and len(tries.read_text().split()) == 2
+    fake.write_text("#!/bin/sh\necho 'Error: Permission denied (os error 13)' >&2; exit 1\n")
+    text, why = stack_of(os.getpid(), str(fake))
+    assert text is None and why.startswith("Error: Permission denied (os error 13) (py-spy needs the ptrace")
 
 
 # -- real jobs --------------------------------------------------------------------------------------

@@ -135,31 +135,39 @@ def py_spy() -> tuple[str | None, str]:
     return path, ""
 
 
-def stack_of(pid: int, binary: str) -> tuple[str | None, str]:
-    """The Python stack of every thread of `pid` (py-spy dump, without pausing the process)."""
-    try:
-        res = subprocess.run([binary, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True,
-                             timeout=STACK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return None, f"py-spy took over {STACK_TIMEOUT_S:g} s"
-    if res.returncode != 0:
+def stack_of(pid: int, binary: str, tries: int = 3) -> tuple[str | None, str]:
+    """The Python stack of every thread of `pid` (py-spy dump, without pausing the process). A
+    read of a running process can race with it ("Failed to copy PyCodeObject", seen on a loaded
+    host): tried again, up to `tries` times in all, but never past a missing permission."""
+    for attempt in range(tries):
+        try:
+            res = subprocess.run([binary, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True,
+                                 text=True, timeout=STACK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return None, f"py-spy took over {STACK_TIMEOUT_S:g} s"
+        if res.returncode == 0:
+            return res.stdout, ""
         why = (res.stderr or res.stdout).strip().splitlines()
         reason = why[-1] if why else f"exit {res.returncode}"
         if "ermission" in reason or "ptrace" in reason.lower():
-            reason += " (py-spy needs the ptrace capability: run as root or with CAP_SYS_PTRACE)"
-        return None, reason
-    return res.stdout, ""
+            return None, reason + " (py-spy needs the ptrace capability: run as root or with CAP_SYS_PTRACE)"
+        if process_state(pid) in ("gone", "Z"):
+            break
+    return None, reason
 
 
 def main_frames(stack: str) -> list[str]:
-    """The frames of the main thread, innermost first ("fn (file:line)")."""
-    frames, in_main = [], False
+    """The frames of the main thread, innermost first ("fn (file:line)"): the thread py-spy names
+    "MainThread", else (a read that raced with the process can lose the names) the one whose
+    outermost frame is a script's `<module>`."""
+    threads: list[tuple[bool, list[str]]] = []
     for line in stack.splitlines():
         if line.startswith("Thread "):
-            in_main = '"MainThread"' in line
-        elif in_main and line.startswith("    ") and "(" in line:
-            frames.append(line.strip())
-    return frames
+            threads.append(('"MainThread"' in line, []))
+        elif threads and line.startswith("    ") and "(" in line:
+            threads[-1][1].append(line.strip())
+    named = [frames for main, frames in threads if main]
+    return named[0] if named else next((f for _, f in threads if f and f[-1].startswith("<module> (")), [])
 
 
 def where(stack: str | None) -> str:
