@@ -6,8 +6,8 @@ time of one (docs/results/2026-11-29-suite-on-two-workers.md).
 A test marked `alone` measures what another test's load would skew: this host's CPU itself (the
 kernel's shares of a stopped, queued or throttled process; the CPU of a busy neighbour, loading
 every core meanwhile), links emulated at a rate the host's CPU paces (`comm pairs` across emulated
-nodes), the ladder's bench fits and the plan it must meet, or a traced step's breakdown. It runs
-with the host to itself.
+nodes), the ladder's bench fits and the plan it must meet, a traced step's breakdown, or `comm
+bench`'s overlap probe. It runs with the host to itself.
 Every test, from its fixtures' set-up to their teardown, holds a lock the workers share; an
 `alone` test holds it exclusively. A turnstile before the lock keeps an `alone` test from waiting
 for ever: once it waits, no other test starts. Run serially (`-n 0`), nothing is locked.

@@ -41,6 +41,7 @@ from distval.health import ranks_text, spans
 from distval.health.frdump import DumpError
 from distval.health.hang import HINTS
 from distval.health.pauses import user_place
+from distval.health.procs import script_thread
 from distval.results import Check, Report, Status, Table
 
 _RANK = re.compile(r"^=== Rank (\d+): (.*) ===$")
@@ -121,8 +122,7 @@ def _main(rank: int, threads: list[tuple[bool, list[str]]]) -> RankStack:
     if not threads:
         return RankStack(rank, answered=False)
     others = [frames for current, frames in threads if not current and frames] or [f for _, f in threads]
-    main = next((f for f in others if f and f[-1].startswith("<module> (")), max(others, key=len))
-    return RankStack(rank, tuple(main))
+    return RankStack(rank, tuple(script_thread(others) or max(others, key=len)))
 
 
 def verdict(stacks: dict[int, RankStack]) -> tuple[list[int], str, str]:

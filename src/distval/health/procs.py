@@ -139,7 +139,7 @@ def stack_of(pid: int, binary: str, tries: int = 3) -> tuple[str | None, str]:
     """The Python stack of every thread of `pid` (py-spy dump, without pausing the process). A
     read of a running process can race with it ("Failed to copy PyCodeObject", seen on a loaded
     host): tried again, up to `tries` times in all, but never past a missing permission."""
-    for attempt in range(tries):
+    for _ in range(tries):
         try:
             res = subprocess.run([binary, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True,
                                  text=True, timeout=STACK_TIMEOUT_S)
@@ -167,7 +167,13 @@ def main_frames(stack: str) -> list[str]:
         elif threads and line.startswith("    ") and "(" in line:
             threads[-1][1].append(line.strip())
     named = [frames for main, frames in threads if main]
-    return named[0] if named else next((f for _, f in threads if f and f[-1].startswith("<module> (")), [])
+    return named[0] if named else script_thread([frames for _, frames in threads]) or []
+
+
+def script_thread(threads: list[list[str]]) -> list[str] | None:
+    """Of threads' frames ("fn (file:line)", innermost first), the thread running a script: its
+    outermost frame is the script's `<module>`."""
+    return next((frames for frames in threads if frames and frames[-1].startswith("<module> (")), None)
 
 
 def where(stack: str | None) -> str:
