@@ -33,6 +33,23 @@ def test_negative_latency_is_clamped_to_zero():
     assert fit.alpha_s == 0.0 and fit.beta_gbps > 0
 
 
+def test_a_stray_point_that_leaves_least_squares_no_slope_falls_back_to_theil_sen():
+    """One size timed 50x too fast (weights 1/t² let it decide) gives least squares a negative slope;
+    the median of the pairwise slopes still finds the link, and the low R² tells of the noise."""
+    sizes = [1024 * 8**k for k in range(5)]
+    times = [50e-6 + s / 1e9 for s in sizes]
+    times[3] /= 50
+    fit = fit_alpha_beta(sizes, times)
+    assert fit is not None and 0.5 < fit.beta_gbps < 2 and fit.alpha_s >= 0 and fit.r2 < 0.9
+    clean = fit_alpha_beta(sizes, [50e-6 + s / 1e9 for s in sizes])  # a clean sweep never takes that path
+    assert clean.beta_gbps == pytest.approx(1.0, rel=1e-9) and clean.r2 == pytest.approx(1.0)
+
+
+def test_a_sweep_that_shows_no_bandwidth_has_no_fit():
+    sizes = [1024 * 8**k for k in range(5)]
+    assert fit_alpha_beta(sizes, [1e-3 - k * 1e-4 for k in range(5)]) is None  # larger sizes ran faster
+
+
 def test_too_few_points():
     assert fit_alpha_beta([1024], [1e-4]) is None
     assert fit_alpha_beta([0, 0], [1e-4, 2e-4]) is None

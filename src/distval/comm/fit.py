@@ -4,8 +4,11 @@ Fitted by weighted least squares with weights 1/t², i.e. minimising *relative* 
 latency-bound small sizes (which pin α) and the bandwidth-bound large sizes (which pin β) count
 alike; an unweighted fit lets the largest size decide everything and leaves α at noise level,
 often negative. α is constrained to be ≥ 0 (a negative latency is unphysical: when the free fit
-gives one, the model is refitted through the origin). R² is the weighted coefficient of
-determination of that same fit. The half-performance size n½ = α·β is where the model reaches
+gives one, the model is refitted through the origin). A noisy sweep (a loaded host: one size
+timed far off its neighbours) can leave least squares with no positive slope; then the slope is
+Theil–Sen's, the median of the slopes between every two sizes, which one or two stray points do
+not move, and α the median of t − S/β (never below 0). R² is the weighted coefficient of
+determination of the fit returned, so a fit of a noisy sweep says so by its low R². The half-performance size n½ = α·β is where the model reaches
 half of its asymptotic bandwidth β (Hockney).
 """
 
@@ -41,7 +44,7 @@ class AlphaBeta:
 
 def fit_alpha_beta(size_bytes: list[float], time_s: list[float]) -> AlphaBeta | None:
     """Fit over the points with S > 0 and t > 0; None when fewer than two distinct sizes remain
-    or the data show no positive bandwidth."""
+    or the data show no positive bandwidth (neither by least squares nor by Theil–Sen)."""
     pts = [(s, t) for s, t in zip(size_bytes, time_s) if s > 0 and t > 0]
     if len({s for s, _ in pts}) < 2:
         return None
@@ -54,7 +57,11 @@ def fit_alpha_beta(size_bytes: list[float], time_s: list[float]) -> AlphaBeta | 
         alpha = 0.0
         inv_beta = float(np.sum(w * w * s * t) / np.sum(w * w * s * s))
     if inv_beta <= 0:
-        return None
+        inv_beta = float(np.median([(t[j] - t[i]) / (s[j] - s[i]) for i in range(len(s)) for j in range(len(s))
+                                    if s[j] > s[i]]))
+        if inv_beta <= 0:
+            return None
+        alpha = max(0.0, float(np.median(t - inv_beta * s)))
     weights = w * w
     pred = alpha + inv_beta * s
     t_mean = float(np.sum(weights * t) / np.sum(weights))
