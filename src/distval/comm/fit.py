@@ -8,8 +8,9 @@ gives one, the model is refitted through the origin). A noisy sweep (a loaded ho
 timed far off its neighbours) can leave least squares with no positive slope; then the slope is
 Theil–Sen's, the median of the slopes between every two sizes, which one or two stray points do
 not move, and α the median of t − S/β (never below 0). R² is the weighted coefficient of
-determination of the fit returned, so a fit of a noisy sweep says so by its low R². The half-performance size n½ = α·β is where the model reaches
-half of its asymptotic bandwidth β (Hockney).
+determination of the fit returned, so a fit of a noisy sweep says so by its low R². The
+half-performance size n½ = α·β is where the model reaches half of its asymptotic bandwidth β
+(Hockney).
 """
 
 from __future__ import annotations

@@ -72,6 +72,6 @@ class RunConfig:
         """A smoke run: fewer sizes, iterations and steps, every stage still there."""
         return cls(quick=True,
                    check=CheckConfig(sizes={"one": 1, "odd": 7, "non_pow2": 1000}),
-                   bench=BenchConfig(ops=LADDER_BENCH_OPS, min_bytes=1024, max_bytes=4 * 2**20, factor=8, iters=5,
-                                     warmup=1),
+                   bench=BenchConfig(ops=LADDER_BENCH_OPS, min_bytes=1024, max_bytes=4 * 2**20, factor=8, iters=10,
+                                     warmup=2),
                    compare_steps=8, scale_steps=20, trace_steps=12, trace_skip=4, trace_active=4, **kwargs)
