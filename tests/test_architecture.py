@@ -5,6 +5,7 @@ not), and the command line's framework stays in `cli/`."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,18 @@ def test_a_field_error_is_raised_by_its_configs_own_method():
                           if isinstance(node, ast.Raise) and getattr(getattr(node.exc, "func", None), "id", None)
                           == "FieldError" and first not in ("self", "cls")]
     assert not stray, stray
+
+
+ROOT = SRC.parent.parent
+PAST_ROUND = re.compile(r"\b(session|stop|wave)s? #?\d+\b", re.IGNORECASE)  # a stop, session or wave by its number
+
+
+def test_docs_state_contracts_not_the_history_of_their_work():
+    """README at most 300 lines (what distval is, the two commands, one example per command), and
+    no numbered reference to a past round of work anywhere a reader looks: one cannot look it up."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+    texts = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *SRC.rglob("*.py"),
+             *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "tests").glob("*.py")]
+    found = [f"{p.relative_to(ROOT)}:{n}: {m.group(0)}" for p in texts
+             for n, line in enumerate(p.read_text().splitlines(), 1) for m in PAST_ROUND.finditer(line)]
+    assert not found, found
