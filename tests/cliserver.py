@@ -35,7 +35,7 @@ FRESH = "DISTVAL_TEST_FRESH"  # "1": every command in a fresh interpreter
 _AT_LOAD = ("PYTHON", "OMP_", "KMP_", "MKL_", "GOMP_", "LD_", "MALLOC_", "TORCH_", "CUDA_", "HIP_", "ROCR_")
 
 _SERVER = r'''
-import atexit, json, os, runpy, select, signal, socket, sys, threading, traceback
+import json, os, runpy, select, signal, socket, sys, traceback
 import torch  # what every command pays; distval is imported by each child, with its own environment
 sock = socket.socket(fileno=int(sys.argv[1]))
 status = {}  # pid -> the caller's status pipe
@@ -98,12 +98,8 @@ while True:
         code = 1
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
-    # the interpreter's own ending, less tearing down its modules (torch's take 0.7 s): its
-    # threads joined, the atexit functions, the streams flushed
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    from distval.launch.forkserver import end_like_interpreter  # torch loaded: a cheap import
+    end_like_interpreter()
     os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 '''
 

@@ -172,7 +172,6 @@ def from_server(argv: list[str], cwd: str) -> None:
     and at once: a rank whose script returned early (it skipped a collective) must not linger, its
     connections open, until every rank has returned, as torch's function workers do
     (`_returned`)."""
-    import atexit
     import multiprocessing.context
 
     from distval.launch import forkserver
@@ -193,10 +192,7 @@ def from_server(argv: list[str], cwd: str) -> None:
         interrupted = True
         sys.excepthook(type(e), e, e.__traceback__)
     finally:
-        threading._shutdown()  # type: ignore[attr-defined]
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        forkserver.end_like_interpreter()
     if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
