@@ -98,9 +98,11 @@ while True:
         code = 1
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
-    from distval.launch.forkserver import end_like_interpreter  # torch loaded: a cheap import
-    end_like_interpreter()
-    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+    try:  # the interpreter's ending; whatever happens, this child never returns to the server's loop
+        from distval.launch.forkserver import end_like_interpreter  # torch loaded: a cheap import
+        end_like_interpreter()
+    finally:
+        os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 '''
 
 
