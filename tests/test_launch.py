@@ -252,7 +252,7 @@ def test_the_first_rank_killed_by_a_signal_is_seen_in_the_order_of_deaths():
         failed = context.Process(target=_die, args=(1,))
         failed.start()
         time.sleep(1.0)
-        assert [[p.pid for p in seen] for seen in watch.deaths] == [[killed.pid], [failed.pid]]
+        assert [[p.pid for p in seen] for _, seen in watch.deaths] == [[killed.pid], [failed.pid]]
         killed.join(), failed.join()  # the agent reads the codes
         assert (killed.exitcode, failed.exitcode) == (-signal.SIGKILL, 1)
         here = socket.gethostname()
@@ -260,15 +260,39 @@ def test_the_first_rank_killed_by_a_signal_is_seen_in_the_order_of_deaths():
         assert watch.first_killed(beats) == {1: -signal.SIGKILL}
         assert watch.first_killed({0: {"pid": failed.pid, "host": here}}) == {}  # an exit code is not a signal
         assert watch.first_killed({0: {"pid": killed.pid, "host": "elsewhere"}}) == {}  # another node's pid
-        watch.deaths[:] = [[failed, killed]]  # seen at one look (a loaded host): the signal came first
+        watch.deaths[:] = [(0.0, [failed, killed])]  # seen at one look (a loaded host): the signal came first
         assert watch.first_killed(beats) == {1: -signal.SIGKILL}
+        watch.deaths[:] = [(0.0, [failed]), (0.4, [killed])]  # the fork server reported the peer first
+        assert watch.first_killed(beats) == {1: -signal.SIGKILL}
+        watch.deaths[:] = [(0.0, [failed]), (5.0, [killed])]  # a kill well after the first death came later
+        assert watch.first_killed(beats) == {}
         watch._stop.set(), watch._thread.join()
         watch.deaths.clear()  # the agent ended the job before this thread had a turn (a loaded host)
         watch.close()  # what it had not seen is seen together, last
-        assert sorted(p.pid for p in watch.deaths[0]) == sorted([failed.pid, killed.pid])
+        assert sorted(p.pid for p in watch.deaths[0][1]) == sorted([failed.pid, killed.pid])
         assert watch.first_killed(beats) == {1: -signal.SIGKILL}
     finally:
         watch.close()
+    assert type(multiprocessing.process._children) is set  # multiprocessing's own set back, once closed twice
+
+
+def test_a_worker_that_starts_and_dies_between_two_looks_is_seen_at_close():
+    """On a loaded host the agent can start workers, find them dead and join them between two of
+    the watch's looks: every worker is recorded as it starts, so close() still sees its death."""
+    forkserver.start()
+    context = multiprocessing.get_context("forkserver")
+    watch = _ExitPeek(every_s=60)  # one look, before any worker starts: the next would be in a minute
+    try:
+        time.sleep(0.2)
+        killed = context.Process(target=_die, args=(-signal.SIGKILL,))
+        killed.start()
+        killed.join()  # the agent's join: multiprocessing forgets it
+        assert killed not in multiprocessing.process._children and watch.deaths == []
+    finally:
+        watch.close()
+    assert [[p.pid for p in seen] for _, seen in watch.deaths] == [[killed.pid]]
+    here = socket.gethostname()
+    assert watch.first_killed({1: {"pid": killed.pid, "host": here}}) == {1: -signal.SIGKILL}
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "distval"]

@@ -23,6 +23,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -84,6 +85,9 @@ def _script_entry(argv: list[str], cwd: str, from_server: bool = False, environ:
     shim.from_server(argv, cwd)
 
 
+SAME_S = 1.0  # deaths seen this close to the first are in no known order (_ExitPeek.first_killed)
+
+
 class _ExitPeek:
     """The order in which this process's multiprocessing workers die, as it happens (each one's
     sentinel, watched every `every_s`, without reading its exit code: torch's agent reads it).
@@ -91,12 +95,18 @@ class _ExitPeek:
     a signal, whose peers then fail on its closed connections, is otherwise named without its
     signal (or taken for one that ended well) whenever the agent finds a peer first. Program
     workers need no watch (torch's agent reports every one that has failed when it looks). A
-    death wakes the thread at once: `every_s` only bounds how late a newly started worker is
-    first watched."""
+    death wakes the thread at once. Every worker is also recorded as it starts (multiprocessing's
+    set of children, swapped for one that records, until `close`): on a loaded host a job's
+    workers can start, die and be joined by the agent between two looks (`every_s`), and are then
+    seen together at `close`."""
 
     def __init__(self, every_s: float = 0.25):
-        self.deaths: list[list[multiprocessing.Process]] = []  # in the order seen: those seen at one look together
-        self._watched: set[multiprocessing.Process] = set()  # every worker looked at (the agent's join forgets them)
+        # in the order seen, each look's time (monotonic) and the workers it found dead
+        self.deaths: list[tuple[float, list[multiprocessing.Process]]] = []
+        self._watched: set[multiprocessing.Process] = set()  # every worker started (the agent's join forgets them)
+        self._children = multiprocessing.process._children  # type: ignore[attr-defined]
+        self._recording = _Recording(self._children, self._watched)
+        multiprocessing.process._children = self._recording  # type: ignore[attr-defined]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every_s,), name="distval-exits", daemon=True)
         self._thread.start()
@@ -113,18 +123,21 @@ class _ExitPeek:
                 continue
             ready = set(wait([p.sentinel for p in alive], every_s))
             if seen := [p for p in alive if p.sentinel in ready]:
-                self.deaths.append(seen)
+                self.deaths.append((time.monotonic(), seen))
 
     def first_killed(self, said: dict[int, dict[str, Any] | None]) -> dict[int, int]:
         """{rank: -signal} when the first of this node's ranks to die was killed by a signal other
         than the teardown's SIGTERM, else {}. `said`: what each rank last published with its pid
         and host (its status or heartbeat). Asked once torch's agent has read every exit code.
-        Deaths seen at one look (a loaded host: a peer that failed on the killed rank's closed
-        connection ends within the same look) are in no known order: a signal among them came first."""
+        Deaths seen within `SAME_S` of the first are in no known order (a peer that failed on the
+        killed rank's closed connection ends within milliseconds of it, and on a loaded host the
+        fork server that reports each exit may report the peer's first): a signal among them came
+        first."""
         here = socket.gethostname()
         ranks = {b["pid"]: r for r, b in said.items() if b and b.get("pid") and b.get("host") == here}
-        first = next(([p for p in seen if p.pid in ranks] for seen in self.deaths if any(p.pid in ranks for p in seen)),
-                     [])
+        looks = [(at, [p for p in seen if p.pid in ranks]) for at, seen in self.deaths]
+        start = next((at for at, mine in looks if mine), None)
+        first = [p for at, mine in looks if start is not None and start <= at <= start + SAME_S for p in mine]
         killed = [p for p in first if p.exitcode is not None and p.exitcode < 0 and p.exitcode != -signal.SIGTERM]
         return {ranks[killed[0].pid]: killed[0].exitcode} if killed else {}
 
@@ -134,11 +147,28 @@ class _ExitPeek:
         seen together, last (their exit codes are safe to read now)."""
         self._stop.set()
         self._thread.join()
+        if multiprocessing.process._children is self._recording:  # type: ignore[attr-defined]
+            self._children.clear()
+            self._children.update(self._recording)
+            multiprocessing.process._children = self._children  # type: ignore[attr-defined]
         if late := [p for p in self._watched - self._seen() if _ended(p)]:
-            self.deaths.append(late)
+            self.deaths.append((time.monotonic(), late))
 
     def _seen(self) -> set[multiprocessing.Process]:
-        return {p for seen in self.deaths for p in seen}
+        return {p for _, seen in self.deaths for p in seen}
+
+
+class _Recording(set):
+    """multiprocessing's set of a process's children (`process._children`: a worker is added as it
+    starts, discarded as it is joined) that also records each one added into `into`."""
+
+    def __init__(self, items: set, into: set):
+        super().__init__(items)
+        self._into = into
+
+    def add(self, p: Any) -> None:
+        super().add(p)
+        self._into.add(p)
 
 
 def _ended(p: multiprocessing.Process) -> bool:
