@@ -34,9 +34,10 @@ def test_compare_traces_agree_with_the_harness(tmp_path):
     for r in rows:  # the shares add up, MFU is there (the model's FLOPs ride in the trace)
         assert abs(sum(r[c] for c in ("compute", "optimizer", "comm_overlapped", "comm_exposed",
                                       "waiting_for_peers", "memcpy", "data", "idle")) - 100) < 0.1
-        # the model's forward and backward outweigh its optimizer step (each 10% and 2% of a step here,
-        # quiet: 7% and 6% beside another job, so the test runs alone)
-        assert 0 < r["mfu"] < 1 and r["compute"] > 2 * r["optimizer"] > 0, r
+        # the model's forward and backward outweigh its optimizer step, which a step's misattributed
+        # phases would not (10.6% and 1.8% of a step quiet; 7% and 6% beside another job, so the test
+        # runs alone; 11.7% and 7.1% with a host loaded by about a core from outside the suite)
+        assert 0 < r["mfu"] < 1 and r["compute"] > r["optimizer"] > 0, r
 
     sweep = doc["tables"]["bucket_sweep"]["rows"]  # 0.05 MiB: a bucket per few tensors; 1 MiB: one bucket
     assert [(r["bucket_mb"], r["comm_calls_per_step"]) for r in sweep] == [(0.05, 9), (1.0, 1)]
