@@ -29,27 +29,18 @@ from pathlib import Path
 
 import numpy as np
 
-from distval.comm.fit import fit_alpha_beta
+from distval.comm.fit import fit_alpha_beta, least_squares
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 def neighbour() -> None:
+    """Busy 30-80 ms (spinning on the clock), idle 100-250 ms, for ever: about a quarter of a core."""
     while True:
         end = time.perf_counter() + random.uniform(0.03, 0.08)
         while time.perf_counter() < end:
-            pass
+            continue
         time.sleep(random.uniform(0.1, 0.25))
-
-
-def least_squares_slope(sizes: list[float], times: list[float]) -> bool:
-    """Whether the 1/t²-weighted least squares alone (α clamped at 0) finds a positive slope."""
-    s, t = np.array(sizes), np.array(times)
-    w = 1 / t
-    (alpha, inv_beta), *_ = np.linalg.lstsq(np.stack([np.ones_like(s), s], 1) * w[:, None], t * w, rcond=None)
-    if alpha < 0:
-        inv_beta = float(np.sum(w * w * s * t) / np.sum(w * w * s * s))
-    return inv_beta > 0
 
 
 def sweeps(report: Path) -> dict[str, tuple[list[float], list[float]]]:
@@ -84,7 +75,7 @@ def main() -> int:
                 t = tally[(iters, warmup)]
                 for sizes, times in sweeps(out).values():
                     t["fits"] += 1
-                    t["ls_none"] += not least_squares_slope(sizes, times)
+                    t["ls_none"] += least_squares(np.array(sizes), np.array(times))[1] <= 0
                     fit = fit_alpha_beta(sizes, times)
                     if fit is None:
                         t["none"] += 1

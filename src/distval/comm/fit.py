@@ -51,21 +51,27 @@ def fit_alpha_beta(size_bytes: list[float], time_s: list[float]) -> AlphaBeta | 
         return None
     s = np.array([p[0] for p in pts], dtype=np.float64)
     t = np.array([p[1] for p in pts], dtype=np.float64)
-    w = 1.0 / t  # sqrt of the 1/t² weights: rows scaled by 1/t make residuals relative
-    design = np.stack([np.ones_like(s), s], axis=1) * w[:, None]
-    (alpha, inv_beta), *_ = np.linalg.lstsq(design, t * w, rcond=None)
-    if alpha < 0:
-        alpha = 0.0
-        inv_beta = float(np.sum(w * w * s * t) / np.sum(w * w * s * s))
+    alpha, inv_beta = least_squares(s, t)
     if inv_beta <= 0:
         inv_beta = float(np.median([(t[j] - t[i]) / (s[j] - s[i]) for i in range(len(s)) for j in range(len(s))
                                     if s[j] > s[i]]))
         if inv_beta <= 0:
             return None
         alpha = max(0.0, float(np.median(t - inv_beta * s)))
-    weights = w * w
+    weights = 1.0 / (t * t)
     pred = alpha + inv_beta * s
     t_mean = float(np.sum(weights * t) / np.sum(weights))
     ss_tot = float(np.sum(weights * (t - t_mean) ** 2))
     r2 = 1.0 - float(np.sum(weights * (t - pred) ** 2)) / ss_tot if ss_tot > 0 else 1.0
     return AlphaBeta(float(alpha), 1.0 / float(inv_beta), r2, len(pts))
+
+
+def least_squares(s: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """(α, 1/β) of the 1/t²-weighted least squares over sizes `s` and times `t`, α clamped at 0
+    (then refitted through the origin); 1/β may come out ≤ 0 on a noisy sweep."""
+    w = 1.0 / t  # sqrt of the 1/t² weights: rows scaled by 1/t make residuals relative
+    design = np.stack([np.ones_like(s), s], axis=1) * w[:, None]
+    (alpha, inv_beta), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    if alpha < 0:
+        return 0.0, float(np.sum(w * w * s * t) / np.sum(w * w * s * s))
+    return float(alpha), float(inv_beta)
