@@ -451,3 +451,14 @@ def test_the_command_line_starts_the_fork_server_for_the_commands_that_start_wor
     monkeypatch.setenv("WORLD_SIZE", "2")  # a worker of torchrun's: it starts none
     _start_fork_server(["train"])
     assert started == []
+
+
+def test_a_long_tmpdir_does_not_break_the_fork_servers_socket(tmp_path):
+    """The fork server's AF_UNIX socket lives under the temp folder: a TMPDIR whose path leaves it
+    over the limit (a job's scratch path) moves its folder under /tmp instead of failing to bind."""
+    long = tmp_path / ("scratch-" + "x" * max(1, 100 - len(str(tmp_path))))
+    long.mkdir()
+    res = run_cli("comm", "check", "--nproc", "2", "--ops", "all_reduce", "-d", "float32", "--counts", "7",
+                  env={"TMPDIR": str(long)}, timeout=120)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert len(os.fsencode(os.path.join(str(long), "pymp-xxxxxxxx", "listener-xxxxxxxx"))) >= forkserver.SUN_PATH_MAX

@@ -23,9 +23,11 @@ import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 
 PRELOAD = ["distval.launch.worker", "distval.train.loop", "distval.launch.shim"]  # torch, torch.distributed,
@@ -59,10 +61,28 @@ def end_like_interpreter() -> None:
     sys.stderr.flush()
 
 
+SUN_PATH_MAX = 104  # bytes of an AF_UNIX socket's path with its NUL: macOS's limit (Linux's is 108)
+
+
+def _short_socket_folder() -> None:
+    """multiprocessing binds the fork server's socket in a folder it makes under the temp folder;
+    where TMPDIR is long (a job's scratch path) that path outgrows AF_UNIX's limit and the bind
+    fails. Then the folder goes under /tmp, private and removed at exit as multiprocessing's own
+    (what Python 3.13's multiprocessing does by itself)."""
+    config = multiprocessing.process.current_process()._config  # type: ignore[attr-defined]
+    longest = os.path.join(tempfile.gettempdir(), "pymp-xxxxxxxx", "listener-xxxxxxxx")
+    if config.get("tempdir") is not None or len(os.fsencode(longest)) < SUN_PATH_MAX or not os.path.isdir("/tmp"):
+        return
+    folder = tempfile.mkdtemp(prefix="pymp-", dir="/tmp")
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+    config["tempdir"] = folder
+
+
 def start(fork: bool = False) -> None:
     """The fork server, running from now on (nothing if it already is). `fork`: forked from this
     process once it has imported PRELOAD (by a caller that has started no thread yet), else
     started as a new interpreter that imports PRELOAD by itself while this process goes on."""
+    _short_socket_folder()
     multiprocessing.forkserver.set_forkserver_preload(PRELOAD)
     multiprocessing.resource_tracker.ensure_running()  # first: it unblocks SIGTERM after starting its own process
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, BLOCKED)  # inherited by the server, kept across its exec
